@@ -1,0 +1,100 @@
+"""Training-mode costs: backward time, optimizer state, optimizer step, saved activations.
+
+In: an :class:`~partitioner.ir.Op` (and its device) and an :class:`Optimizer`. Out: Estimates and
+byte counts that the partitioner adds to the forward costs when it plans a training step.
+
+The accounting (``DESIGN.md``, "training mode"):
+
+- backward ≈ 2× the forward FLOPs and 2× the bytes (gradient w.r.t. inputs and w.r.t. weights);
+  a gather (embedding) additionally writes a dense gradient as large as its table, which is
+  what makes a multi-GB embedding slow to train wherever it lives;
+- memory per trainable parameter byte = weight + gradient + optimizer state
+  (SGD: 0 extra copies, SGD with momentum: 1, Adam: 2); buffers are weights only;
+- the optimizer step streams ``passes × trainable bytes`` through the memory of the device that
+  holds the parameters (SGD reads weight and gradient and writes the weight: 3 passes; momentum
+  also reads and writes the buffer: 5; Adam reads weight, gradient, two moments and writes three: 7);
+- every non-view op's outputs are saved for backward until the backward pass reaches it.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from cost_models.analytic import kernel_time, op_time
+from cost_models.estimate import Estimate
+from cost_models.profiles import Device
+from partitioner.ir import Op, OpClass
+
+BACKWARD_FACTOR = 2.0  # backward FLOPs and bytes per forward FLOP and byte
+
+
+class Optimizer(str, enum.Enum):
+    """Optimizer kinds whose state and step cost are modelled."""
+
+    SGD = "sgd"
+    SGD_MOMENTUM = "sgd-momentum"
+    ADAM = "adam"
+
+    @property
+    def state_copies(self) -> int:
+        """Extra copies of each trainable parameter the optimizer keeps."""
+        return {Optimizer.SGD: 0, Optimizer.SGD_MOMENTUM: 1, Optimizer.ADAM: 2}[self]
+
+    @property
+    def step_passes(self) -> int:
+        """Passes over the trainable bytes one step makes (reads plus writes)."""
+        return {Optimizer.SGD: 3, Optimizer.SGD_MOMENTUM: 5, Optimizer.ADAM: 7}[self]
+
+
+def parse_optimizer(value: Optimizer | str) -> Optimizer:
+    """``"adam"`` → ``Optimizer.ADAM``; an unknown name raises ValueError listing the known ones."""
+    try:
+        return Optimizer(value)
+    except ValueError:
+        raise ValueError(
+            f"unknown optimizer {value!r}: use one of {', '.join(o.value for o in Optimizer)}"
+        ) from None
+
+
+def backward_time(op: Op, device: Device) -> Estimate:
+    """Predicted backward time of ``op`` on ``device``."""
+    if op.op_class is OpClass.VIEW:
+        return Estimate()
+    grad = kernel_time(
+        op.op_class,
+        op.dtype,
+        BACKWARD_FACTOR * op.flops,
+        BACKWARD_FACTOR * (op.bytes_read + op.bytes_written),
+        device,
+    )
+    if op.op_class is OpClass.GATHER and op.trainable_param_bytes:
+        # a dense gradient of the whole table: zero-fill and scatter-add
+        grad = grad + kernel_time(OpClass.ELEMENTWISE, op.dtype, 0, op.trainable_param_bytes, device)
+    return grad
+
+
+def training_op_time(op: Op, device: Device) -> Estimate:
+    """Forward plus backward time of ``op`` on ``device``."""
+    return op_time(op, device) + backward_time(op, device)
+
+
+def parameter_memory(op: Op, optimizer: Optimizer | str, *, training: bool) -> int:
+    """Bytes the parameters owned by ``op`` occupy where they live (weights, grads, optimizer state)."""
+    if not training:
+        return op.param_bytes
+    opt = parse_optimizer(optimizer)
+    frozen = op.param_bytes - op.trainable_param_bytes
+    return frozen + op.trainable_param_bytes * (2 + opt.state_copies)
+
+
+def optimizer_step_time(trainable_bytes: int, device: Device, optimizer: Optimizer | str) -> Estimate:
+    """Time of one optimizer step over ``trainable_bytes`` of parameters held on ``device``."""
+    if trainable_bytes <= 0:
+        return Estimate()
+    opt = parse_optimizer(optimizer)
+    return kernel_time(OpClass.ELEMENTWISE, "float32", 0, opt.step_passes * trainable_bytes, device)
+
+
+def saved_activation_bytes(op: Op, output_bytes: int) -> int:
+    """Bytes of ``op``'s outputs kept alive for backward (``output_bytes`` = their total size)."""
+    return 0 if op.op_class is OpClass.VIEW else output_bytes

@@ -1,0 +1,51 @@
+"""The hetpart exception family.
+
+Every error a user can cause derives from :class:`HetpartError`. A message names
+the thing at fault (op, device, file, key), the rule it broke, and what to do
+about it. The CLI prints the message alone; ``--debug`` shows the traceback.
+"""
+
+from __future__ import annotations
+
+
+class HetpartError(Exception):
+    """Base class of every error hetpart raises on purpose."""
+
+
+class GraphError(HetpartError):
+    """An OpGraph whose parts do not fit together (dangling tensor, cycle, duplicate name)."""
+
+
+class UnknownModel(HetpartError, KeyError):
+    """A model name or ``file.py:factory`` spec that does not resolve."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class CaptureError(HetpartError):
+    """torch.export / symbolic_trace / the fake-tensor pass failed on a model."""
+
+
+class ProfileError(HetpartError, ValueError):
+    """A device profile (TOML file or dict) is malformed: names the file, key and expected form."""
+
+
+class UnitError(ProfileError):
+    """A quantity string such as ``"64GiB"`` or ``"55GB/s"`` could not be parsed."""
+
+
+class UnsupportedOp(HetpartError):
+    """An op that no device of the profile can run."""
+
+
+class InfeasiblePlacement(HetpartError):
+    """No placement satisfies the memory caps and pins."""
+
+
+class PlanMismatch(HetpartError):
+    """A plan file that does not belong to the model or profile it is used with."""
+
+
+class SolverUnavailable(HetpartError):
+    """The requested solver is not installed or not known."""
