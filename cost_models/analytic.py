@@ -8,7 +8,8 @@ Op time (``DESIGN.md``)::
     t = max(flops / (peak[dtype] · efficiency[class]),  bytes / (mem_bandwidth · mem_efficiency[class]))
         + launch_overhead + fixed_latency[class]
 
-``bandwidth`` is the device's cache bandwidth when the op's traffic fits in its cache (a profile
+``bandwidth`` is the device's cache bandwidth when the op's traffic (and, for a gather, its whole
+table) fits in its cache (a profile
 may give one; the 16-core host streams 25-50 MB working sets 4-8x faster than DRAM-sized ones),
 else its memory bandwidth. Views cost nothing (they launch no kernel and move no bytes). Transfer time is
 ``latency + bytes / bandwidth`` on every link of the route (through the host when two devices
@@ -32,16 +33,25 @@ def op_time(op: Op, device: Device) -> Estimate:
         >>> op_time(graph.op("linear"), gpu).seconds   # doctest: +SKIP
         9.1e-05
     """
-    return kernel_time(op.op_class, op.dtype, op.flops, op.bytes_read + op.bytes_written, device)
+    # a gather reads rows scattered over its whole table: the cache helps only if the table fits
+    footprint = op.param_bytes if op.op_class is OpClass.GATHER else 0
+    return kernel_time(op.op_class, op.dtype, op.flops, op.bytes_read + op.bytes_written, device, footprint)
 
 
-def kernel_time(op_class: OpClass, dtype: str, flops: float, nbytes: float, device: Device) -> Estimate:
-    """Roofline time of one kernel of class ``op_class`` doing ``flops`` and moving ``nbytes``."""
+def kernel_time(
+    op_class: OpClass, dtype: str, flops: float, nbytes: float, device: Device, footprint: float = 0.0
+) -> Estimate:
+    """Roofline time of one kernel of class ``op_class`` doing ``flops`` and moving ``nbytes``.
+
+    ``footprint`` is the memory the kernel touches beyond the bytes it moves (a gather's table);
+    the cache bandwidth applies only when both fit in the device's cache.
+    """
     if op_class is OpClass.VIEW:
         return Estimate()
     key = op_class.value
     compute = flops / (device.peak(dtype) * device.eff(key, dtype)) if flops else 0.0
-    memory = nbytes / (device.stream_bandwidth(nbytes) * device.mem_eff(key, dtype)) if nbytes else 0.0
+    bandwidth = device.stream_bandwidth(max(nbytes, footprint))
+    memory = nbytes / (bandwidth * device.mem_eff(key, dtype)) if nbytes else 0.0
     seconds = max(compute, memory) + device.launch_overhead + device.fixed(key, dtype)
     return Estimate(seconds, float(flops), float(nbytes))
 

@@ -34,6 +34,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("hetpart: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # output piped into head and friends
+        sys.stderr.close()
+        return 0
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -47,5 +47,9 @@ class PlanMismatch(HetpartError):
     """A plan file that does not belong to the model or profile it is used with."""
 
 
+class VerificationError(HetpartError):
+    """A stage produced a value that breaks an invariant (a bug, or a hand-edited plan)."""
+
+
 class SolverUnavailable(HetpartError):
     """The requested solver is not installed or not known."""

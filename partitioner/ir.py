@@ -137,7 +137,9 @@ class OpGraph:
     tensors ``u`` produces and ``v`` reads) and ``bytes`` (their total size). Graph inputs and
     outputs are tensor names. The graph is immutable once built: stages return new values.
 
-    ``source`` holds what the front end captured (an ``fx.GraphModule`` or ``ExportedProgram``) for
+    ``module_types`` maps every module path of the model (``""`` for the root) to its class name,
+    in registration order: what a module-level view (accelerate's device map, no-split classes)
+    needs. ``source`` holds what the front end captured (an ``fx.GraphModule`` or ``ExportedProgram``) for
     code generation; it is not part of the graph's identity or fingerprint.
 
     Example:
@@ -154,6 +156,7 @@ class OpGraph:
         inputs: Iterable[str],
         outputs: Iterable[str],
         source: Any = None,
+        module_types: Mapping[str, str] | None = None,
     ) -> None:
         self.name = name
         self.ops: Mapping[str, Op] = MappingProxyType(_unique("op", ((o.name, o) for o in ops)))
@@ -162,6 +165,7 @@ class OpGraph:
         self.inputs = tuple(inputs)
         self.outputs = tuple(outputs)
         self.source = source
+        self.module_types: Mapping[str, str] = MappingProxyType(dict(module_types or {}))
         self.dag = self._build_dag()
         self._order = tuple(nx.lexicographical_topological_sort(self.dag, key=lambda n: self.ops[n].index))
 

@@ -84,6 +84,7 @@ def from_module(
         gm = _symbolic_trace(model)
         source = _Source(gm, program=gm, params=params, inputs=dict(zip(_placeholders(gm), args)), root=model)
         _check_arity(gm, args, "symbolic_trace")
+    source.module_types = {path: type(m).__name__ for path, m in model.named_modules(remove_duplicate=False)}
     other = Capture.SYMBOLIC_TRACE if mode is Capture.EXPORT else Capture.EXPORT
     return _lower(source, name, f"{mode.value} captured {type(model).__name__}, but", f"try capture='{other.value}'")
 
@@ -263,6 +264,7 @@ class _Source:
     inputs: dict[str, Any]            # placeholder name → example value (graph inputs)
     param_placeholders: dict[str, str] = field(default_factory=dict)  # placeholder → canonical param
     root: torch.nn.Module | None = None  # the module whose submodules call_module / get_attr name
+    module_types: dict[str, str] = field(default_factory=dict)  # module path -> class name
 
 
 # --------------------------------------------------------------------------------------------
@@ -411,7 +413,10 @@ class _GraphBuilder:
         params = [self._make_param(canon, entry, owned) for canon, entry in self.source.params.entries.items()]
         params = [p for p in params if p.users]  # parameters the forward never reads take no memory here
         inputs = [t for ph in self._user_placeholders() for t in self.node_tensors[ph]]
-        return OpGraph(self.name, ops, tensors, params, inputs, outputs, source=self.source.program)
+        return OpGraph(
+            self.name, ops, tensors, params, inputs, outputs, source=self.source.program,
+            module_types=self.source.module_types or self._module_types_from_stacks(),
+        )
 
     # -- placeholders and attributes ----------------------------------------------------------
 
@@ -431,6 +436,14 @@ class _GraphBuilder:
                         qual, value, trainable=isinstance(value, torch.nn.Parameter) and value.requires_grad
                     )
                     self.node_params[node.name] = canonical
+
+    def _module_types_from_stacks(self) -> dict[str, str]:
+        """Module path -> class name from the nodes' ``nn_module_stack`` (graphs without their model)."""
+        found: dict[str, str] = {"": type(self.source.root).__name__ if self.source.root is not None else ""}
+        for node in self.gm.graph.nodes:
+            for path, mtype in (node.meta.get("nn_module_stack") or {}).values():
+                found.setdefault(_clean_module_path(str(path)), _type_name(mtype))
+        return found
 
     def _user_placeholders(self) -> list[str]:
         return [n.name for n in self.gm.graph.nodes if n.op == "placeholder" and n.name not in self.node_params]

@@ -1,0 +1,41 @@
+"""Solvers: one interface, ``solve(problem) -> Solution``, many implementations.
+
+The ILP (``ilp.py``, the default) and the baselines it is compared with and warm-started from:
+``single:<device>`` (everything on one device), ``greedy`` (accelerate's ``infer_auto_device_map``
+fill with ``dispatch_model``'s run-time semantics), ``sequential-fill`` (the same fill, computing
+where placed), ``heft`` (list scheduling by upward rank). All are costed by
+:func:`~partitioner.solvers.problem.evaluate`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from partitioner.errors import SolverUnavailable
+from partitioner.solvers.greedy import solve_greedy, solve_sequential_fill
+from partitioner.solvers.heft import solve_heft
+from partitioner.solvers.problem import Problem, Solution
+from partitioner.solvers.single import solve_single
+
+#: Baselines besides ``single:<device>``, in the order plans list them.
+BASELINE_NAMES: tuple[str, ...] = ("greedy", "sequential-fill", "heft")
+
+
+def run_baseline(name: str, problem: Problem, *, no_split: Sequence[str] = ()) -> Solution:
+    """Run the baseline called ``name`` on ``problem``.
+
+    Example:
+        >>> run_baseline("single:cuda:0", problem).placement.device   # doctest: +SKIP
+    """
+    if name.startswith("single:"):
+        return solve_single(problem, name.removeprefix("single:"))
+    if name == "greedy":
+        return solve_greedy(problem, no_split=no_split)
+    if name == "sequential-fill":
+        return solve_sequential_fill(problem, no_split=no_split)
+    if name == "heft":
+        return solve_heft(problem)
+    raise SolverUnavailable(
+        f"unknown solver {name!r}: use 'auto', 'highs', 'cbc', {', '.join(repr(b) for b in BASELINE_NAMES)} "
+        f"or 'single:<device>'"
+    )

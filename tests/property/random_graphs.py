@@ -1,0 +1,85 @@
+"""Random DAGs and device profiles for property tests and benchmarks (seeded, reproducible)."""
+
+from __future__ import annotations
+
+import random
+
+from cost_models.profiles import DeviceSet, load_profile_text
+from partitioner.ir import Op, OpClass, OpGraph, Param, Tensor
+
+_CLASSES = (OpClass.MATMUL, OpClass.ELEMENTWISE, OpClass.NORM, OpClass.GATHER, OpClass.VIEW, OpClass.CONV)
+
+
+def random_dag(seed: int, n_ops: int, *, max_inputs: int = 2, param_prob: float = 0.5, layers: int | None = None) -> OpGraph:
+    """A connected random DAG: op i reads 1..max_inputs earlier ops (or the input), some own parameters."""
+    rng = random.Random(seed)
+    ops, tensors, params = [], [], []
+    consumers: dict[str, list[str]] = {"x": []}
+    tensors_meta = {"x": ((1024,), 4096)}
+    names = []
+    width = max(1, n_ops // layers) if layers else None
+    for i in range(n_ops):
+        name = f"op{i}"
+        if width:
+            layer_start = (i // width - 1) * width
+            pool = names[max(0, layer_start): (i // width) * width] or ["x"]
+        else:
+            pool = names or ["x"]
+        k = rng.randint(1, max_inputs)
+        inputs = sorted(set(rng.choice(pool) for _ in range(k)), key=lambda t: -1 if t == "x" else int(t[2:]))
+        cls = rng.choice(_CLASSES)
+        nbytes = rng.choice([4096, 65536, 1 << 20, 8 << 20])
+        flops = 0 if cls in (OpClass.VIEW, OpClass.GATHER) else rng.choice([10**5, 10**7, 10**9, 10**10])
+        owned: tuple[str, ...] = ()
+        pbytes = 0
+        if cls in (OpClass.MATMUL, OpClass.CONV, OpClass.GATHER) and rng.random() < param_prob:
+            pbytes = rng.choice([1 << 16, 1 << 22, 1 << 26])
+            owned = (f"{name}.weight",)
+            params.append(Param(f"{name}.weight", (pbytes // 4,), "float32", pbytes, True, name, (name,)))
+        read = 0 if cls is OpClass.VIEW else sum(tensors_meta[t][1] for t in inputs) + pbytes
+        written = 0 if cls is OpClass.VIEW else nbytes
+        ops.append(Op(
+            name=name, kind=f"aten.{cls.value}", op_class=cls, index=i, module_path=f"block{i // 4}.m{i % 4}",
+            module_type="Linear", dtype="float32", inputs=tuple(inputs), outputs=(name,), params=owned,
+            owned_params=owned, flops=flops, bytes_read=read, bytes_written=written, param_bytes=pbytes,
+            trainable_param_bytes=pbytes,
+        ))
+        for t in inputs:
+            consumers[t].append(name)
+        consumers[name] = []
+        tensors_meta[name] = ((nbytes // 4,), nbytes)
+        names.append(name)
+    for t, (shape, nbytes) in tensors_meta.items():
+        producer = None if t == "x" else t
+        tensors.append(Tensor(t, producer, tuple(consumers[t]), shape, "float32", nbytes))
+    sinks = tuple(n for n in names if not consumers[n]) or (names[-1],)
+    return OpGraph(f"random{seed}", ops, tensors, params, ("x",), sinks)
+
+
+def random_profile(seed: int, n_devices: int = 3, *, tight: bool = False) -> DeviceSet:
+    """A host CPU plus accelerators with random speeds, memories and links (all reach the host)."""
+    rng = random.Random(seed)
+    lines = [
+        "[devices.cpu]", 'kind = "cpu"', f'memory = "{rng.choice([1, 4, 64]) if tight else 64}GiB"',
+        f"peak_flops = {{ float32 = {rng.choice([5e11, 1e12, 2e12])} }}",
+        f'mem_bandwidth = "{rng.choice([20, 40, 80])}GB/s"', 'launch_overhead = "2us"',
+    ]
+    accels = [f"cuda:{i}" for i in range(n_devices - 1)]
+    for i, name in enumerate(accels):
+        if i == 1 and rng.random() < 0.5:
+            name = accels[i] = "npu:0"
+        memory = rng.choice(["64MiB", "256MiB", "1GiB", "16GiB"]) if tight else "16GiB"
+        lines += [
+            "", f'[devices."{name}"]', f'kind = "{"npu" if name.startswith("npu") else "gpu"}"',
+            f'memory = "{memory}"', f"peak_flops = {{ float32 = {rng.choice([1e13, 5e13, 1e14])} }}",
+            f'mem_bandwidth = "{rng.choice([500, 1000, 3000])}GB/s"',
+            f'launch_overhead = "{rng.choice([5, 10, 20])}us"',
+        ]
+        if name.startswith("npu"):
+            lines.append('supported_ops = ["matmul", "conv", "elementwise", "view"]')
+    for name in accels:
+        lines += ["", "[[links]]", f'between = ["cpu", "{name}"]', f'bandwidth = "{rng.choice([10, 25, 55])}GB/s"',
+                  f'latency = "{rng.choice([5, 10, 20])}us"', f'pageable_bandwidth = "{rng.choice([5, 8])}GB/s"']
+    if len(accels) > 1 and rng.random() < 0.5:
+        lines += ["", "[[links]]", f'between = ["{accels[0]}", "{accels[1]}"]', 'bandwidth = "200GB/s"', 'latency = "5us"']
+    return load_profile_text("\n".join(lines) + "\n", f"random-profile-{seed}")
