@@ -128,3 +128,30 @@ def _one_op_model(op: str, shape: str, dtype: torch.dtype) -> tuple[torch.nn.Mod
         if op == "softmax":
             return torch.nn.Softmax(dim=-1), (x,)
     raise ValueError(f"calibration op {op!r} is not known: add it to cost_models/calibration.py")
+
+
+def measured_anchors() -> dict[str, float]:
+    """The whole-model measurements of the ``emb-transformer`` seed case (forward, seconds, bytes).
+
+    From ``data/accelerate-h200.json`` (accelerate 1.15 on the same H200 machine) and
+    ``data/prefetch-h200.json`` (a hand-written prefetching placement):
+
+    ``all_gpu_s``; ``cap_half_layers`` (a GPU cap of the embedding and half the layers) with
+    ``accelerate_half_s`` and ``emb_cpu_half_s``; ``cap_below_embedding`` (2 GiB) with
+    ``accelerate_2gib_s`` and ``emb_cpu_2gib_s``; ``prefetch_cap``, ``prefetched_s`` and
+    ``prefetch_all_gpu_s`` (the embedding and two layers resident, six layers prefetched).
+    """
+    rows = {row["case"]: row for row in load_calibration("accelerate-h200.json")["rows"]}
+    prefetch = load_calibration("prefetch-h200.json")
+    return {
+        "all_gpu_s": rows["all_gpu_uncapped"]["fwd_s"],
+        "cap_half_layers": rows["accelerate[emb+half_layers]"]["cap_bytes"],
+        "accelerate_half_s": rows["accelerate[emb+half_layers]"]["fwd_s"],
+        "emb_cpu_half_s": rows["hand_emb_cpu_layers_gpu[emb+half_layers]"]["fwd_s"],
+        "cap_below_embedding": rows["accelerate[below_emb]"]["cap_bytes"],
+        "accelerate_2gib_s": rows["accelerate[below_emb]"]["fwd_s"],
+        "emb_cpu_2gib_s": rows["hand_emb_cpu_layers_gpu[below_emb]"]["fwd_s"],
+        "prefetch_cap": prefetch["cap_bytes"],
+        "prefetched_s": prefetch["prefetched_s"],
+        "prefetch_all_gpu_s": prefetch["all_gpu_s"],
+    }

@@ -66,6 +66,27 @@ def _parser() -> argparse.ArgumentParser:
     ins.add_argument("--top", type=int, default=15, metavar="N", help="show the N most expensive ops (0: all)")
     ins.add_argument("--json", action="store_true", help="print JSON instead of a table")
     ins.set_defaults(func=_cmd_inspect)
+
+    pl = sub.add_parser("plan", parents=[common], help="place a model's ops on the devices of a profile")
+    pl.add_argument("model", help="zoo name (gpt, gpt:small) or path/to/file.py:factory")
+    pl.add_argument("--devices", default="h200-host", metavar="PROFILE", help="built-in profile or TOML file")
+    pl.add_argument("--objective", default="latency", choices=["latency", "throughput", "makespan"])
+    pl.add_argument("--memory", action="append", default=[], metavar="DEVICE=SIZE",
+                    help="cap a device below its profile, e.g. cuda:0=2GB (repeatable)")
+    pl.add_argument("--pin", action="append", default=[], metavar="GLOB=DEVICE",
+                    help="pin ops by name or module-path glob, e.g. 'emb*=cpu' (repeatable)")
+    pl.add_argument("--training", action="store_true", help="plan a training step")
+    pl.add_argument("--optimizer", default="adam", choices=["sgd", "sgd-momentum", "adam"])
+    pl.add_argument("--solver", default="auto",
+                    help="auto, highs, cbc, or a baseline: greedy, sequential-fill, heft, single:DEVICE")
+    pl.add_argument("--time-limit", type=float, default=60.0, metavar="S", help="ILP time limit in seconds")
+    pl.add_argument("--gap", type=float, default=0.01, help="relative optimality gap to stop at")
+    pl.add_argument("--no-streaming", action="store_true", help="keep every weight where its op computes")
+    pl.add_argument("--coarsen", default="auto", choices=["auto", "on", "off"])
+    pl.add_argument("--capture", default="export", choices=["export", "symbolic_trace"])
+    pl.add_argument("-o", "--output", metavar="FILE", help="write the plan as JSON")
+    pl.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
+    pl.set_defaults(func=_cmd_plan)
     return parser
 
 
@@ -129,6 +150,51 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     else:
         print(report.to_text(top=args.top))
     return 0
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from partitioner.model_source import load_model
+    from partitioner.partition import partition
+
+    if args.output and Path(args.output).exists() and not args.force:
+        raise HetpartError(f"{args.output} exists: pass --force to overwrite it")
+    loaded = load_model(args.model)
+    memory = _pairs(args.memory, "--memory", "cuda:0=2GB")
+    pins = _pairs(args.pin, "--pin", "'emb*=cpu'")
+    print(f"capturing {loaded.name} ({args.capture}) ...", file=sys.stderr)
+    plan = partition(
+        loaded.module, loaded.example_inputs, args.devices,
+        objective=args.objective, memory=memory, training=args.training, optimizer=args.optimizer,
+        pins=pins, solver=args.solver, time_limit=args.time_limit, gap=args.gap,
+        streaming=not args.no_streaming, coarsen={"on": True, "off": False}.get(args.coarsen, "auto"),
+        no_split=loaded.no_split, capture=args.capture, model_name=loaded.name, progress=_print_progress,
+    )
+    print(plan.summary())
+    if args.output:
+        plan.save(args.output, force=args.force)
+        print(f"wrote {args.output}")
+    return 0
+
+
+def _pairs(items: list[str], flag: str, example: str) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.rpartition("=")
+        if not sep or not key or not value:
+            raise HetpartError(f"{flag} {item!r}: expected KEY=VALUE, e.g. {flag} {example}")
+        out[key] = value
+    return out
+
+
+def _print_progress(report) -> None:  # noqa: ANN001 - a solvers.ilp.Progress
+    from cost_models.units import format_seconds
+
+    def show(value: float | None) -> str:
+        return format_seconds(value) if value is not None else "-"
+
+    gap = f"{report.gap:.2%}" if report.gap is not None else "-"
+    print(f"  solving {report.seconds:5.1f} s: best {show(report.incumbent)}, bound {show(report.bound)}, gap {gap}",
+          file=sys.stderr)
 
 
 def _write_text(path: Path, text: str, *, force: bool) -> None:

@@ -24,6 +24,7 @@ class LoadedModel:
     name: str
     module: torch.nn.Module
     example_inputs: tuple
+    no_split: tuple[str, ...] = ()  # module classes a device-map fill keeps whole (zoo models declare them)
 
 
 def load_model(spec: str, *, device: str | None = None) -> LoadedModel:
@@ -43,7 +44,7 @@ def load_model(spec: str, *, device: str | None = None) -> LoadedModel:
     name, _, size = spec.partition(":")
     size = size or "tiny"
     module, inputs = models.get(name, size, device=device)
-    return LoadedModel(f"{name}:{size}", module, tuple(inputs))
+    return LoadedModel(f"{name}:{size}", module, tuple(inputs), tuple(models.entry(name).no_split_classes))
 
 
 def _from_file(path: Path, factory: str, spec: str) -> LoadedModel:

@@ -413,23 +413,39 @@ class Plan:
             >>> print(plan.summary())                         # doctest: +SKIP
             plan for 'mlp' (5 ops) on h200-host: latency, inference, predicted 41.0 µs ...
         """
-        mode = "training" if self.training else "inference"
+        mode = "training step" if self.training else "inference"
+        total = self.predicted["total_s"]
         lines = [f"plan for {self.model_name!r} ({self.op_count} ops) on {self.devices.name}: "
-                 f"{self.objective}, {mode}, predicted {_seconds(self.predicted['total_s'])}"]
+                 f"{self.objective}, {mode}, predicted {_seconds(total)} per step"]
+        lower = self.predicted.get("lower_bound_s")
+        s = self.solver
+        gap = "" if s.gap is None else f", gap {s.gap:.2%}"
+        lines.append(f"  solver     {s.name}: {s.status} in {format_seconds(s.seconds)}, bound "
+                     f"{_seconds(s.bound)}{gap}; physical lower bound {_seconds(lower)}")
         busy = self.predicted["per_device_s"]
         for device, ops in self.per_device_ops().items():
             mem = self.memory.get(device, {})
-            lines.append(f"  {device:<10} {len(ops):>6} ops  busy {_seconds(busy.get(device))}"
-                         f"  memory {format_bytes(mem.get('used', 0))} of "
-                         f"{format_bytes(mem.get('capacity', self.devices.device(device).memory))}")
-        moved = sum(t.bytes for t in self.transfers)
-        lines.append(f"  transfers: {len(self.transfers)} per step, {format_bytes(moved)}")
-        s = self.solver
-        gap = "" if s.gap is None else f", gap {s.gap:.2%}"
-        lines.append(f"  solver {s.name}: {s.status} in {format_seconds(s.seconds)}, bound "
-                     f"{_seconds(s.bound)}{gap}")
-        lines += [f"  baseline {name}: {_seconds(b.total_s)}{'' if b.feasible else ' (infeasible)'}"
-                  for name, b in self.baselines.items()]
+            used, cap = mem.get("used", 0), mem.get("capacity", self.devices.device(device).memory)
+            lines.append(f"  {device:<10} {len(ops):>5} ops  busy {_seconds(busy.get(device)):>9}  memory "
+                         f"{format_bytes(used)} of {format_bytes(cap)} ({used / cap:.0%})")
+        for label, seconds in self.predicted.get("per_link_s", {}).items():
+            if seconds:
+                lines.append(f"  link {label:<16} busy {_seconds(seconds)}")
+        kinds: dict[str, list[TransferInfo]] = {}
+        for t in self.transfers:
+            kinds.setdefault(t.kind, []).append(t)
+        for kind, items in kinds.items():
+            lines.append(f"  {kind} transfers: {len(items)} per step, {format_bytes(sum(t.bytes for t in items))}, "
+                         f"{_seconds(sum(t.seconds for t in items))}")
+        if self.weights:
+            lines.append(f"  streamed weights: {len(self.weights)} ops ({self.stream_mode})")
+        for name, b in self.baselines.items():
+            if b.total_s is None:
+                lines.append(f"  baseline {name:<18} n/a")
+                continue
+            speedup = f"  speed-up {b.total_s / total:7.2f}x" if total else ""
+            fits = "" if b.feasible else "  (does not fit: " + (b.note or "over a cap") + ")"
+            lines.append(f"  baseline {name:<18} {_seconds(b.total_s):>9}{speedup}{fits}")
         return "\n".join(lines)
 
     def _busiest_device(self) -> str:

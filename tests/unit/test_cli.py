@@ -149,3 +149,36 @@ def test_console_script_runs_as_a_module() -> None:
         [sys.executable, "-m", "partitioner.cli", "devices"], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0 and "h200-host" in done.stdout
+
+
+def test_plan_prints_a_summary_and_writes_a_plan_that_loads(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from partitioner.plan import Plan
+
+    target = tmp_path / "plan.json"
+    code, out, err = run(capsys, "plan", "emb-transformer", "--devices", "h200-host", "--memory", "cuda:0=100KB",
+                         "--pin", "head=cuda:0", "-o", str(target))
+    assert code == 0, err
+    assert "plan for 'emb-transformer:tiny'" in out and "solver     ilp:" in out
+    assert "baseline greedy" in out and "speed-up" in out and "physical lower bound" in out
+    plan = Plan.load(target)
+    assert plan.memory["cuda:0"]["capacity"] == 100_000 and plan.memory["cuda:0"]["used"] <= 100_000
+    assert {plan.placement[op] for op, path in plan.modules.items() if path == "head"} == {"cuda:0"}
+    code, _, err = run(capsys, "plan", "mlp", "-o", str(target))
+    assert code == 2 and "--force" in err
+
+
+def test_plan_bad_flags_are_clear(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "plan", "mlp", "--memory", "cuda:0")
+    assert code == 2 and "expected KEY=VALUE" in err
+    code, _, err = run(capsys, "plan", "mlp", "--memory", "cuda:0=lots")
+    assert code == 2 and "lots" in err
+    code, _, err = run(capsys, "plan", "mlp", "--solver", "gurobi")
+    assert code == 2 and "unknown ILP solver 'gurobi'" in err
+    code, _, err = run(capsys, "plan", "mlp", "--memory", "cpu=1KB", "--memory", "cuda:0=1KB")
+    assert code == 2 and "no placement fits" in err
+
+
+def test_plan_with_a_baseline_solver_and_makespan(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "plan", "two-branch", "--devices", "2xh200-host", "--objective", "makespan",
+                       "--solver", "heft")
+    assert code == 0 and "solver     heft: heuristic" in out
