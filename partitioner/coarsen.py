@@ -294,12 +294,13 @@ def _contract(graph: OpGraph, options: CoarsenOptions) -> _Contraction:
     if options.fold_views:
         _fold_views(c, graph)
         log.debug("%s: %d groups after folding views", graph.name, c.count)
-    if options.merge_chains:
-        _merge_chains(c)
-        log.debug("%s: %d groups after merging chains", graph.name, c.count)
+    # module grouping before chains: a chain merged across two modules would belong to neither
     if options.module_depth is not None:
         _group_modules(c, options.module_depth)
         log.debug("%s: %d groups after module grouping at depth %d", graph.name, c.count, options.module_depth)
+    if options.merge_chains:
+        _merge_chains(c, options.module_depth)
+        log.debug("%s: %d groups after merging chains", graph.name, c.count)
     return c
 
 
@@ -323,8 +324,12 @@ def _fold_views(c: _Contraction, graph: OpGraph) -> None:
                 break
 
 
-def _merge_chains(c: _Contraction) -> None:
-    """Merge u -> v while v is u's only successor group and u is v's only predecessor group."""
+def _merge_chains(c: _Contraction, depth: int | None = None) -> None:
+    """Merge u -> v while v is u's only successor group and u is v's only predecessor group.
+
+    With a module ``depth``, only groups of the same module (at that depth) merge, so module
+    grouping keeps its granularity (a chain of transformer blocks stays a chain of blocks).
+    """
     for root in c.roots_in_order():
         if c.find(root) != root:
             continue
@@ -332,6 +337,8 @@ def _merge_chains(c: _Contraction) -> None:
         while group is not None and len(c.succ[group]) == 1:
             (nxt,) = c.succ[group]
             if len(c.pred[nxt]) != 1:
+                break
+            if depth is not None and _module_key(_anchor_path(c, group), depth) != _module_key(_anchor_path(c, nxt), depth):
                 break
             group = c.merge(group, nxt)
 
@@ -342,12 +349,18 @@ def _group_modules(c: _Contraction, depth: int) -> None:
     for root in c.roots_in_order():
         if c.find(root) != root:
             continue
-        key = _module_key(common_module_path(c.ops[m].module_path for m in c.members[root]), depth)
+        key = _module_key(_anchor_path(c, root), depth)
         if not key:
             continue
         last = open_group.get(key)
         merged = c.merge(last, root) if last is not None else None
         open_group[key] = merged if merged is not None else root
+
+
+def _anchor_path(c: _Contraction, root: int) -> str:
+    """The module path of a group's heaviest op (a view folded in from a neighbour does not count)."""
+    anchor = max(c.members[root], key=lambda m: (c.ops[m].flops, c.ops[m].bytes_read + c.ops[m].bytes_written, -m))
+    return c.ops[anchor].module_path
 
 
 def common_module_path(paths: Iterable[str]) -> str:

@@ -37,7 +37,7 @@ from partitioner.verify import verify_graph, verify_placement
 log = logging.getLogger(__name__)
 
 # Above these sizes the graph is coarsened before solving (``coarsen="auto"``).
-COARSEN_THRESHOLD = {Objective.LATENCY: 400, Objective.THROUGHPUT: 400, Objective.MAKESPAN: 120}
+COARSEN_THRESHOLD = {Objective.LATENCY: 400, Objective.THROUGHPUT: 400, Objective.MAKESPAN: 60}
 MAX_GROUP_OPS = 64  # a coarse node never swallows more ops than this: memory caps still see the pieces
 
 

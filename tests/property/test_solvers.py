@@ -16,7 +16,7 @@ from partitioner.solvers.ilp import solve_ilp
 from partitioner.solvers.problem import Objective, Options, Placement, Problem, evaluate
 from partitioner.solvers.single import solve_single
 from partitioner.verify import verify_graph, verify_placement
-from tests.property.random_graphs import random_dag, random_profile
+from models.synthetic import random_dag, random_profile
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -242,7 +242,7 @@ def test_a_cyclic_graph_is_rejected() -> None:
 
 
 def test_makespan_refuses_huge_graphs_when_not_coarsened() -> None:
-    from tests.property.random_graphs import random_dag
+    from models.synthetic import random_dag
 
     with pytest.raises(SolverUnavailable, match="coarsen"):
         partition(random_dag(1, 450, layers=45), devices="h200-host", objective="makespan", coarsen=False)

@@ -1,4 +1,4 @@
-"""Random DAGs and device profiles for property tests and benchmarks (seeded, reproducible)."""
+"""Synthetic random DAGs and device profiles (seeded, reproducible) for property tests and benchmarks."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def random_dag(seed: int, n_ops: int, *, max_inputs: int = 2, param_prob: float 
         read = 0 if cls is OpClass.VIEW else sum(tensors_meta[t][1] for t in inputs) + pbytes
         written = 0 if cls is OpClass.VIEW else nbytes
         ops.append(Op(
-            name=name, kind=f"aten.{cls.value}", op_class=cls, index=i, module_path=f"block{i // 4}.m{i % 4}",
+            name=name, kind=f"aten.{cls.value}", op_class=cls, index=i, module_path=_module_path(i, width),
             module_type="Linear", dtype="float32", inputs=tuple(inputs), outputs=(name,), params=owned,
             owned_params=owned, flops=flops, bytes_read=read, bytes_written=written, param_bytes=pbytes,
             trainable_param_bytes=pbytes,
@@ -54,6 +54,13 @@ def random_dag(seed: int, n_ops: int, *, max_inputs: int = 2, param_prob: float 
         tensors.append(Tensor(t, producer, tuple(consumers[t]), shape, "float32", nbytes))
     sinks = tuple(n for n in names if not consumers[n]) or (names[-1],)
     return OpGraph(f"random{seed}", ops, tensors, params, ("x",), sinks)
+
+
+def _module_path(i: int, width: int | None) -> str:
+    """Model-like nesting: ``layer{L}.block{B}.m{i}`` for layered DAGs (blocks of 5 ops), else blocks of 4."""
+    if width:
+        return f"layer{i // width}.block{(i % width) // 5}.m{i}"
+    return f"block{i // 4}.m{i % 4}"
 
 
 def random_profile(seed: int, n_devices: int = 3, *, tight: bool = False) -> DeviceSet:
