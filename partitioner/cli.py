@@ -142,7 +142,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     from partitioner.model_source import load_model
 
     profile = load_profile(args.devices)
-    loaded = load_model(args.model)
+    loaded = load_model(args.model, device="meta")  # zoo models: shapes only, no memory for weights
     graph = from_module(loaded.module, loaded.example_inputs, capture=args.capture, name=loaded.name)
     report = inspect_graph(graph, profile, training=args.training, optimizer=args.optimizer, model_name=loaded.name)
     if args.json:
@@ -158,7 +158,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
     if args.output and Path(args.output).exists() and not args.force:
         raise HetpartError(f"{args.output} exists: pass --force to overwrite it")
-    loaded = load_model(args.model)
+    loaded = load_model(args.model, device="meta")  # zoo models: shapes only, no memory for weights
     memory = _pairs(args.memory, "--memory", "cuda:0=2GB")
     pins = _pairs(args.pin, "--pin", "'emb*=cpu'")
     print(f"capturing {loaded.name} ({args.capture}) ...", file=sys.stderr)

@@ -28,7 +28,8 @@ class LoadedModel:
 
 
 def load_model(spec: str, *, device: str | None = None) -> LoadedModel:
-    """Build the model named by ``spec``.
+    """Build the model named by ``spec``; zoo models are built on ``device`` (``"meta"``: shapes
+    only, which is all planning needs). A user's factory builds where it likes.
 
     Example:
         >>> load_model("mlp:tiny").name

@@ -252,4 +252,6 @@ def _solve(
         ev = best[2]
     if not ev.feasible:
         raise InfeasiblePlacement(explain_infeasibility(problem))
+    if sol.note:
+        log.warning("%s: %s", sol.solver, sol.note)
     return sol, ev

@@ -654,7 +654,11 @@ def _run_cbc(model: _Model, time_limit: float, gap: float, warm: bool) -> _Outco
             warnings.simplefilter("ignore", DeprecationWarning)
             solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=max(1, int(math.ceil(time_limit))), gapRel=gap,
                                        warmStart=warm, logPath=log_path, threads=1)
-            prob.solve(solver)
+            try:
+                prob.solve(solver)
+            except pulp.PulpSolverError as exc:  # CBC died (seen on 10,000-op graphs): no incumbent to read
+                tail = open(log_path).read()[-300:] if os.path.exists(log_path) else ""
+                return _Outcome(Status.FEASIBLE, False, None, f"CBC failed: {exc}; log ends: {tail.strip()[-120:]}")
         text = open(log_path).read() if os.path.exists(log_path) else ""
     result = _CBC_RESULT.search(text)
     result_text = result.group(1).strip() if result else pulp.LpStatus[prob.status]
