@@ -143,6 +143,7 @@ def partition_outcome(
         problem, solution, evaluation,
         baselines={name: ev for name, (_, ev) in baselines.items()},
         lower_bound=physical_lower_bound(problem), model_name=model_name or graph.name,
+        capture=capture if not isinstance(model_or_graph, OpGraph) else "export",
     )
     return Outcome(plan, problem, coarse, solution, evaluation, baselines)
 

@@ -11,7 +11,9 @@ The file (``format_version`` 1) holds these top-level keys, in this order::
 
     format_version  1
     model           {"name", "fingerprint", "op_count", "modules": {op: module path},
-                     "param_ops": [ops that own parameters or buffers]}
+                     "param_ops": [ops that own parameters or buffers],
+                     optional "capture": "export" | "symbolic_trace",
+                     optional "inputs": [{"shape", "dtype"}, ...] to re-capture the model}
     devices         DeviceSet.to_dict(): the whole profile the plan was made for (caps applied)
     objective       "latency" | "throughput" | "makespan"
     training        true for a training step, false for inference
@@ -190,6 +192,8 @@ class Plan:
     predicted: Mapping[str, Any]               # see the module docstring
     solver: SolverInfo
     baselines: Mapping[str, BaselineInfo]
+    inputs: tuple[tuple[tuple[int, ...], str], ...] = ()  # (shape, dtype) of each graph input, for re-capture
+    capture: str = "export"                    # how the model was captured ("export" | "symbolic_trace")
     source: str = dataclasses.field(default="<plan>", compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -201,6 +205,7 @@ class Plan:
             object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name))))
         for name in ("param_ops", "schedule", "transfers"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
+        object.__setattr__(self, "inputs", tuple((tuple(shape), dtype) for shape, dtype in self.inputs))
         object.__setattr__(self, "memory", _freeze(_read_memory(reader, self.memory)))
         object.__setattr__(self, "predicted", _freeze(_read_predicted(reader, self.predicted)))
         _check_references(self, reader)
@@ -218,7 +223,8 @@ class Plan:
             "format_version": FORMAT_VERSION,
             "model": {"name": self.model_name, "fingerprint": self.fingerprint,
                       "op_count": self.op_count, "modules": self.modules,
-                      "param_ops": self.param_ops},
+                      "param_ops": self.param_ops, "capture": self.capture,
+                      "inputs": [{"shape": list(shape), "dtype": dtype} for shape, dtype in self.inputs]},
             "devices": self.devices.to_dict(),
             "objective": self.objective,
             "training": self.training,
@@ -304,7 +310,7 @@ class Plan:
         if "format_version" in top:
             _check_version(r, top["format_version"])
         r.keys(top, "", TOP_LEVEL_KEYS)
-        model = r.keys(top["model"], "model", _MODEL_KEYS)
+        model = r.keys(top["model"], "model", _MODEL_KEYS, ("capture", "inputs"))
         return cls(
             model_name=r.string(model["name"], "model.name"),
             fingerprint=r.string(model["fingerprint"], "model.fingerprint"),
@@ -325,6 +331,9 @@ class Plan:
             predicted=top["predicted"],      # checked by the constructor (_read_predicted)
             solver=_read_solver(r, top["solver"]),
             baselines=r.string_map(top["baselines"], "baselines", lambda v, p: _read_baseline(r, v, p)),
+            inputs=tuple(_read_input(r, v, f"model.inputs[{i}]")
+                         for i, v in enumerate(r.array(model.get("inputs", []), "model.inputs"))),
+            capture=r.string(model.get("capture", "export"), "model.capture"),
             source=source,
         )
 
@@ -393,6 +402,20 @@ class Plan:
         out: dict[str, str] = {}
         _map_module("", homes, self.devices.names(), out)
         return out
+
+    # -- running it --------------------------------------------------------------------------
+
+    def emit(self, model: Any, device_map: Mapping[str, str] | None = None, *, example_inputs: Any = None) -> Any:
+        """An ``nn.Module`` that runs this placement (see :mod:`partitioner.codegen.torch_module`).
+
+        ``device_map`` binds the plan's devices to present ones, e.g. ``{"cuda:0": "cpu"}``.
+
+        Example:
+            >>> emitted = plan.emit(model, {"cuda:0": "cpu"})   # doctest: +SKIP
+        """
+        from partitioner.codegen.torch_module import emit_module
+
+        return emit_module(self, model, device_map, example_inputs=example_inputs)
 
     def per_device_ops(self) -> dict[str, list[str]]:
         """Ops computed on each device (every device of the set, in profile order).
@@ -465,6 +488,7 @@ class Plan:
         baselines: Mapping[str, Evaluation | BaselineInfo] | None = None,
         lower_bound: float | None = None,
         model_name: str | None = None,
+        capture: str = "export",
     ) -> Plan:
         """The plan of ``solution``: nodes of a coarsened problem are expanded to their ops.
 
@@ -485,6 +509,8 @@ class Plan:
         order = placement.order or problem.nodes
         return cls(
             model_name=model_name or graph.name,
+            inputs=tuple((graph.tensors[t].shape, graph.tensors[t].dtype) for t in graph.inputs),
+            capture=capture,
             fingerprint=graph.fingerprint(),
             op_count=len(graph),
             modules={op.name: op.module_path for op in graph.topological_order()},
@@ -516,6 +542,12 @@ class Plan:
 # --------------------------------------------------------------------------------------------
 # Reading: typed access to decoded JSON; errors name the file and the field path
 # --------------------------------------------------------------------------------------------
+
+
+def _read_input(r: _Reader, value: Any, path: str) -> tuple[tuple[int, ...], str]:
+    item = r.keys(value, path, ("shape", "dtype"))
+    shape = tuple(r.count(v, f"{path}.shape[{i}]") for i, v in enumerate(r.array(item["shape"], f"{path}.shape")))
+    return shape, r.string(item["dtype"], f"{path}.dtype")
 
 
 def _show(value: Any) -> str:

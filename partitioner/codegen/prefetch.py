@@ -1,0 +1,73 @@
+"""Streamed weights at run time: host-resident parameters copied to the computing device per call.
+
+In: the emitted module and the streamed attributes in schedule order. Out: a
+:class:`WeightStreamer` whose ``get(target, device)`` returns the weight on ``device``. On CUDA the
+host copy is pinned and the next ``LOOKAHEAD`` weights are copied on a side stream while the
+current op computes, each ordered by an event the compute stream waits on; device memory is the
+caching allocator's reused blocks (``record_stream`` keeps a block alive until its consumer ran).
+On a CPU binding the same calls make plain copies, so the path is tested everywhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+LOOKAHEAD = 2  # weights in flight ahead of the one being used: double buffering
+
+
+class WeightStreamer:
+    """Fetches streamed weights for one emitted module (see the module docstring)."""
+
+    def __init__(self, module: torch.nn.Module, streamed: list[tuple[str, str]]) -> None:
+        self._module = module
+        self.order = [target for target, _ in streamed]
+        self.devices = dict(streamed)
+        self._index = {t: i for i, t in enumerate(self.order)}
+        self._stream: Any = None
+        self._pending: dict[int, tuple[torch.Tensor, Any]] = {}
+        if any(torch.device(d).type == "cuda" for d in self.devices.values()):
+            for target in self.order:
+                tensor = self._host(target)
+                if tensor.device.type == "cpu" and not tensor.is_pinned():
+                    tensor.data = tensor.data.pin_memory()
+
+    def __deepcopy__(self, memo: dict) -> WeightStreamer:  # a copied module gets its own streamer
+        return WeightStreamer(memo.get(id(self._module), self._module), list(self.devices.items()))
+
+    def _host(self, target: str) -> torch.Tensor:
+        owner, _, attr = target.rpartition(".")
+        module = self._module.get_submodule(owner) if owner else self._module
+        return getattr(module, attr)
+
+    def get(self, target: str, device: str) -> torch.Tensor:
+        """The weight ``target`` on ``device`` (fetched ahead of time where the device allows)."""
+        dev = torch.device(device)
+        if dev.type != "cuda":
+            return self._host(target).to(dev)
+        i = self._index[target]
+        if i == 0:
+            self._pending.clear()
+        if i not in self._pending:
+            self._issue(i)
+        for j in range(i + 1, min(i + 1 + LOOKAHEAD, len(self.order))):
+            if j not in self._pending:
+                self._issue(j)
+        tensor, event = self._pending.pop(i)
+        current = torch.cuda.current_stream(dev)
+        current.wait_event(event)
+        tensor.record_stream(current)
+        return tensor
+
+    def _issue(self, i: int) -> None:
+        target = self.order[i]
+        dev = torch.device(self.devices[target])
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(dev)
+        self._stream.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(self._stream):
+            tensor = self._host(target).to(dev, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(self._stream)
+        self._pending[i] = (tensor, event)
