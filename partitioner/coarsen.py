@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import TypeVar
 
+from partitioner.errors import GraphError
 from partitioner.ir import Op, OpClass, OpGraph
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,7 @@ class CoarsenOptions:
     module_depth: int | None = None                # also merge ops whose module paths agree on this many dotted components
     max_group_ops: int | None = None               # never grow a group beyond this many ops
     keep_separate: frozenset[str] = frozenset()    # op names never merged with anything (pinned ops, for example)
+    align: tuple[str, ...] = ()                    # module paths whose ops must form one group (placed whole)
 
     def __post_init__(self) -> None:
         if self.module_depth is not None and self.module_depth < 1:
@@ -291,6 +293,8 @@ class _Contraction:
 def _contract(graph: OpGraph, options: CoarsenOptions) -> _Contraction:
     """Run the passes ``options`` asks for and return the grouping (no graph built yet)."""
     c = _Contraction(graph, options)
+    if options.align:
+        _align_modules(c, options.align)
     if options.fold_views:
         _fold_views(c, graph)
         log.debug("%s: %d groups after folding views", graph.name, c.count)
@@ -302,6 +306,29 @@ def _contract(graph: OpGraph, options: CoarsenOptions) -> _Contraction:
         _merge_chains(c, options.module_depth)
         log.debug("%s: %d groups after merging chains", graph.name, c.count)
     return c
+
+
+def _align_modules(c: _Contraction, paths: tuple[str, ...]) -> None:
+    """Merge all ops of each module path into one group, so the module is placed whole.
+
+    Raises:
+        GraphError: the module's ops cannot form one group because an op outside it lies on a
+            path between two of its ops (the module is not convex in the graph).
+    """
+    limit, c.max_ops = c.max_ops, None  # alignment is a constraint, not a size choice
+    try:
+        for path in paths:
+            prefix = path + "."
+            ops = [i for i, op in enumerate(c.ops) if op.module_path == path or op.module_path.startswith(prefix)]
+            for i in ops[1:]:
+                if c.merge(ops[0], i) is None:
+                    raise GraphError(
+                        f"module {path!r} cannot be kept whole: op {c.ops[i].name!r} cannot join "
+                        f"{c.ops[ops[0]].name!r} without an op outside the module in between "
+                        f"(or one of them is pinned alone); drop its class from --align-modules"
+                    )
+    finally:
+        c.max_ops = limit
 
 
 def _fold_views(c: _Contraction, graph: OpGraph) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from cost_models.profiles import DeviceSet, load_profile
 from cost_models.training import parse_optimizer
-from partitioner.coarsen import Coarsening, auto_coarsen, identity
+from partitioner.coarsen import CoarsenOptions, Coarsening, auto_coarsen, coarsen as coarsen_graph, identity
 from partitioner.errors import HetpartError, InfeasiblePlacement, SolverUnavailable
 from partitioner.frontends.fx import from_module
 from partitioner.ir import OpGraph
@@ -69,6 +69,7 @@ def partition(
     streaming: bool = True,
     coarsen: bool | str = "auto",
     no_split: Sequence[str] = (),
+    align_modules: Sequence[str] = (),
     link_budget: Mapping[str, int] | None = None,
     contiguous_stages: bool = False,
     capture: str = "export",
@@ -89,6 +90,8 @@ def partition(
         streaming: allow weights to be streamed from host memory (inference plans).
         coarsen: ``"auto"`` (above a size threshold), True, or False.
         no_split: module classes the ``greedy`` fill keeps whole (accelerate's no_split_module_classes).
+        align_modules: module classes every solver must keep whole (each instance on one device),
+            so the plan exports as an accelerate ``device_map``.
 
     Raises:
         InfeasiblePlacement: no placement fits the caps and pins; the message names the device,
@@ -120,6 +123,7 @@ def partition_outcome(
     streaming: bool = True,
     coarsen: bool | str = "auto",
     no_split: Sequence[str] = (),
+    align_modules: Sequence[str] = (),
     link_budget: Mapping[str, int] | None = None,
     contiguous_stages: bool = False,
     capture: str = "export",
@@ -134,7 +138,7 @@ def partition_outcome(
         objective=_objective(objective), training=training, optimizer=parse_optimizer(optimizer),
         streaming=streaming, link_budget=dict(link_budget or {}), contiguous_stages=contiguous_stages,
     )
-    coarse = _coarsen(graph, options, coarsen, pins)
+    coarse = _coarsen(graph, options, coarsen, pins, align_modules)
     problem = Problem(coarse.graph, profile, options, pins=pins, members=coarse.members, original=graph)
     baselines = {name: _evaluated(problem, run_baseline(name, problem, no_split=no_split)) for name in _baseline_names(problem)}
     solution, evaluation = _solve(problem, solver, baselines, time_limit, gap, progress, no_split)
@@ -144,6 +148,12 @@ def partition_outcome(
         baselines={name: ev for name, (_, ev) in baselines.items()},
         lower_bound=physical_lower_bound(problem), model_name=model_name or graph.name,
         capture=capture if not isinstance(model_or_graph, OpGraph) else "export",
+        constraints={
+            "pins": dict(problem.pins) and {op: problem.pins[n] for n in problem.pins for op in coarse.members[n]},
+            "memory_caps": {d: profile.device(d).memory for d in (memory or {})},
+            "streaming": streaming,
+            "align_modules": tuple(align_modules),
+        },
     )
     return Outcome(plan, problem, coarse, solution, evaluation, baselines)
 
@@ -175,14 +185,45 @@ def _objective(value: str | Objective) -> Objective:
         ) from None
 
 
-def _coarsen(graph: OpGraph, options: Options, mode: bool | str, pins: Mapping[str, str] | None) -> Coarsening:
-    if mode is False or mode == "off":
-        return identity(graph)
+def _coarsen(
+    graph: OpGraph, options: Options, mode: bool | str, pins: Mapping[str, str] | None, align: Sequence[str]
+) -> Coarsening:
     keep = frozenset(_pinned_ops(graph, pins or {}))
+    aligned = _aligned(graph, align, keep)
+    if mode is False or mode == "off":
+        return aligned
     threshold = COARSEN_THRESHOLD[options.objective]
     if mode is True or mode == "on":
-        threshold = min(threshold, max(1, len(graph) - 1))
-    return auto_coarsen(graph, threshold, keep_separate=keep, max_group_ops=MAX_GROUP_OPS)
+        threshold = min(threshold, max(1, len(aligned.graph) - 1))
+    keep_groups = frozenset(aligned.group_of[op] for op in keep)
+    return _compose(aligned, auto_coarsen(aligned.graph, threshold, keep_separate=keep_groups,
+                                          max_group_ops=MAX_GROUP_OPS))
+
+
+def _aligned(graph: OpGraph, classes: Sequence[str], keep: frozenset[str]) -> Coarsening:
+    """Each instance of the given module classes as one group (identity when there are none)."""
+    if not classes:
+        return identity(graph)
+    known = sorted(set(graph.module_types.values()) - {""})
+    unknown = [c for c in classes if c not in known]
+    if unknown:
+        raise HetpartError(
+            f"--align-modules names {', '.join(unknown)}, not a module class of {graph.name!r}; "
+            f"its classes are: {', '.join(known)}"
+        )
+    paths = [p for p, t in graph.module_types.items() if t in classes and p]
+    outer = tuple(p for p in paths if not any(p.startswith(q + ".") for q in paths))
+    return coarsen_graph(graph, CoarsenOptions(fold_views=False, merge_chains=False, align=outer,
+                                               keep_separate=frozenset()))
+
+
+def _compose(first: Coarsening, second: Coarsening) -> Coarsening:
+    """Coarsening ``first.graph`` by ``second``, as one coarsening of the original graph."""
+    if len(second.graph) == len(first.graph):
+        return first
+    members = {g: tuple(op for sub in second.members[g] for op in first.members[sub]) for g in second.members}
+    group_of = {op: g for g, ops in members.items() for op in ops}
+    return Coarsening(second.graph, members, group_of)
 
 
 def _pinned_ops(graph: OpGraph, pins: Mapping[str, str]) -> set[str]:

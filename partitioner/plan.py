@@ -13,7 +13,9 @@ The file (``format_version`` 1) holds these top-level keys, in this order::
     model           {"name", "fingerprint", "op_count", "modules": {op: module path},
                      "param_ops": [ops that own parameters or buffers],
                      optional "capture": "export" | "symbolic_trace",
-                     optional "inputs": [{"shape", "dtype"}, ...] to re-capture the model}
+                     optional "inputs": [{"shape", "dtype"}, ...] to re-capture the model,
+                     optional "edges": [[producer op, consumer op], ...] to draw the graph,
+                     optional "param_names": {op: [parameters it owns]} for device maps}
     devices         DeviceSet.to_dict(): the whole profile the plan was made for (caps applied)
     objective       "latency" | "throughput" | "makespan"
     training        true for a training step, false for inference
@@ -79,7 +81,7 @@ _SOLVER_KEYS = ("name", "status", "objective", "bound", "gap", "seconds")
 _BASELINE_KEYS = ("total_s", "feasible", "note")
 _MEMORY_KEYS = ("used", "capacity")
 _PREDICTED_REQUIRED = ("total_s", "per_device_s", "per_link_s")
-_PREDICTED_OPTIONAL = ("critical_path_s", "lower_bound_s", "per_op_s")
+_PREDICTED_OPTIONAL = ("critical_path_s", "lower_bound_s", "per_op_s", "per_op_device_s")
 _PREDICTED_MAPS = ("per_device_s", "per_link_s", "per_op_s")  # the rest are numbers or null
 
 _OBJECTIVES = ("latency", "throughput", "makespan")  # partitioner.solvers.problem.Objective
@@ -194,6 +196,10 @@ class Plan:
     baselines: Mapping[str, BaselineInfo]
     inputs: tuple[tuple[tuple[int, ...], str], ...] = ()  # (shape, dtype) of each graph input, for re-capture
     capture: str = "export"                    # how the model was captured ("export" | "symbolic_trace")
+    edges: tuple[tuple[str, str], ...] = ()    # (producer op, consumer op) of every graph edge, for drawing
+    param_names: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)  # op -> its parameters
+    op_bytes: Mapping[str, tuple[int, int]] = dataclasses.field(default_factory=dict)  # op -> (output, parameter) bytes
+    constraints: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # pins, caps, streaming, alignment
     source: str = dataclasses.field(default="<plan>", compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -206,6 +212,14 @@ class Plan:
         for name in ("param_ops", "schedule", "transfers"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
         object.__setattr__(self, "inputs", tuple((tuple(shape), dtype) for shape, dtype in self.inputs))
+        object.__setattr__(self, "edges", tuple((u, v) for u, v in self.edges))
+        object.__setattr__(self, "op_bytes", MappingProxyType({op: tuple(b) for op, b in self.op_bytes.items()}))
+        object.__setattr__(self, "constraints", _freeze(dict(self.constraints)))
+        object.__setattr__(self, "param_names",
+                           MappingProxyType({op: tuple(names) for op, names in self.param_names.items()}))
+        unknown = [e for e in self.edges if e[0] not in self.placement or e[1] not in self.placement]
+        if unknown:
+            reader.fail("model.edges", f"edge {unknown[0]} names an op that is not in placement")
         object.__setattr__(self, "memory", _freeze(_read_memory(reader, self.memory)))
         object.__setattr__(self, "predicted", _freeze(_read_predicted(reader, self.predicted)))
         _check_references(self, reader)
@@ -224,7 +238,10 @@ class Plan:
             "model": {"name": self.model_name, "fingerprint": self.fingerprint,
                       "op_count": self.op_count, "modules": self.modules,
                       "param_ops": self.param_ops, "capture": self.capture,
-                      "inputs": [{"shape": list(shape), "dtype": dtype} for shape, dtype in self.inputs]},
+                      "inputs": [{"shape": list(shape), "dtype": dtype} for shape, dtype in self.inputs],
+                      "edges": [list(e) for e in self.edges],
+                      "param_names": {op: list(names) for op, names in self.param_names.items()},
+                      "op_bytes": {op: list(pair) for op, pair in self.op_bytes.items()}},
             "devices": self.devices.to_dict(),
             "objective": self.objective,
             "training": self.training,
@@ -239,6 +256,8 @@ class Plan:
             "solver": {f: getattr(self.solver, f) for f in _SOLVER_KEYS},
             "baselines": {name: dataclasses.asdict(b) for name, b in self.baselines.items()},
         }
+        if self.constraints:
+            out["constraints"] = _plain(self.constraints)
         return _plain(out)
 
     def to_json(self) -> str:
@@ -309,8 +328,8 @@ class Plan:
         top = r.mapping(d, "")
         if "format_version" in top:
             _check_version(r, top["format_version"])
-        r.keys(top, "", TOP_LEVEL_KEYS)
-        model = r.keys(top["model"], "model", _MODEL_KEYS, ("capture", "inputs"))
+        r.keys(top, "", TOP_LEVEL_KEYS, ("constraints",))
+        model = r.keys(top["model"], "model", _MODEL_KEYS, ("capture", "inputs", "edges", "param_names", "op_bytes"))
         return cls(
             model_name=r.string(model["name"], "model.name"),
             fingerprint=r.string(model["fingerprint"], "model.fingerprint"),
@@ -334,6 +353,12 @@ class Plan:
             inputs=tuple(_read_input(r, v, f"model.inputs[{i}]")
                          for i, v in enumerate(r.array(model.get("inputs", []), "model.inputs"))),
             capture=r.string(model.get("capture", "export"), "model.capture"),
+            edges=tuple(_read_edge(r, v, f"model.edges[{i}]")
+                        for i, v in enumerate(r.array(model.get("edges", []), "model.edges"))),
+            param_names=r.string_map(model.get("param_names", {}), "model.param_names", r.string_list),
+            op_bytes=r.string_map(model.get("op_bytes", {}), "model.op_bytes",
+                                  lambda v, q: tuple(r.count(x, f"{q}[{i}]") for i, x in enumerate(r.array(v, q)))),
+            constraints=_read_constraints(r, top.get("constraints", {})),
             source=source,
         )
 
@@ -400,7 +425,13 @@ class Plan:
         if not homes:
             return {"": self._busiest_device()}
         out: dict[str, str] = {}
-        _map_module("", homes, self.devices.names(), out)
+        _map_module("", homes, self.devices.names(), out, self.param_names)
+        # tied names (lm_head.weight sharing tok_emb.weight) go where their storage lives
+        for op in self.param_ops:
+            device = self.weights.get(op, self.placement[op])
+            for tensor in self.param_names.get(op, ()):
+                if not any(k == "" or tensor == k or tensor.startswith(k + ".") for k in out):
+                    out[tensor] = device
         return out
 
     # -- running it --------------------------------------------------------------------------
@@ -489,6 +520,7 @@ class Plan:
         lower_bound: float | None = None,
         model_name: str | None = None,
         capture: str = "export",
+        constraints: Mapping[str, Any] | None = None,
     ) -> Plan:
         """The plan of ``solution``: nodes of a coarsened problem are expanded to their ops.
 
@@ -511,6 +543,12 @@ class Plan:
             model_name=model_name or graph.name,
             inputs=tuple((graph.tensors[t].shape, graph.tensors[t].dtype) for t in graph.inputs),
             capture=capture,
+            edges=tuple((u, v) for u, v in graph.dag.edges),
+            param_names={op.name: tuple(n for p in op.owned_params for n in (p, *graph.params[p].aliases))
+                         for op in graph.topological_order() if op.owned_params},
+            op_bytes={op.name: (sum(graph.tensors[t].nbytes for t in op.outputs), op.param_bytes)
+                      for op in graph.topological_order()},
+            constraints=dict(constraints or {}),
             fingerprint=graph.fingerprint(),
             op_count=len(graph),
             modules={op.name: op.module_path for op in graph.topological_order()},
@@ -529,7 +567,8 @@ class Plan:
             predicted={"total_s": ev.total_s, "critical_path_s": ev.critical_path_s,
                        "per_device_s": dict(ev.per_device_s), "per_link_s": dict(ev.per_link_s),
                        "lower_bound_s": lower_bound if lower_bound is not None else solution.bound,
-                       "per_op_s": _per_op_seconds(problem, device)},
+                       "per_op_s": _per_op_seconds(problem, device),
+                       "per_op_device_s": _per_op_device_seconds(problem)},
             solver=SolverInfo(solution.solver, getattr(solution.status, "value", solution.status),
                               ev.total_s, _bound(ev.total_s, solution.bound), _gap(ev.total_s, solution.bound),
                               solution.seconds),
@@ -542,6 +581,27 @@ class Plan:
 # --------------------------------------------------------------------------------------------
 # Reading: typed access to decoded JSON; errors name the file and the field path
 # --------------------------------------------------------------------------------------------
+
+
+def _read_constraints(r: _Reader, value: Any) -> dict[str, Any]:
+    c = r.keys(value, "constraints", (), ("pins", "memory_caps", "streaming", "align_modules"))
+    out: dict[str, Any] = {}
+    if "pins" in c:
+        out["pins"] = r.string_map(c["pins"], "constraints.pins", r.string)
+    if "memory_caps" in c:
+        out["memory_caps"] = r.string_map(c["memory_caps"], "constraints.memory_caps", r.count)
+    if "streaming" in c:
+        out["streaming"] = r.boolean(c["streaming"], "constraints.streaming")
+    if "align_modules" in c:
+        out["align_modules"] = r.string_list(c["align_modules"], "constraints.align_modules")
+    return out
+
+
+def _read_edge(r: _Reader, value: Any, path: str) -> tuple[str, str]:
+    pair = r.array(value, path)
+    if len(pair) != 2:
+        r.fail(path, f"expected [producer, consumer], got {_show(value)}")
+    return r.string(pair[0], f"{path}[0]"), r.string(pair[1], f"{path}[1]")
 
 
 def _read_input(r: _Reader, value: Any, path: str) -> tuple[tuple[int, ...], str]:
@@ -738,6 +798,9 @@ def _read_predicted(r: _Reader, value: Any) -> dict[str, Any]:
         if key not in p:
             continue
         path = _field("predicted", key)
+        if key == "per_op_device_s":  # op -> device -> seconds (null where the device cannot run it)
+            out[key] = r.string_map(p[key], path, lambda v, q: r.string_map(v, q, r.number_or_null))
+            continue
         out[key] = (r.string_map(p[key], path, r.number_or_null) if key in _PREDICTED_MAPS
                     else r.number_or_null(p[key], path))
     return out
@@ -842,7 +905,8 @@ def _child(module: str, path: str) -> str:
 
 
 def _map_module(module: str, homes: Mapping[str, Mapping[str, list[str]]],
-                device_order: Sequence[str], out: dict[str, str]) -> None:
+                device_order: Sequence[str], out: dict[str, str],
+                param_names: Mapping[str, tuple[str, ...]] = MappingProxyType({})) -> None:
     """Map ``module`` whole when its parameter-owning ops share a device, else visit its children."""
     paths = [p for p in homes if _within(p, module)]
     devices = [d for d in device_order if any(d in homes[p] for p in paths)]
@@ -856,13 +920,19 @@ def _map_module(module: str, homes: Mapping[str, Mapping[str, list[str]]],
         ops = ", ".join(f"{op} ({d})" for d in device_order for op in own.get(d, ()))
         raise PlanMismatch(f"module {name} is split across {split}: the plan is not module-aligned "
                            f"(its ops: {ops}); re-plan with --align-modules")
-    if own:
+    if own and all(op in param_names for ops in own.values() for op in ops):
+        # accelerate maps single tensors too: the module's own parameters by name, children below
+        device, ops = next(iter(own.items()))
+        for op in ops:
+            for tensor in param_names[op]:
+                out[tensor] = device
+    elif own:
         device, ops = next(iter(own.items()))
         raise PlanMismatch(f"module {name} holds parameters of its own ({', '.join(ops)} on {device}) "
                            f"while its submodules are split across {_and(devices)}: a device map "
                            f"cannot express that; re-plan with --align-modules")
     for child in dict.fromkeys(_child(module, p) for p in paths if p != module):
-        _map_module(child, homes, device_order, out)
+        _map_module(child, homes, device_order, out, param_names)
 
 
 def _and(names: Sequence[str]) -> str:
@@ -954,6 +1024,21 @@ def _gap(objective: float | None, bound: float | None) -> float | None:
 
 def _seconds(value: float | None) -> str:
     return "unknown" if value is None else format_seconds(value)
+
+
+def _per_op_device_seconds(problem: Problem) -> dict[str, dict[str, float | None]]:
+    """Each op's time on every device of the profile (None where the device cannot run it)."""
+    from cost_models.analytic import op_time
+    from cost_models.training import training_op_time
+
+    cost = training_op_time if problem.options.training else op_time
+    out: dict[str, dict[str, float | None]] = {}
+    for op in problem.original.topological_order():
+        out[op.name] = {
+            d.name: cost(op, d).seconds if d.supports(op.kind, op.op_class.value) else None
+            for d in problem.devices.devices
+        }
+    return out
 
 
 def _per_op_seconds(problem: Problem, device: Mapping[str, str]) -> dict[str, float]:

@@ -93,7 +93,7 @@ def test_file_has_exactly_the_documented_keys_in_order(tmp_path: Path) -> None:
     data = json.loads((tmp_path / "plan.json").read_text())
     assert list(data) == TOP_LEVEL
     assert data["format_version"] == 1
-    assert list(data["model"]) == ["name", "fingerprint", "op_count", "modules", "param_ops", "capture", "inputs"]
+    assert list(data["model"]) == ["name", "fingerprint", "op_count", "modules", "param_ops", "capture", "inputs", "edges", "param_names", "op_bytes"]
     assert list(data["solver"]) == ["name", "status", "objective", "bound", "gap", "seconds"]
     assert data["transfers"][0] == {"tensor": "input", "from": "cpu", "to": "cuda:0", "bytes": 4096,
                                     "seconds": 1.8e-5, "kind": "activation"}
