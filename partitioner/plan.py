@@ -448,6 +448,34 @@ class Plan:
 
         return emit_module(self, model, device_map, example_inputs=example_inputs)
 
+    def emit_source(
+        self,
+        path: str | os.PathLike[str],
+        model: Any,
+        device_map: Mapping[str, str] | None = None,
+        *,
+        example_inputs: Any = None,
+        force: bool = False,
+    ) -> Path:
+        """Write one readable Python file that runs this placement, like :meth:`emit` does.
+
+        The file defines ``PartitionedModel`` (the model's parameter names, explicit
+        ``.to(device)`` transfers, one commented part per device run) and ``build()``; see
+        :mod:`partitioner.codegen.source`. It is written atomically and never over an existing
+        file unless ``force``.
+
+        Raises:
+            HetpartError: ``path`` exists and ``force`` is false, or a device is not bound.
+            PlanMismatch: the model is not the one the plan was made for.
+
+        Example:
+            >>> plan.emit_source("placed.py", model, {"cuda:0": "cpu"})   # doctest: +SKIP
+            PosixPath('placed.py')
+        """
+        from partitioner.codegen.source import emit_source
+
+        return emit_source(self, model, path, device_map, example_inputs=example_inputs, force=force)
+
     def per_device_ops(self) -> dict[str, list[str]]:
         """Ops computed on each device (every device of the set, in profile order).
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import re
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -82,6 +83,7 @@ def emit_module(
         >>> torch.testing.assert_close(emitted(*inputs), model(*inputs))
     """
     binding = bind_devices(plan, device_map)
+    _check_names(model)
     graph = capture_for(plan, model, example_inputs)
     gm = _unlifted(graph)
     _match_persistence(gm, model)
@@ -118,6 +120,25 @@ def _unlifted(graph: OpGraph) -> torch.fx.GraphModule:
                 "(build the model normally; planning alone can use device='meta')"
             )
     return gm
+
+
+_SAFE_ATOM = re.compile(r"^[A-Za-z0-9_]+$")
+
+
+def _check_names(model: torch.nn.Module) -> None:
+    """torch.fx writes attribute names into generated code between quotes without escaping them:
+    a parameter named ``x" ... "`` would run as code. Refuse such names here (emit_source quotes
+    every name and handles them)."""
+    names = [n for n, _ in model.named_modules(remove_duplicate=False)]
+    names += [n for n, _ in model.named_parameters(remove_duplicate=False)]
+    names += [n for n, _ in model.named_buffers(remove_duplicate=False)]
+    for qual in names:
+        bad = [atom for atom in qual.split(".") if qual and not _SAFE_ATOM.match(atom)]
+        if bad:
+            raise HetpartError(
+                f"module or parameter name {qual!r} has characters torch.fx cannot generate code for safely "
+                f"({bad[0]!r}): plan.emit refuses it; plan.emit_source(...) writes a file that quotes every name"
+            )
 
 
 def _match_persistence(gm: torch.fx.GraphModule, model: torch.nn.Module) -> None:

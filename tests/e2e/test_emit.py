@@ -177,3 +177,26 @@ def test_transfers_in_the_code_follow_the_plan() -> None:
     activation = [t for t in plan.transfers if t.kind == "activation" and t.src != t.dst]
     assert activation  # the embedding's output crosses to the GPU
     assert_same_forward(model, emitted, inputs)
+
+
+def test_emit_refuses_names_torch_fx_would_paste_into_code(tmp_path) -> None:
+    class Evil(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.add_module('x" if getattr(__import__("os"), "system")("touch PWNED") else "', torch.nn.Linear(4, 4))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return getattr(self, 'x" if getattr(__import__("os"), "system")("touch PWNED") else "')(x)
+
+    model, inputs = Evil(), (torch.randn(2, 4),)
+    plan = partition(model, inputs, "cpu")
+    import os
+
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        with pytest.raises(HetpartError, match="emit_source"):
+            plan.emit(model)
+    finally:
+        os.chdir(cwd)
+    assert not (tmp_path / "PWNED").exists()
