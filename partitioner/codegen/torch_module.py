@@ -112,7 +112,9 @@ def _unlifted(graph: OpGraph) -> torch.fx.GraphModule:
         gm = source
     else:
         raise HetpartError(f"cannot emit code for a graph captured as {type(source).__name__}")
-    gm = copy.deepcopy(gm)  # never share tensors or graph with the caller's model
+    with warnings.catch_warnings():  # torch 2.13 warns about its own pytree specs when they are copied
+        warnings.simplefilter("ignore", FutureWarning)
+        gm = copy.deepcopy(gm)  # never share tensors or graph with the caller's model
     for p in gm.parameters():
         if p.is_meta:
             raise HetpartError(

@@ -1,0 +1,62 @@
+"""Writing report files: refuse to overwrite without ``force``, and replace files atomically.
+
+In: a target path and its bytes. Out: the file, either as it was or whole (a temporary file
+beside it, fsynced, then ``os.replace``); errors are :class:`~partitioner.errors.HetpartError`
+naming the path and what to do.
+
+Example:
+    >>> refuse_overwrite([Path("report.html")], force=False)   # doctest: +SKIP
+    Traceback (most recent call last):
+    HetpartError: report.html exists: pass --force to overwrite it
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+
+from partitioner.errors import HetpartError
+
+__all__ = ["refuse_overwrite", "write_atomic"]
+
+
+def refuse_overwrite(paths: Iterable[Path], *, force: bool) -> None:
+    """Raise for the first of ``paths`` that exists, unless ``force``.
+
+    Raises:
+        HetpartError: ``{path} exists: pass --force to overwrite it``.
+    """
+    if force:
+        return
+    for path in paths:
+        if path.exists():
+            raise HetpartError(f"{path} exists: pass --force to overwrite it")
+
+
+def write_atomic(path: Path, data: bytes) -> Path:
+    """Write ``data`` to a temporary file beside ``path``, fsync it, rename it over ``path``.
+
+    Raises:
+        HetpartError: the folder is missing or not writable; ``path`` is left as it was.
+
+    Example:
+        >>> write_atomic(Path("out/gantt.png"), png_bytes)    # doctest: +SKIP
+        PosixPath('out/gantt.png')
+    """
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as err:
+        tmp.unlink(missing_ok=True)
+        if isinstance(err, OSError):
+            raise HetpartError(f"cannot write the report to {path}: {err.strerror or err}; "
+                               f"check that the folder exists and is writable") from err
+        raise
+    return path
