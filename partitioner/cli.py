@@ -1,20 +1,23 @@
 """The ``hetpart`` command line.
 
-Subcommands: ``devices`` (built-in and detected device profiles) and ``inspect`` (a model's ops and
-their predicted cost on each device). Errors from hetpart print as one message and exit 2;
-``--debug`` shows the traceback instead.
+Subcommands: ``devices`` (built-in and detected device profiles), ``inspect`` (a model's ops and
+their predicted cost on each device), ``plan`` (place a model's ops, write the plan file), ``emit``
+(write a plan as a runnable Python file) and ``check`` (run the emitted plan beside the original
+model and compare outputs, gradients and time; exit 1 when they differ). Errors from hetpart print
+as one message and exit 2; ``--debug`` shows the traceback instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from partitioner.errors import HetpartError
+from partitioner.errors import HetpartError, PlanMismatch
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +90,40 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("-o", "--output", metavar="FILE", help="write the plan as JSON")
     pl.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
     pl.set_defaults(func=_cmd_plan)
+
+    em = sub.add_parser("emit", parents=[common], help="write a plan as a runnable Python file")
+    em.add_argument("model", help="the model the plan was made for: zoo name (gpt, gpt:small) or file.py:factory")
+    em.add_argument("--plan", required=True, metavar="PLAN.json", help="a plan file from `hetpart plan`")
+    em.add_argument("-o", "--output", required=True, metavar="FILE.py", help="the Python file to write")
+    _add_bind(em)
+    em.add_argument("--force", action="store_true", help="overwrite FILE.py if it exists")
+    em.set_defaults(func=_cmd_emit)
+
+    ck = sub.add_parser("check", parents=[common],
+                        help="run a plan's emitted module beside the original; compare outputs and time")
+    ck.add_argument("model", help="the model the plan was made for: zoo name (gpt, gpt:small) or file.py:factory")
+    ck.add_argument("--plan", required=True, metavar="PLAN.json", help="a plan file from `hetpart plan`")
+    _add_bind(ck)
+    ck.add_argument("--training", action="store_true",
+                    help="also compare the loss (sum of outputs) and every parameter's gradient")
+    ck.add_argument("--repeat", type=_positive_int, default=5, metavar="N", help="timed runs of each (median)")
+    ck.set_defaults(func=_cmd_check)
     return parser
+
+
+def _add_bind(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--bind", action="append", default=[], metavar="LOGICAL=PHYSICAL",
+                     help="run a plan device on a present one, e.g. cuda:0=cpu (repeatable)")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected at least 1, got {value}")
+    return value
 
 
 # --------------------------------------------------------------------------------------------
@@ -174,6 +210,66 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         plan.save(args.output, force=args.force)
         print(f"wrote {args.output}")
     return 0
+
+
+def _cmd_emit(args: argparse.Namespace) -> int:
+    from partitioner.model_source import load_model
+    from partitioner.plan import Plan
+
+    output = Path(args.output)
+    if output.exists() and not args.force:
+        raise HetpartError(f"{output} exists: pass --force to overwrite it")
+    plan = Plan.load(args.plan)
+    binding = _pairs(args.bind, "--bind", "cuda:0=cpu")
+    loaded = load_model(args.model)  # real weights: the file is written for this model
+    with _naming_the_model(plan, loaded.name):
+        plan.emit_source(output, loaded.module, binding or None, example_inputs=loaded.example_inputs,
+                         force=args.force)
+    print(f"wrote {output}")
+    print(_one_line_summary(plan, binding))
+    return 0
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    from partitioner.check import check_plan
+    from partitioner.model_source import load_model
+    from partitioner.plan import Plan
+
+    plan = Plan.load(args.plan)
+    binding = _pairs(args.bind, "--bind", "cuda:0=cpu")
+    loaded = load_model(args.model)  # real weights: both modules run
+    with _naming_the_model(plan, loaded.name):
+        report = check_plan(plan, loaded.module, loaded.example_inputs, binding or None,
+                            training=args.training, repeat=args.repeat)
+    print(report.to_text())
+    return 0 if report.passed else 1
+
+
+@contextlib.contextmanager
+def _naming_the_model(plan, model_name: str) -> Iterator[None]:  # noqa: ANN001 - a Plan
+    """A PlanMismatch says first which model was given and which one the plan was made for."""
+    try:
+        yield
+    except PlanMismatch as exc:
+        made_for = "" if plan.model_name == model_name else f" (it was made for {plan.model_name!r})"
+        raise PlanMismatch(f"the plan {plan.source} does not fit model {model_name!r} as captured now{made_for}:"
+                           f"\n{exc}") from None
+
+
+def _one_line_summary(plan, binding: dict[str, str]) -> str:  # noqa: ANN001 - a Plan
+    """``gpt:tiny, 46 ops: cpu 26, cuda:0 20 (bound to cpu); predicted 273 µs per step on h200-host``."""
+    from cost_models.units import format_seconds
+
+    parts = []
+    for device, ops in plan.per_device_ops().items():
+        if ops:
+            bound = f" (bound to {binding[device]})" if binding.get(device, device) != device else ""
+            parts.append(f"{device} {len(ops)}{bound}")
+    total = plan.predicted["total_s"]
+    predicted = format_seconds(total) if total is not None else "n/a"
+    streamed = f", {len(plan.weights)} streamed ({plan.stream_mode})" if plan.weights else ""
+    return (f"{plan.model_name}, {plan.op_count} ops: {', '.join(parts)}{streamed}; "
+            f"predicted {predicted} per step on {plan.devices.name}")
 
 
 def _pairs(items: list[str], flag: str, example: str) -> dict[str, str]:

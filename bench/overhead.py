@@ -1,0 +1,212 @@
+"""Run-time overhead of the emitted module: against the same placement written by hand, and eager.
+
+For each zoo model (``small``) a two-device plan is made on ``h200-host``: the first part (the
+embeddings; the first layer or the stem where there is no embedding) pinned to ``cpu``, every
+other module with parameters pinned to ``cuda:0``. The plan is emitted bound to the CPU
+(``{"cuda:0": "cpu"}``), so all three contenders run the same arithmetic on the same device:
+
+* ``eager``   the original model;
+* ``hand``    the placement written by hand, the seed's ``HybridModel`` style: a plain
+              ``nn.Module`` holding the original submodules on their devices and calling them
+              with explicit ``.to(device)`` between the parts;
+* ``emitted`` ``plan.emit(model, {"cuda:0": "cpu"})``.
+
+Each holds its own copy of the weights (the emitted module copies them; the hand-written one is
+built on a deep copy), so none finds its weights left in the cache by the one timed before it.
+Each is warmed up, then timed ``--repeat`` times (default 50) interleaved, the order rotating
+each round (eager, hand, emitted; hand, emitted, eager; ...), in one process, under
+``torch.inference_mode()``, with torch's thread count as the environment set it. The table
+prints the medians, ``emitted / hand`` and ``emitted / eager``, the largest output difference
+from eager, and whether the target (the emitted module at most 3% slower than the hand-written
+one) is met.
+
+    python bench/overhead.py [--models mlp,gpt] [--repeat 50] [--warmup 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+
+import models
+from cost_models.units import format_seconds
+from partitioner.partition import partition
+
+MODELS = ("mlp", "gpt", "convnet", "emb-transformer")
+TARGET = 1.03  # emitted / hand
+
+
+# --------------------------------------------------------------------------------------------
+# The placements, written by hand (part A on device a, part B on device b)
+# --------------------------------------------------------------------------------------------
+
+
+class HandMLP(nn.Module):
+    """``layers.0`` (+ its ReLU) on ``a``; the rest of the stack on ``b``."""
+
+    def __init__(self, model: nn.Module, a: torch.device, b: torch.device) -> None:
+        super().__init__()
+        self.a, self.b = a, b
+        self.first = model.layers[:2].to(a)
+        self.rest = model.layers[2:].to(b)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.first(x.to(self.a))
+        return self.rest(x.to(self.b))
+
+
+class HandGPT(nn.Module):
+    """Both embeddings on ``a``; blocks, final LayerNorm and head on ``b``.
+
+    The head's weight is the token embedding's: on two real devices a hand-written version would
+    copy it across per call (as the plan does); bound to one device it stays shared.
+    """
+
+    def __init__(self, model: nn.Module, a: torch.device, b: torch.device) -> None:
+        super().__init__()
+        self.a, self.b = a, b
+        self.tok_emb, self.pos_emb = model.tok_emb.to(a), model.pos_emb.to(a)
+        self.register_buffer("position_ids", model.position_ids.to(a), persistent=False)
+        self.blocks, self.ln_f, self.lm_head = model.blocks.to(b), model.ln_f.to(b), model.lm_head.to(b)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        input_ids = input_ids.to(self.a)
+        positions = self.position_ids.narrow(1, 0, input_ids.size(1))
+        x = (self.tok_emb(input_ids) + self.pos_emb(positions)).to(self.b)
+        for block in self.blocks:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))
+
+
+class HandConvNet(nn.Module):
+    """The stem on ``a``; the stages, pooling and classifier on ``b``."""
+
+    def __init__(self, model: nn.Module, a: torch.device, b: torch.device) -> None:
+        super().__init__()
+        self.a, self.b = a, b
+        self.stem = model.stem.to(a)
+        self.stages, self.pool, self.fc = model.stages.to(b), model.pool.to(b), model.fc.to(b)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x.to(self.a)).to(self.b)
+        for stage in self.stages:
+            x = stage(x)
+        return self.fc(torch.flatten(self.pool(x), 1))
+
+
+class HandEmbTransformer(nn.Module):
+    """The embedding table on ``a``; the blocks and the head on ``b``."""
+
+    def __init__(self, model: nn.Module, a: torch.device, b: torch.device) -> None:
+        super().__init__()
+        self.a, self.b = a, b
+        self.emb = model.emb.to(a)
+        self.layers, self.head = model.layers.to(b), model.head.to(b)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = self.emb(input_ids.to(self.a)).to(self.b)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+#: model -> (its hand-written placement, the module paths of part A: pinned to cpu)
+HAND: dict[str, tuple[type[nn.Module], tuple[str, ...]]] = {
+    "mlp": (HandMLP, ("layers.0",)),
+    "gpt": (HandGPT, ("tok_emb", "pos_emb")),
+    "convnet": (HandConvNet, ("stem",)),
+    "emb-transformer": (HandEmbTransformer, ("emb",)),
+}
+
+
+def two_device_pins(model: nn.Module, part_a: Sequence[str]) -> dict[str, str]:
+    """Every module with parameters of its own: ``cpu`` under a path of ``part_a``, else ``cuda:0``."""
+    def in_a(path: str) -> bool:
+        return any(path == p or path.startswith(p + ".") for p in part_a)
+
+    return {path: "cpu" if in_a(path) else "cuda:0"
+            for path, module in model.named_modules()
+            if path and any(True for _ in module.parameters(recurse=False))}
+
+
+# --------------------------------------------------------------------------------------------
+# Measuring
+# --------------------------------------------------------------------------------------------
+
+
+def interleaved_medians(fns: Sequence[Callable[[], object]], repeat: int, warmup: int) -> list[float]:
+    """Median wall seconds of each function, timed ABC BCA CAB ... after ``warmup`` runs of each."""
+    for _ in range(warmup):
+        for fn in fns:
+            fn()
+    times: list[list[float]] = [[] for _ in fns]
+    n = len(fns)
+    for rep in range(repeat):
+        for k in range(n):  # rotate the order each round: no function always follows the same one
+            i = (rep + k) % n
+            start = time.perf_counter()
+            fns[i]()
+            times[i].append(time.perf_counter() - start)
+    return [statistics.median(t) for t in times]
+
+
+def measure(name: str, size: str, repeat: int, warmup: int) -> list[str]:
+    """One table row: the plan, the three medians, the ratios, the largest output difference."""
+    model, inputs = models.get(name, size)
+    hand_cls, part_a = HAND[name]
+    plan = partition(model, inputs, "h200-host", pins=two_device_pins(model, part_a), time_limit=30,
+                     no_split=models.entry(name).no_split_classes)
+    used = {d: len(ops) for d, ops in plan.per_device_ops().items() if ops}
+    emitted = plan.emit(model, {"cuda:0": "cpu"}, example_inputs=inputs)
+    cpu = torch.device("cpu")
+    hand = hand_cls(copy.deepcopy(model), cpu, cpu)  # its own weights, like the emitted module's copy
+    with torch.inference_mode():
+        want = model(*inputs)
+        err = max((hand(*inputs) - want).abs().max().item(), (emitted(*inputs) - want).abs().max().item())
+        eager_s, hand_s, emitted_s = interleaved_medians(
+            [lambda: model(*inputs), lambda: hand(*inputs), lambda: emitted(*inputs)], repeat, warmup)
+    ratio = emitted_s / hand_s
+    placement = ", ".join(f"{d} {n}" for d, n in used.items())
+    return [f"{name}:{size}", placement, format_seconds(eager_s), format_seconds(hand_s),
+            format_seconds(emitted_s), f"{ratio:.3f}", f"{emitted_s / eager_s:.3f}", f"{err:.1g}",
+            "yes" if ratio <= TARGET else "NO"]
+
+
+def print_table(rows: list[list[str]]) -> None:
+    header = ["model", "plan (ops per device)", "eager", "hand", "emitted", "emit/hand", "emit/eager",
+              "max |err|", f"<= {TARGET - 1:.0%}"]
+    table = [header] + rows
+    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+    for r in table:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from {', '.join(MODELS)}")
+    parser.add_argument("--size", default="small", choices=models.SIZES)
+    parser.add_argument("--repeat", type=int, default=50, help="timed runs of each module")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed runs of each module first")
+    args = parser.parse_args(argv)
+    names = [n.strip() for n in args.models.split(",") if n.strip()]
+    unknown = [n for n in names if n not in HAND]
+    if unknown:
+        parser.error(f"no hand-written placement for {', '.join(unknown)}; choose from {', '.join(HAND)}")
+    print(f"overhead: two-device plans (part A pinned to cpu, the rest to cuda:0) bound to the CPU; "
+          f"median of {args.repeat} interleaved runs after {args.warmup} warm-up runs; "
+          f"torch {torch.__version__}, {torch.get_num_threads()} threads, inference_mode")
+    rows = [measure(name, args.size, args.repeat, args.warmup) for name in names]
+    print_table(rows)
+    met = sum(r[-1] == "yes" for r in rows)
+    print(f"target (emitted at most {TARGET - 1:.0%} slower than hand-written): met on {met} of {len(rows)} models")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,357 @@
+"""Does the module emitted for a plan compute what the model computes?
+
+In: a :class:`~partitioner.plan.Plan`, the model it was made for (with real weights), the inputs
+to run both on, and a binding of the plan's logical devices to present ones
+(``{"cuda:0": "cpu"}`` checks any plan on a CPU-only machine).
+Out: a frozen :class:`CheckReport`: the largest absolute and relative error of every output
+(in training also of the loss and of every parameter's gradient), the median wall time of the
+original and of the emitted module, and whether every tensor is within its tolerance.
+
+Tolerances depend on the dtype (:data:`TOLERANCES`); a value passes when every element obeys
+``|emitted - original| <= atol + rtol * |original|`` (``torch.allclose``'s rule):
+
+============ ======== ======== =========================================================
+dtype        rtol     atol     why
+============ ======== ======== =========================================================
+float64      1e-7     1e-9     a few units in the last place of 2**-52
+float32      1e-4     1e-5     ~1000 ulps (2**-23): other kernels and reduction orders
+float16      2e-3     1e-3     ~2 ulps of 2**-10, and one rounding of each side's result
+bfloat16     1.6e-2   1e-2     ~2 ulps of 2**-7 (torch.testing uses the same rtol)
+integer/bool 0        0        exact: indices, masks and counts must agree
+============ ======== ======== =========================================================
+
+The loss and the gradients are sums over many elements, so an element that nearly cancels to 0
+keeps the absolute error of its large summands: for them ``atol`` is scaled by the tensor's
+largest reference magnitude (``atol * max(1, max|original|)``). The *relative error* printed is
+norm-wise, ``max|emitted - original| / max|original|``, which stays meaningful where single
+elements are near zero.
+
+While the comparison runs, TF32 is switched off for CUDA matmuls and convolutions (and restored
+afterwards), so float32 on a GPU is held to float32 tolerances. Nothing here prints.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from cost_models.units import format_seconds
+from partitioner.codegen.binding import bind_devices
+from partitioner.errors import HetpartError, PlanMismatch
+
+__all__ = ["Tolerance", "TOLERANCES", "tolerance_for", "TensorError", "CheckReport", "check_plan", "compare"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Tolerance:
+    """``|a - b| <= atol + rtol * |b|`` elementwise (see the module docstring for the values)."""
+
+    rtol: float  # relative to the original's element
+    atol: float  # absolute floor
+
+
+#: Tolerance per dtype; integer and bool dtypes (absent here) must match exactly.
+TOLERANCES: Mapping[torch.dtype, Tolerance] = {
+    torch.float64: Tolerance(1e-7, 1e-9),
+    torch.float32: Tolerance(1e-4, 1e-5),
+    torch.float16: Tolerance(2e-3, 1e-3),
+    torch.bfloat16: Tolerance(1.6e-2, 1e-2),
+}
+EXACT = Tolerance(0.0, 0.0)
+
+
+def tolerance_for(dtype: torch.dtype) -> Tolerance:
+    """The tolerance of ``dtype``: :data:`TOLERANCES`, exact for integer and bool tensors.
+
+    Example:
+        >>> tolerance_for(torch.float32)
+        Tolerance(rtol=0.0001, atol=1e-05)
+        >>> tolerance_for(torch.int64)
+        Tolerance(rtol=0.0, atol=0.0)
+    """
+    if dtype.is_complex:
+        dtype = dtype.to_real()
+    return TOLERANCES.get(dtype, EXACT if not dtype.is_floating_point else TOLERANCES[torch.float32])
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorError:
+    """How far one emitted tensor is from the original's.
+
+    Example:
+        >>> e = compare("output", torch.ones(3), torch.ones(3))
+        >>> (e.max_abs, e.passed)
+        (0.0, True)
+    """
+
+    name: str                 # "output", "output[1]", "loss", or a parameter name
+    dtype: str                # the original's dtype, e.g. "float32"
+    shape: tuple[int, ...]    # the original's shape
+    max_abs: float            # max |emitted - original|
+    max_rel: float            # max_abs / max |original| (0 when both are 0, inf when only it is 0)
+    tolerance: Tolerance      # the tolerance it was held to
+    passed: bool              # every element within the tolerance
+    note: str = ""            # why it failed without numbers: shapes differ, gradient missing, ...
+
+    def row(self) -> list[str]:
+        """The cells of this tensor's line in :meth:`CheckReport.to_text`."""
+        shape = "×".join(map(str, self.shape)) or "scalar"
+        tol = "exact" if self.tolerance == EXACT else f"{self.tolerance.rtol:.0e}/{self.tolerance.atol:.0e}"
+        verdict = "ok" if self.passed else "FAIL" + (f" ({self.note})" if self.note else "")
+        return [self.name, self.dtype, shape, f"{self.max_abs:.3g}", f"{self.max_rel:.3g}", tol, verdict]
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckReport:
+    """The outcome of :func:`check_plan`; :meth:`to_text` is what ``hetpart check`` prints."""
+
+    model_name: str
+    binding: Mapping[str, str]       # logical device -> the physical device it ran on
+    training: bool                   # loss and gradients compared too
+    repeat: int                      # timed runs of each module
+    outputs: tuple[TensorError, ...]
+    loss: TensorError | None         # training only: the sum of the outputs
+    grads: tuple[TensorError, ...]   # training only: one per parameter, original names
+    original_s: float                # median wall time of the original model (forward, + backward in training)
+    emitted_s: float                 # the same for the emitted module
+    passed: bool                     # every tensor within its tolerance
+
+    def failures(self) -> list[TensorError]:
+        """The tensors outside their tolerance."""
+        return [e for e in self.tensors() if not e.passed]
+
+    def tensors(self) -> list[TensorError]:
+        """Every compared tensor: outputs, then the loss, then the gradients."""
+        return [*self.outputs, *([self.loss] if self.loss else []), *self.grads]
+
+    def to_text(self) -> str:
+        """A table of the errors, the times and the verdict, for people.
+
+        Example:
+            >>> print(report.to_text())                       # doctest: +SKIP
+            check gpt:tiny: emitted plan vs the original, inference; devices cpu, cuda:0->cpu
+            ...
+        """
+        bound = ", ".join(k if k == v else f"{k}->{v}" for k, v in self.binding.items())
+        mode = "training (loss = sum of outputs; gradients)" if self.training else "inference"
+        lines = [f"check {self.model_name}: emitted plan vs the original, {mode}; devices {bound}"]
+        header = ["tensor", "dtype", "shape", "max abs", "max rel", "rtol/atol", ""]
+        lines += _table([header] + [e.row() for e in self.tensors()], indent="  ")
+        ratio = self.emitted_s / self.original_s if self.original_s > 0 else float("nan")
+        what = "forward + backward" if self.training else "forward"
+        lines.append(f"  time ({what}, median of {self.repeat}): original {format_seconds(self.original_s)}, "
+                     f"emitted {format_seconds(self.emitted_s)} ({ratio:.2f}x)")
+        bad = self.failures()
+        lines.append("passed: every tensor within its tolerance" if self.passed else
+                     f"FAILED: {len(bad)} of {len(self.tensors())} tensors outside their tolerance "
+                     f"({', '.join(e.name for e in bad[:5])}{', ...' if len(bad) > 5 else ''})")
+        return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def check_plan(
+    plan: Any,
+    model: torch.nn.Module,
+    example_inputs: Any,
+    device_map: Mapping[str, str] | None = None,
+    training: bool = False,
+    repeat: int = 5,
+) -> CheckReport:
+    """Run ``model`` and ``plan.emit(model, device_map)`` on the same inputs and compare them.
+
+    Parameters:
+        plan: the Plan.
+        model: the model it was made for, with real weights. Inference runs it as given (its mode
+            is not changed); training works on a deep copy put in train mode before emitting
+            (export captures the mode), so the caller's model gets no gradients.
+        example_inputs: a tensor or a tuple of positional arguments, on the host or anywhere.
+        device_map: binds the plan's logical devices to present ones, e.g. ``{"cuda:0": "cpu"}``.
+        training: compare the loss (sum of the outputs) and every parameter's gradient too.
+        repeat: timed runs of each module, interleaved, after one warm-up run each.
+
+    Raises:
+        PlanMismatch: the model is not the one the plan was made for (in training: not as
+            captured in train mode).
+        HetpartError: a device of the plan is not present and not bound to one that is.
+
+    Example:
+        >>> report = check_plan(plan, model, inputs, {"cuda:0": "cpu"})   # doctest: +SKIP
+        >>> report.passed                                                   # doctest: +SKIP
+        True
+    """
+    if repeat < 1:
+        raise HetpartError(f"repeat must be at least 1, got {repeat}")
+    binding = bind_devices(plan, device_map)
+    args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+    reference = copy.deepcopy(model).train() if training else model
+    emitted = _emit(plan, reference, device_map, args, training)
+    sync = _synchronizer([*binding.values(), *(str(p.device) for p in model.parameters())])
+    with _strict_float32():
+        run = _training_step if training else _inference
+        ref_outs, ref_grads = run(reference, args)
+        emit_outs, emit_grads = run(emitted, args)
+        outputs = tuple(compare(name, emit_outs.get(name), ref) for name, ref in ref_outs.items())
+        loss = grads = None
+        if training:
+            loss = compare("loss", _loss(list(emit_outs.values())), _loss(list(ref_outs.values())), summed=True)
+            grads = tuple(compare(name, emit_grads.get(name, _MISSING), ref, summed=True)
+                          for name, ref in ref_grads.items() if ref is not None or emit_grads.get(name) is not None)
+        original_s, emitted_s = _interleaved_medians(
+            [lambda: run(reference, args, keep=False), lambda: run(emitted, args, keep=False)], repeat, sync)
+    errors = [*outputs, *([loss] if loss else []), *(grads or ())]
+    return CheckReport(
+        model_name=plan.model_name, binding=dict(binding), training=training, repeat=repeat,
+        outputs=outputs, loss=loss, grads=grads or (), original_s=original_s, emitted_s=emitted_s,
+        passed=all(e.passed for e in errors),
+    )
+
+
+def _emit(plan: Any, reference: torch.nn.Module, device_map: Mapping[str, str] | None, args: tuple,
+          training: bool) -> torch.nn.Module:
+    """``plan.emit`` of the reference (in train mode for a training check: export captures the mode)."""
+    try:
+        return plan.emit(reference, device_map, example_inputs=args)
+    except PlanMismatch as exc:
+        if not training:
+            raise
+        raise PlanMismatch(f"{exc}\nnote: a training check captures the model in train mode; batch norm and "
+                           "dropout capture other ops then, so the plan must come from the model in train mode"
+                           ) from None
+
+
+_MISSING = object()  # a gradient the emitted module did not produce (or has no parameter for)
+
+
+def compare(name: str, emitted: Any, original: torch.Tensor | None, *, summed: bool = False) -> TensorError:
+    """The error of ``emitted`` against ``original`` (``summed``: a reduction, atol scaled by its size).
+
+    Example:
+        >>> compare("x", torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.00001])).passed
+        True
+    """
+    if original is None:  # a gradient the original did not produce: the emitted one must be absent too
+        ok = emitted is None or emitted is _MISSING
+        return TensorError(name, "-", (), 0.0, 0.0, EXACT, ok, "" if ok else "only the emitted module has a gradient")
+    tol = tolerance_for(original.dtype)
+    dtype, shape = str(original.dtype).removeprefix("torch."), tuple(original.shape)
+    failed = _structural_mismatch(emitted, original)
+    if failed:
+        return TensorError(name, dtype, shape, float("inf"), float("inf"), tol, False, failed)
+    work = torch.complex128 if original.is_complex() else torch.float64
+    a, b = emitted.detach().to("cpu", work), original.detach().to("cpu", work)
+    diff = (a - b).abs()
+    scale = b.abs().max().item() if b.numel() else 0.0
+    max_abs = diff.max().item() if diff.numel() else 0.0
+    max_rel = max_abs / scale if scale else (0.0 if max_abs == 0 else float("inf"))
+    if tol == EXACT:
+        passed = torch.equal(emitted.detach().cpu(), original.detach().cpu())
+    else:
+        atol = tol.atol * max(1.0, scale) if summed else tol.atol
+        passed = bool(torch.all(diff <= atol + tol.rtol * b.abs()).item())  # NaN compares False: a failure
+    note = "NaN" if not passed and diff.isnan().any().item() else ""
+    return TensorError(name, dtype, shape, max_abs, max_rel, tol, passed, note)
+
+
+def _structural_mismatch(emitted: Any, original: torch.Tensor) -> str:
+    """Why ``emitted`` cannot be compared with ``original`` at all ("" when it can)."""
+    if emitted is _MISSING:
+        return "the emitted module has no such gradient"
+    if emitted is None:
+        return "missing in the emitted module"
+    if not isinstance(emitted, torch.Tensor):
+        return f"emitted a {type(emitted).__name__}"
+    if tuple(emitted.shape) != tuple(original.shape):
+        return f"shape {tuple(emitted.shape)}"
+    if emitted.dtype != original.dtype:
+        return f"dtype {str(emitted.dtype).removeprefix('torch.')}"
+    return ""
+
+
+# -- running the two modules -----------------------------------------------------------------
+
+
+def _outputs(result: Any) -> dict[str, torch.Tensor]:
+    """The tensors of a module's result, named ``output`` (one) or ``output[i]`` (several)."""
+    leaves = [x for x in pytree.tree_leaves(result) if isinstance(x, torch.Tensor)]
+    if len(leaves) == 1:
+        return {"output": leaves[0]}
+    return {f"output[{i}]": t for i, t in enumerate(leaves)}
+
+
+def _loss(outputs: Sequence[torch.Tensor | None]) -> torch.Tensor:
+    """The sum of every floating-point output, on the host."""
+    parts = [o.float().sum().cpu() for o in outputs if o is not None and o.is_floating_point()]
+    return torch.stack(parts).sum() if parts else torch.zeros(())
+
+
+def _inference(module: torch.nn.Module, args: tuple, *, keep: bool = True) -> tuple[dict, dict]:
+    with torch.no_grad():
+        result = module(*args)
+    return (_outputs(result) if keep else {}), {}
+
+
+def _training_step(module: torch.nn.Module, args: tuple, *, keep: bool = True) -> tuple[dict, dict]:
+    """Forward, loss = sum of outputs, backward; the outputs and ``{param name: grad}``."""
+    params = dict(module.named_parameters())
+    for p in params.values():
+        p.grad = None
+    outs = _outputs(module(*args))
+    _loss(list(outs.values())).backward()
+    if not keep:
+        return {}, {}
+    grads = {name: p.grad for name, p in params.items() if p.requires_grad}
+    return {k: v.detach() for k, v in outs.items()}, grads
+
+
+def _synchronizer(devices: Sequence[str]) -> Callable[[], None]:
+    """A function that waits for the CUDA devices among ``devices`` (a no-op without them)."""
+    cuda = sorted({torch.device(d) for d in devices if torch.device(d).type == "cuda"}, key=str)
+    if not cuda:
+        return lambda: None
+
+    def sync() -> None:
+        for dev in cuda:
+            torch.cuda.synchronize(dev)
+
+    return sync
+
+
+def _interleaved_medians(fns: Sequence[Callable[[], Any]], repeat: int, sync: Callable[[], None]) -> list[float]:
+    """Median wall time of each function, run ABAB... ``repeat`` times after one warm-up each."""
+    times: list[list[float]] = [[] for _ in fns]
+    for fn in fns:
+        fn()
+    sync()
+    for _ in range(repeat):
+        for i, fn in enumerate(fns):
+            start = time.perf_counter()
+            fn()
+            sync()
+            times[i].append(time.perf_counter() - start)
+    return [statistics.median(t) for t in times]
+
+
+@contextlib.contextmanager
+def _strict_float32() -> Iterator[None]:
+    """TF32 off for CUDA matmuls and cuDNN convolutions inside the block; restored afterwards."""
+    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
+
+
+def _table(rows: list[list[str]], indent: str = "") -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return [indent + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
