@@ -87,9 +87,34 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--no-streaming", action="store_true", help="keep every weight where its op computes")
     pl.add_argument("--coarsen", default="auto", choices=["auto", "on", "off"])
     pl.add_argument("--capture", default="export", choices=["export", "symbolic_trace"])
-    pl.add_argument("-o", "--output", metavar="FILE", help="write the plan as JSON")
+    pl.add_argument("--align-modules", action="append", default=[], metavar="CLASS",
+                    help="keep every instance of a module class on one device, e.g. Block (repeatable)")
+    pl.add_argument("-o", "--output", metavar="FILE", help="write the plan (see --format)")
+    pl.add_argument("--format", default="json", choices=["json", "device-map", "csv"],
+                    help="json: the plan file; device-map: accelerate's device_map; csv: op, module, device, seconds")
     pl.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
     pl.set_defaults(func=_cmd_plan)
+
+    rp = sub.add_parser("report", parents=[common], help="draw a plan as a self-contained HTML page (or PNGs)")
+    rp.add_argument("plan", metavar="PLAN.json")
+    rp.add_argument("-o", "--output", metavar="FILE", help="report.html, or a folder for --format png")
+    rp.add_argument("--format", default="html", choices=["html", "png"])
+    rp.add_argument("--model", help="check the plan belongs to this model first (zoo name or file.py:factory)")
+    rp.add_argument("--force", action="store_true", help="overwrite existing files")
+    rp.set_defaults(func=_cmd_report)
+
+    ex = sub.add_parser("explain", parents=[common], help="why an op or module sits where it does")
+    ex.add_argument("plan", metavar="PLAN.json")
+    ex.add_argument("target", metavar="OP_OR_MODULE", help="an op name, a module path, or a glob")
+    ex.set_defaults(func=_cmd_explain)
+
+    dm = sub.add_parser("demo", parents=[common],
+                        help="the seed case end to end: plan, emit, check, report (writes hetpart-demo/)")
+    dm.add_argument("-o", "--output", default="hetpart-demo", metavar="DIR")
+    dm.add_argument("--size", default="base", choices=["tiny", "small", "base"],
+                    help="emb-transformer size (base: the calibration model, 4 GiB embedding)")
+    dm.add_argument("--force", action="store_true", help="overwrite the demo's files if they exist")
+    dm.set_defaults(func=_cmd_demo)
 
     em = sub.add_parser("emit", parents=[common], help="write a plan as a runnable Python file")
     em.add_argument("model", help="the model the plan was made for: zoo name (gpt, gpt:small) or file.py:factory")
@@ -194,6 +219,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
     if args.output and Path(args.output).exists() and not args.force:
         raise HetpartError(f"{args.output} exists: pass --force to overwrite it")
+    if args.format != "json" and not args.output:
+        raise HetpartError(f"--format {args.format} writes a file: give it with -o FILE")
     loaded = load_model(args.model, device="meta")  # zoo models: shapes only, no memory for weights
     memory = _pairs(args.memory, "--memory", "cuda:0=2GB")
     pins = _pairs(args.pin, "--pin", "'emb*=cpu'")
@@ -204,12 +231,66 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         pins=pins, solver=args.solver, time_limit=args.time_limit, gap=args.gap,
         streaming=not args.no_streaming, coarsen={"on": True, "off": False}.get(args.coarsen, "auto"),
         no_split=loaded.no_split, capture=args.capture, model_name=loaded.name, progress=_print_progress,
+        align_modules=args.align_modules,
     )
     print(plan.summary())
     if args.output:
-        plan.save(args.output, force=args.force)
-        print(f"wrote {args.output}")
+        from partitioner.export import write_export
+
+        write_export(plan, args.output, args.format, force=args.force)
+        print(f"wrote {args.output} ({args.format})")
     return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from partitioner.plan import Plan
+    from partitioner.report import write_pngs, write_report
+
+    plan = Plan.load(args.plan)
+    if args.model:
+        from partitioner.codegen.torch_module import capture_for
+        from partitioner.model_source import load_model
+
+        loaded = load_model(args.model, device="meta")
+        capture_for(plan, loaded.module, loaded.example_inputs)  # raises PlanMismatch with both fingerprints
+    if args.format == "png":
+        folder = Path(args.output or "report-png")
+        for path in write_pngs(plan, folder, force=args.force):
+            print(f"wrote {path}")
+        return 0
+    path = write_report(plan, args.output or "report.html", force=args.force)
+    print(f"wrote {path}")
+    return 0
+
+
+def _cmd_explain(args: argparse.Namespace) -> int:
+    from partitioner.explain import explain
+    from partitioner.plan import Plan
+
+    print(explain(Plan.load(args.plan), args.target).to_text())
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from partitioner.demo import run_demo
+
+    started = __import__("time").perf_counter()
+
+    def progress(message: str) -> None:
+        print(f"[{__import__('time').perf_counter() - started:5.1f} s] {message}", file=sys.stderr, flush=True)
+
+    result = run_demo(args.output, size=args.size, force=args.force, progress=progress)
+    print()
+    print(f"emb-transformer:{args.size} on h200-host, cuda:0 capped below embedding + layers:")
+    print(result.table)
+    print()
+    print(result.check.to_text())
+    print()
+    for label, path in (("plan", result.plan_path), ("partitioned module", result.source_path),
+                        ("report", result.report_path)):
+        print(f"{label:<19} {path}")
+    print(f"done in {result.seconds:.1f} s")
+    return 0 if result.check.passed else 1
 
 
 def _cmd_emit(args: argparse.Namespace) -> int:

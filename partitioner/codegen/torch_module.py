@@ -54,7 +54,7 @@ def example_inputs_for(plan: Any) -> tuple[torch.Tensor, ...]:
 def capture_for(plan: Any, model: torch.nn.Module, example_inputs: Any = None) -> OpGraph:
     """Re-capture ``model`` as the plan did and check it is the model the plan was made for."""
     inputs = example_inputs if example_inputs is not None else example_inputs_for(plan)
-    graph = from_module(model, inputs, capture=plan.capture, name=plan.model_name)
+    graph = from_module(model, inputs, capture=plan.capture, name=type(model).__name__)
     plan.check_graph(graph)
     return graph
 
