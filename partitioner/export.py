@@ -18,7 +18,7 @@ from pathlib import Path
 
 from partitioner.errors import HetpartError
 from partitioner.plan import Plan
-from partitioner.report.output import refuse_overwrite, write_atomic
+from partitioner.files import refuse_overwrite, write_atomic
 
 FORMATS = ("json", "device-map", "csv")
 

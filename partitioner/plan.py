@@ -47,7 +47,6 @@ import enum
 import json
 import math
 import os
-import uuid
 from collections.abc import Callable, Container, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
@@ -57,6 +56,7 @@ from cost_models.profiles import DeviceSet
 from cost_models.training import Optimizer
 from cost_models.units import format_bytes, format_seconds
 from partitioner.errors import HetpartError, PlanMismatch, ProfileError
+from partitioner.files import refuse_overwrite, write_atomic
 
 if TYPE_CHECKING:  # the solver package is imported only by from_solution, when called
     from partitioner.ir import OpGraph
@@ -280,10 +280,8 @@ class Plan:
             PosixPath('plan.json')
         """
         path = Path(path)
-        if path.exists() and not force:
-            raise HetpartError(f"{path} exists: pass --force to overwrite it")
-        _write_atomic(path, self.to_json())
-        return path
+        refuse_overwrite([path], force=force)
+        return write_atomic(path, self.to_json().encode("utf-8"))
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Plan:
@@ -971,41 +969,6 @@ def _and(names: Sequence[str]) -> str:
 # --------------------------------------------------------------------------------------------
 # Writing and small helpers
 # --------------------------------------------------------------------------------------------
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Write a temporary file beside ``path``, fsync it, rename it over ``path``.
-
-    On any failure the temporary file is removed and ``path`` is left as it was.
-    """
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as err:
-        tmp.unlink(missing_ok=True)
-        if isinstance(err, OSError):
-            raise HetpartError(f"cannot write the plan to {path}: {err}") from err
-        raise
-    _fsync_folder(path.parent)
-
-
-def _fsync_folder(folder: Path) -> None:
-    """Make the rename durable where the platform allows fsync on a folder."""
-    if not hasattr(os, "O_DIRECTORY"):
-        return
-    # the rename is done either way: a folder that cannot be opened or synced (some file
-    # systems refuse) costs durability across a power cut, not the plan
-    with contextlib.suppress(OSError):
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def _finite_or_none(value: float | None) -> float | None:

@@ -38,7 +38,6 @@ import math
 import operator
 import os
 import re
-import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -50,6 +49,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 
 from partitioner.codegen.binding import bind_devices
 from partitioner.codegen.torch_module import STREAMER_ATTR, capture_for
+from partitioner.files import refuse_overwrite, write_atomic
 from partitioner.errors import HetpartError, PlanMismatch, UnsupportedOp, VerificationError
 
 log = logging.getLogger(__name__)
@@ -92,10 +92,9 @@ def emit_source(
         PosixPath('placed.py')
     """
     path = Path(path)
-    if path.exists() and not force:
-        raise HetpartError(f"{path} exists: pass --force to overwrite it")
+    refuse_overwrite([path], force=force)
     text = source_text(plan, model, device_map, example_inputs=example_inputs)
-    _write_atomic(path, text)
+    write_atomic(path, text.encode("utf-8"))
     log.info("wrote %s (%d lines)", path, text.count("\n"))
     return path
 
@@ -735,20 +734,3 @@ def _render(plan: Any, layout: _Layout, body: _Body) -> str:
             f'    """A new {CLASS_NAME} with empty parameters: load the model\'s state_dict into it."""',
             f"    return {CLASS_NAME}()", ""]
     return "\n".join(out)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Write a temporary file beside ``path`` and rename it over ``path``; never a partial file."""
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as err:
-        tmp.unlink(missing_ok=True)
-        if isinstance(err, OSError):
-            raise HetpartError(f"cannot write the source file {path}: {err}") from err
-        raise

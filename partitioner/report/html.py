@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from cost_models.units import format_bytes, format_seconds
 from partitioner.report.layout import GraphLayout, graph_layout
-from partitioner.report.output import refuse_overwrite, write_atomic
+from partitioner.files import refuse_overwrite, write_atomic
 from partitioner.report.svg import ZOOM_SCRIPT, device_colours, gantt_svg, graph_svg, memory_svg
 from partitioner.report.timeline import timeline
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from cost_models.units import format_bytes, format_seconds
 from partitioner.errors import HetpartError
-from partitioner.report.output import refuse_overwrite, write_atomic
+from partitioner.files import refuse_overwrite, write_atomic
 from partitioner.report.svg import device_colours, time_ticks
 from partitioner.report.timeline import Timeline, timeline
 

@@ -1,4 +1,5 @@
-"""Writing report files: refuse to overwrite without ``force``, and replace files atomically.
+"""Writing output files (plans, sources, reports, exports): refuse to overwrite without ``force``,
+and replace files atomically.
 
 In: a target path and its bytes. Out: the file, either as it was or whole (a temporary file
 beside it, fsynced, then ``os.replace``); errors are :class:`~partitioner.errors.HetpartError`
@@ -56,7 +57,24 @@ def write_atomic(path: Path, data: bytes) -> Path:
     except BaseException as err:
         tmp.unlink(missing_ok=True)
         if isinstance(err, OSError):
-            raise HetpartError(f"cannot write the report to {path}: {err.strerror or err}; "
+            raise HetpartError(f"cannot write {path}: {err.strerror or err}; "
                                f"check that the folder exists and is writable") from err
         raise
+    _fsync_folder(path.parent)
     return path
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make the rename durable where the platform allows fsync on a folder."""
+    if not hasattr(os, "O_DIRECTORY"):
+        return
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some file systems refuse fsync on folders; the rename itself is still atomic
+    finally:
+        os.close(fd)
