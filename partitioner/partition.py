@@ -7,6 +7,7 @@ the next, with invariant checks (``verify``) at entry and exit.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -53,49 +54,11 @@ class Outcome:
     baselines: Mapping[str, tuple[Solution, Evaluation]]
 
 
-def partition(
-    model_or_graph: Any,
-    example_inputs: Any = None,
-    devices: str | DeviceSet = "h200-host",
-    *,
-    objective: str | Objective = "latency",
-    memory: Mapping[str, int | str] | None = None,
-    training: bool = False,
-    optimizer: str = "adam",
-    pins: Mapping[str, str] | None = None,
-    solver: str = "auto",
-    time_limit: float = 60.0,
-    gap: float = 0.01,
-    streaming: bool = True,
-    coarsen: bool | str = "auto",
-    no_split: Sequence[str] = (),
-    align_modules: Sequence[str] = (),
-    link_budget: Mapping[str, int] | None = None,
-    contiguous_stages: bool = False,
-    capture: str = "export",
-    model_name: str | None = None,
-    progress: ProgressFn | None = None,
-) -> Plan:
+def partition(*args: Any, **kwargs: Any) -> Plan:
     """Place every op of a model on the devices of a profile; returns a verified :class:`Plan`.
 
-    Parameters:
-        model_or_graph: an ``nn.Module`` (captured with ``capture``) or an OpGraph.
-        devices: a built-in profile name, a TOML path, or a DeviceSet.
-        objective: ``"latency"``, ``"throughput"`` or ``"makespan"``.
-        memory: caps below the profile, e.g. ``{"cuda:0": "2GB"}``.
-        pins: module-path globs or op names → device, e.g. ``{"emb*": "cpu"}``.
-        solver: ``"auto"`` (HiGHS if installed, else CBC), ``"highs"``, ``"cbc"``, or a baseline
-            (``"greedy"``, ``"sequential-fill"``, ``"heft"``, ``"single:cuda:0"``).
-        time_limit, gap: the ILP's limits; a time-out returns the incumbent with its gap.
-        streaming: allow weights to be streamed from host memory (inference plans).
-        coarsen: ``"auto"`` (above a size threshold), True, or False.
-        no_split: module classes the ``greedy`` fill keeps whole (accelerate's no_split_module_classes).
-        align_modules: module classes every solver must keep whole (each instance on one device),
-            so the plan exports as an accelerate ``device_map``.
-
-    Raises:
-        InfeasiblePlacement: no placement fits the caps and pins; the message names the device,
-            the bytes needed at least, and the cap.
+    Takes the parameters of :func:`partition_outcome` (listed there, and in ``help(partition)``)
+    and returns only the plan.
 
     Example:
         >>> import models
@@ -104,7 +67,7 @@ def partition(
         >>> plan.solver.status in ("optimal", "feasible")
         True
     """
-    return partition_outcome(**locals()).plan
+    return partition_outcome(*args, **kwargs).plan
 
 
 def partition_outcome(
@@ -130,7 +93,37 @@ def partition_outcome(
     model_name: str | None = None,
     progress: ProgressFn | None = None,
 ) -> Outcome:
-    """:func:`partition`, returning the intermediate values too (problem, baselines, evaluation)."""
+    """Place every op of a model on the devices of a profile: the plan and how it was reached.
+
+    Returns an :class:`Outcome` (plan, problem, coarsening, solution, evaluation, baselines);
+    :func:`partition` returns its plan.
+
+    Parameters:
+        model_or_graph: an ``nn.Module`` (captured with ``capture``) or an OpGraph.
+        devices: a built-in profile name, a TOML path, or a DeviceSet.
+        objective: ``"latency"``, ``"throughput"`` or ``"makespan"``.
+        memory: caps below the profile, e.g. ``{"cuda:0": "2GB"}``.
+        pins: module-path globs or op names → device, e.g. ``{"emb*": "cpu"}``.
+        solver: ``"auto"`` (HiGHS if installed, else CBC), ``"highs"``, ``"cbc"``, or a baseline
+            (``"greedy"``, ``"sequential-fill"``, ``"heft"``, ``"single:cuda:0"``).
+        time_limit, gap: the ILP's limits; a time-out returns the incumbent with its gap.
+        streaming: allow weights to be streamed from host memory (inference plans).
+        coarsen: ``"auto"`` (above a size threshold), True, or False.
+        no_split: module classes the ``greedy`` fill keeps whole (accelerate's no_split_module_classes).
+        align_modules: module classes every solver must keep whole (each instance on one device),
+            so the plan exports as an accelerate ``device_map``.
+
+    Raises:
+        InfeasiblePlacement: no placement fits the caps and pins; the message names the device,
+            the bytes needed at least, and the cap.
+
+    Example:
+        >>> import models
+        >>> module, inputs = models.get("gpt", "tiny")
+        >>> out = partition_outcome(module, inputs, "h200-host", memory={"cuda:0": "1GB"})
+        >>> out.evaluation.feasible
+        True
+    """
     graph = _capture(model_or_graph, example_inputs, capture, model_name)
     verify_graph(graph)
     profile = _profile(devices, memory)
@@ -297,3 +290,6 @@ def _solve(
     if sol.note:
         log.warning("%s: %s", sol.solver, sol.note)
     return sol, ev
+
+
+partition.__signature__ = inspect.signature(partition_outcome).replace(return_annotation=Plan)  # type: ignore[attr-defined]
