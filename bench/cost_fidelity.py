@@ -16,8 +16,8 @@ import statistics
 
 from cost_models.analytic import op_time
 from cost_models.calibration import CalibrationRow, calibration_rows
-from cost_models.profiles import DeviceSet, load_profile
 from cost_models.units import format_seconds
+from partitioner import DeviceSet, load_profile
 
 GPU_FLOOR_S = 50e-6   # the target covers GPU rows measured above this
 CPU_FLOOR_S = 1e-3    # and CPU rows measured above this

@@ -51,8 +51,7 @@ from torch import nn
 import models
 from cost_models.calibration import load_calibration
 from cost_models.units import format_bytes, format_seconds
-from partitioner.partition import Outcome, partition_outcome
-from partitioner.plan import Plan
+from partitioner import Outcome, Plan, partition_outcome
 
 MODEL = "emb-transformer"
 CASE_BUDGET_S = 8.0  # a slow measurement gets fewer runs (at least MIN_REPEAT, at most --repeat) to fit this

@@ -36,7 +36,7 @@ from torch import nn
 
 import models
 from cost_models.units import format_seconds
-from partitioner.partition import partition
+from partitioner import partition
 
 MODELS = ("mlp", "gpt", "convnet", "emb-transformer")
 TARGET = 1.03  # emitted / hand

@@ -17,11 +17,9 @@ import time
 
 import models
 from cost_models.calibration import measured_anchors
-from cost_models.profiles import load_profile
 from cost_models.units import format_seconds
+from partitioner import from_module, load_profile, partition_outcome
 from partitioner.errors import InfeasiblePlacement
-from partitioner.frontends.fx import from_module
-from partitioner.partition import partition_outcome
 
 PROFILES = ("h200-host", "cpu-gpu-npu", "2xh200-host")
 OBJECTIVES = ("latency", "throughput", "makespan")

@@ -22,9 +22,8 @@ import torch
 import models
 from models.gpt import GPT, GPTConfig
 from models.synthetic import random_dag, random_profile
-from partitioner.frontends.fx import from_module
+from partitioner import from_module, partition_outcome
 from partitioner.ir import OpGraph
-from partitioner.partition import partition_outcome
 
 
 def gpt_1000_ops() -> OpGraph:

@@ -1,13 +1,33 @@
-"""hetpart's public API.
+"""hetpart's public API: how a plan is made.
 
-Capture a model as an :class:`~partitioner.ir.OpGraph` and cost it on a device profile::
+Capture a model, place its ops on the devices of a profile, save the plan, and run it::
 
     >>> import models
-    >>> from partitioner import from_module
-    >>> module, inputs = models.get("mlp")
-    >>> graph = from_module(module, inputs)
+    >>> from partitioner import partition, Plan
+    >>> module, inputs = models.get("gpt", "tiny")
+    >>> plan = partition(module, inputs, "h200-host", memory={"cuda:0": "8MB"})
+    >>> emitted = plan.emit(module, {"cuda:0": "cpu"})       # runs here, every device bound to the CPU
+
+The API (everything else is a documented module: ``partitioner.solvers``, ``partitioner.coarsen``,
+``partitioner.report``, ``cost_models``, ``backends``):
+
+=========================  ==============================================================
+``partition``              model (or OpGraph) + inputs + profile -> a verified :class:`Plan`
+``partition_outcome``      the same, with the problem, solution, evaluation and baselines
+``Plan``                   the plan record: ``load``/``save``, ``summary``, ``emit``,
+                           ``emit_source``, ``to_device_map``, ``check_graph``
+``load_profile``           a built-in profile name or a TOML path -> :class:`DeviceSet`
+``DeviceSet``              devices and links (``cost_models.detect.detect_local()`` profiles this machine)
+``from_module``            capture an ``nn.Module`` (torch.export or symbolic_trace) -> OpGraph
+``from_graph_module``      the graph a ``torch.compile`` backend is handed -> OpGraph
+``OpGraph``, ``Op``, ...   the IR (:mod:`partitioner.ir`)
+``HetpartError``, ...      the error family (:mod:`partitioner.errors`)
+=========================  ==============================================================
+
+Where a plan runs is :mod:`backends` (``backends.torch``: the emitted module and source file).
 """
 
+from cost_models.profiles import DeviceSet, load_profile
 from partitioner.errors import (
     CaptureError,
     HetpartError,
@@ -20,22 +40,35 @@ from partitioner.errors import (
 )
 from partitioner.frontends.fx import Capture, from_graph_module, from_module
 from partitioner.ir import Op, OpClass, OpGraph, Param, Tensor
+from partitioner.plan import Plan, PlanFormatError
+from partitioner.planner import Outcome, partition, partition_outcome
 
 __all__ = [
+    # making a plan
+    "partition",
+    "partition_outcome",
+    "Outcome",
+    "Plan",
+    "PlanFormatError",
+    # devices
+    "load_profile",
+    "DeviceSet",
+    # capture and the IR
+    "from_module",
+    "from_graph_module",
     "Capture",
-    "CaptureError",
-    "HetpartError",
-    "InfeasiblePlacement",
     "Op",
     "OpClass",
     "OpGraph",
     "Param",
+    "Tensor",
+    # errors
+    "HetpartError",
+    "CaptureError",
+    "InfeasiblePlacement",
     "PlanMismatch",
     "ProfileError",
     "SolverUnavailable",
-    "Tensor",
     "UnknownModel",
     "UnsupportedOp",
-    "from_graph_module",
-    "from_module",
 ]

@@ -215,7 +215,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     from partitioner.model_source import load_model
-    from partitioner.partition import partition
+    from partitioner.planner import partition
 
     if args.output and Path(args.output).exists() and not args.force:
         raise HetpartError(f"{args.output} exists: pass --force to overwrite it")
@@ -248,7 +248,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
     plan = Plan.load(args.plan)
     if args.model:
-        from partitioner.codegen.torch_module import capture_for
+        from backends.torch.module import capture_for
         from partitioner.model_source import load_model
 
         loaded = load_model(args.model, device="meta")
@@ -312,7 +312,7 @@ def _cmd_emit(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from partitioner.check import check_plan
+    from backends.torch.check import check_plan
     from partitioner.model_source import load_model
     from partitioner.plan import Plan
 

@@ -22,10 +22,11 @@ import torch
 
 import models
 from cost_models.units import format_bytes, format_seconds
-from partitioner.check import CheckReport, check_plan
-from partitioner.codegen.binding import present
+from backends.compare import CheckReport
+from backends.torch.check import check_plan
+from backends.binding import present
 from partitioner.errors import HetpartError
-from partitioner.partition import partition_outcome
+from partitioner.planner import partition_outcome
 from partitioner.report import write_report
 
 MODEL = "emb-transformer"

@@ -1,6 +1,6 @@
 """Plan reports: what a plan predicts, drawn for people.
 
-In: a :class:`~partitioner.plan.Plan` (from :func:`~partitioner.partition.partition` or
+In: a :class:`~partitioner.plan.Plan` (from :func:`~partitioner.partition` or
 ``Plan.load``). Out: a self-contained HTML page (:func:`render_html`, :func:`write_report`), PNG
 charts (:func:`write_pngs`), and the predicted schedule as data (:func:`timeline`).
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from partitioner import Plan
 from partitioner.cli import main
-from partitioner.plan import Plan
 
 
 class _Svgs(HTMLParser):

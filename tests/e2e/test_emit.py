@@ -10,11 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import models
-from cost_models.profiles import load_profile
+from partitioner import Plan, from_module, load_profile, partition
 from partitioner.errors import HetpartError, PlanMismatch
-from partitioner.frontends.fx import from_module
-from partitioner.partition import partition
-from partitioner.plan import Plan
 from partitioner.solvers.problem import Options, Placement, Problem, Solution, Status, StreamMode, evaluate
 
 PROFILES = ("h200-host", "cpu-gpu-npu", "2xh200-host", "a100-host", "cpu")

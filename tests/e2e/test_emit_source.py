@@ -13,6 +13,7 @@ import ast
 import importlib.util
 import io
 import itertools
+import sys
 import tokenize
 from pathlib import Path
 from types import ModuleType
@@ -22,8 +23,8 @@ import torch
 from torch import nn
 
 import models
+from partitioner import partition
 from partitioner.errors import HetpartError
-from partitioner.partition import partition
 
 BIND = {"cuda:0": "cpu", "npu:0": "cpu"}
 _counter = itertools.count()
@@ -160,10 +161,27 @@ def test_streamed_weights_go_through_the_streamer(tmp_path: Path) -> None:
     path = plan.emit_source(tmp_path / "streamed.py", model, BIND)
     text = path.read_text(encoding="utf-8")
     assert "WeightStreamer(self, [" in text and "._hetpart_streamer.get(" in text
-    assert imported_modules(ast.parse(text)) <= {"torch", "partitioner.codegen.prefetch"}
+    assert imported_modules(ast.parse(text)) <= {"torch", "backends.torch"}
     generated = _built(model, path)
     assert_same_outputs(model, generated, inputs)
     assert_same_outputs(plan.emit(model, BIND), generated, inputs)
+
+
+def test_a_file_emitted_before_the_backends_move_still_runs(tmp_path: Path) -> None:
+    """Files written before code generation moved to backends.torch import the streamer from
+    partitioner.codegen.prefetch: they run as before, with a warning that says to re-emit."""
+    model, inputs = models.get("gpt", "tiny")
+    plan = partition(model, inputs, "cpu-gpu-npu", memory={"cuda:0": "80KB"}, pins={"*": "cuda:0"})
+    path = plan.emit_source(tmp_path / "streamed.py", model, BIND)
+    new_import = "from backends.torch import WeightStreamer"
+    text = path.read_text(encoding="utf-8")
+    assert new_import in text
+    path.write_text(text.replace(new_import, "from partitioner.codegen.prefetch import WeightStreamer"))
+    sys.modules.pop("partitioner.codegen", None)
+    sys.modules.pop("partitioner.codegen.prefetch", None)
+    with pytest.warns(FutureWarning, match="re-emit"):
+        generated = _built(model, path)
+    assert_same_outputs(model, generated, inputs)
 
 
 # --------------------------------------------------------------------------------------------

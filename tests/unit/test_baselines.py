@@ -14,8 +14,8 @@ import pytest
 
 import models
 from cost_models.profiles import DeviceSet, load_profile, load_profile_text
+from partitioner import from_module
 from partitioner.errors import HetpartError
-from partitioner.frontends.fx import from_module
 from partitioner.ir import Op, OpClass, OpGraph, Param, Tensor
 from partitioner.solvers.greedy import (
     ModuleTree,

@@ -132,7 +132,7 @@ def test_devices_lists_and_shows_profiles(capsys: pytest.CaptureFixture[str]) ->
 
 
 def test_devices_detect_writes_a_profile_that_loads_back(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from cost_models.profiles import load_profile
+    from partitioner import load_profile
 
     target = tmp_path / "local.toml"
     code, out, _ = run(capsys, "devices", "--detect", "--no-measure", "--write", str(target))
@@ -152,7 +152,7 @@ def test_console_script_runs_as_a_module() -> None:
 
 
 def test_plan_prints_a_summary_and_writes_a_plan_that_loads(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from partitioner.plan import Plan
+    from partitioner import Plan
 
     target = tmp_path / "plan.json"
     code, out, err = run(capsys, "plan", "emb-transformer", "--devices", "h200-host", "--memory", "cuda:0=100KB",

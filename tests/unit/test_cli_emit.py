@@ -15,9 +15,9 @@ import pytest
 import torch
 
 import models
-from partitioner.check import TOLERANCES, compare, tolerance_for
+from backends.compare import TOLERANCES, compare, tolerance_for
+from partitioner import Plan
 from partitioner.cli import main
-from partitioner.plan import Plan
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

@@ -11,9 +11,10 @@ import networkx as nx
 import pytest
 
 import models
+from partitioner import from_module
 from partitioner.coarsen import (
-    CoarsenOptions,
     Coarsening,
+    CoarsenOptions,
     _contract,
     _Contraction,
     auto_coarsen,
@@ -21,7 +22,6 @@ from partitioner.coarsen import (
     common_module_path,
     identity,
 )
-from partitioner.frontends.fx import from_module
 from partitioner.ir import Op, OpClass, OpGraph, Param, Tensor
 
 # --------------------------------------------------------------------------------------------

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import models
+from partitioner import partition
 from partitioner.errors import GraphError, HetpartError, PlanMismatch
-from partitioner.partition import partition
 
 
 def test_aligned_plans_keep_each_block_on_one_device() -> None:

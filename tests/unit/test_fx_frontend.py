@@ -9,8 +9,8 @@ import torch
 import torch.nn as nn
 
 import models
+from partitioner import from_graph_module, from_module
 from partitioner.errors import CaptureError
-from partitioner.frontends.fx import from_graph_module, from_module
 from partitioner.ir import NOT_A_TENSOR, OpClass, OpGraph
 
 CAPTURES = ("export", "symbolic_trace")

@@ -9,14 +9,11 @@ import pytest
 
 import models
 from cost_models.calibration import measured_anchors
-from cost_models.profiles import load_profile
+from partitioner import Plan, from_module, load_profile, partition, partition_outcome
 from partitioner.errors import GraphError, HetpartError, InfeasiblePlacement, SolverUnavailable, UnsupportedOp
-from partitioner.frontends.fx import from_module
 from partitioner.ir import OpGraph
-from partitioner.partition import partition, partition_outcome
-from partitioner.plan import Plan
 from partitioner.solvers.greedy import solve_greedy
-from partitioner.solvers.problem import Objective, Options, Placement, Problem, StreamMode, evaluate
+from partitioner.solvers.problem import Options, Placement, Problem, StreamMode, evaluate
 
 ANCHORS = measured_anchors()
 CAP_HALF = int(ANCHORS["cap_half_layers"])   # embedding + half the layers' parameters

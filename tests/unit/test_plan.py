@@ -15,10 +15,9 @@ import pytest
 import torch
 from torch import nn
 
-import partitioner.plan as plan_module
-from cost_models.profiles import load_profile
+import partitioner.plan.record as plan_module
+from partitioner import from_module, load_profile
 from partitioner.errors import HetpartError, PlanMismatch
-from partitioner.frontends.fx import from_module
 from partitioner.ir import OpGraph
 from partitioner.plan import BaselineInfo, Plan, PlanFormatError, SolverInfo, TransferInfo
 

@@ -16,9 +16,8 @@ import pytest
 
 import models
 from models.synthetic import random_dag
+from partitioner import Plan, partition
 from partitioner.errors import HetpartError
-from partitioner.partition import partition
-from partitioner.plan import Plan
 from partitioner.report import render_html, timeline, write_pngs, write_report
 from partitioner.report.layout import MAX_NODES, graph_layout
 from partitioner.report.timeline import Bar, Timeline, producer_of

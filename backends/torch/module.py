@@ -15,7 +15,7 @@ logical devices to real ones (``{"cuda:0": "cpu"}`` runs any plan on a CPU-only 
 * ops are issued in the plan's schedule order, so asynchronous GPU work goes out before
   independent CPU work;
 * streamed weights stay in (pinned) host memory and are fetched through a
-  :class:`~partitioner.codegen.prefetch.WeightStreamer`: on CUDA, copies run on a side stream a
+  :class:`~backends.torch.streaming.WeightStreamer`: on CUDA, copies run on a side stream a
   few ops ahead, ordered by events; on a CPU binding the same path makes plain copies.
 
 The generated ``forward`` is ordinary fx Python code (``module.code``): no interpreter at run time.
@@ -33,8 +33,8 @@ from typing import Any
 import torch
 import torch.fx
 
-from partitioner.codegen.binding import bind_devices
-from partitioner.codegen.prefetch import WeightStreamer
+from backends.binding import bind_devices
+from backends.torch.streaming import WeightStreamer
 from partitioner.errors import HetpartError, PlanMismatch
 from partitioner.frontends.fx import from_module
 from partitioner.ir import OpGraph

@@ -1,11 +1,10 @@
-"""Does the module emitted for a plan compute what the model computes?
+"""How close is an emitted tensor to the original's? Dtype-aware tolerances and the check report.
 
-In: a :class:`~partitioner.plan.Plan`, the model it was made for (with real weights), the inputs
-to run both on, and a binding of the plan's logical devices to present ones
-(``{"cuda:0": "cpu"}`` checks any plan on a CPU-only machine).
-Out: a frozen :class:`CheckReport`: the largest absolute and relative error of every output
-(in training also of the loss and of every parameter's gradient), the median wall time of the
-original and of the emitted module, and whether every tensor is within its tolerance.
+Every backend's check (the torch module, the onnxruntime parts, ...) compares what the placed
+program computed with the original through :func:`compare` and reports a :class:`CheckReport`:
+the largest absolute and relative error of every output (in training also of the loss and of every
+parameter's gradient), the median wall time of both, and whether every tensor is within its
+tolerance.
 
 Tolerances depend on the dtype (:data:`TOLERANCES`); a value passes when every element obeys
 ``|emitted - original| <= atol + rtol * |original|`` (``torch.allclose``'s rule):
@@ -26,28 +25,20 @@ largest reference magnitude (``atol * max(1, max|original|)``). The *relative er
 norm-wise, ``max|emitted - original| / max|original|``, which stays meaningful where single
 elements are near zero.
 
-While the comparison runs, TF32 is switched off for CUDA matmuls and convolutions (and restored
-afterwards), so float32 on a GPU is held to float32 tolerances. Nothing here prints.
+Nothing here prints.
 """
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import dataclasses
-import statistics
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import torch
-from torch.utils import _pytree as pytree
 
 from cost_models.units import format_seconds
-from partitioner.codegen.binding import bind_devices
-from partitioner.errors import HetpartError, PlanMismatch
 
-__all__ = ["Tolerance", "TOLERANCES", "tolerance_for", "TensorError", "CheckReport", "check_plan", "compare"]
+__all__ = ["Tolerance", "TOLERANCES", "EXACT", "tolerance_for", "TensorError", "CheckReport", "MISSING", "compare"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +56,8 @@ TOLERANCES: Mapping[torch.dtype, Tolerance] = {
     torch.float16: Tolerance(2e-3, 1e-3),
     torch.bfloat16: Tolerance(1.6e-2, 1e-2),
 }
+
+
 EXACT = Tolerance(0.0, 0.0)
 
 
@@ -156,80 +149,7 @@ class CheckReport:
         return "\n".join(lines)
 
 
-# --------------------------------------------------------------------------------------------
-
-
-def check_plan(
-    plan: Any,
-    model: torch.nn.Module,
-    example_inputs: Any,
-    device_map: Mapping[str, str] | None = None,
-    training: bool = False,
-    repeat: int = 5,
-) -> CheckReport:
-    """Run ``model`` and ``plan.emit(model, device_map)`` on the same inputs and compare them.
-
-    Parameters:
-        plan: the Plan.
-        model: the model it was made for, with real weights. Inference runs it as given (its mode
-            is not changed); training works on a deep copy put in train mode before emitting
-            (export captures the mode), so the caller's model gets no gradients.
-        example_inputs: a tensor or a tuple of positional arguments, on the host or anywhere.
-        device_map: binds the plan's logical devices to present ones, e.g. ``{"cuda:0": "cpu"}``.
-        training: compare the loss (sum of the outputs) and every parameter's gradient too.
-        repeat: timed runs of each module, interleaved, after one warm-up run each.
-
-    Raises:
-        PlanMismatch: the model is not the one the plan was made for (in training: not as
-            captured in train mode).
-        HetpartError: a device of the plan is not present and not bound to one that is.
-
-    Example:
-        >>> report = check_plan(plan, model, inputs, {"cuda:0": "cpu"})   # doctest: +SKIP
-        >>> report.passed                                                   # doctest: +SKIP
-        True
-    """
-    if repeat < 1:
-        raise HetpartError(f"repeat must be at least 1, got {repeat}")
-    binding = bind_devices(plan, device_map)
-    args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
-    reference = copy.deepcopy(model).train() if training else model
-    emitted = _emit(plan, reference, device_map, args, training)
-    sync = _synchronizer([*binding.values(), *(str(p.device) for p in model.parameters())])
-    with _strict_float32():
-        run = _training_step if training else _inference
-        ref_outs, ref_grads = run(reference, args)
-        emit_outs, emit_grads = run(emitted, args)
-        outputs = tuple(compare(name, emit_outs.get(name), ref) for name, ref in ref_outs.items())
-        loss = grads = None
-        if training:
-            loss = compare("loss", _loss(list(emit_outs.values())), _loss(list(ref_outs.values())), summed=True)
-            grads = tuple(compare(name, emit_grads.get(name, _MISSING), ref, summed=True)
-                          for name, ref in ref_grads.items() if ref is not None or emit_grads.get(name) is not None)
-        original_s, emitted_s = _interleaved_medians(
-            [lambda: run(reference, args, keep=False), lambda: run(emitted, args, keep=False)], repeat, sync)
-    errors = [*outputs, *([loss] if loss else []), *(grads or ())]
-    return CheckReport(
-        model_name=plan.model_name, binding=dict(binding), training=training, repeat=repeat,
-        outputs=outputs, loss=loss, grads=grads or (), original_s=original_s, emitted_s=emitted_s,
-        passed=all(e.passed for e in errors),
-    )
-
-
-def _emit(plan: Any, reference: torch.nn.Module, device_map: Mapping[str, str] | None, args: tuple,
-          training: bool) -> torch.nn.Module:
-    """``plan.emit`` of the reference (in train mode for a training check: export captures the mode)."""
-    try:
-        return plan.emit(reference, device_map, example_inputs=args)
-    except PlanMismatch as exc:
-        if not training:
-            raise
-        raise PlanMismatch(f"{exc}\nnote: a training check captures the model in train mode; batch norm and "
-                           "dropout capture other ops then, so the plan must come from the model in train mode"
-                           ) from None
-
-
-_MISSING = object()  # a gradient the emitted module did not produce (or has no parameter for)
+MISSING = object()  # a gradient the emitted module did not produce (or has no parameter for)
 
 
 def compare(name: str, emitted: Any, original: torch.Tensor | None, *, summed: bool = False) -> TensorError:
@@ -240,7 +160,7 @@ def compare(name: str, emitted: Any, original: torch.Tensor | None, *, summed: b
         True
     """
     if original is None:  # a gradient the original did not produce: the emitted one must be absent too
-        ok = emitted is None or emitted is _MISSING
+        ok = emitted is None or emitted is MISSING
         return TensorError(name, "-", (), 0.0, 0.0, EXACT, ok, "" if ok else "only the emitted module has a gradient")
     tol = tolerance_for(original.dtype)
     dtype, shape = str(original.dtype).removeprefix("torch."), tuple(original.shape)
@@ -264,7 +184,7 @@ def compare(name: str, emitted: Any, original: torch.Tensor | None, *, summed: b
 
 def _structural_mismatch(emitted: Any, original: torch.Tensor) -> str:
     """Why ``emitted`` cannot be compared with ``original`` at all ("" when it can)."""
-    if emitted is _MISSING:
+    if emitted is MISSING:
         return "the emitted module has no such gradient"
     if emitted is None:
         return "missing in the emitted module"
@@ -275,81 +195,6 @@ def _structural_mismatch(emitted: Any, original: torch.Tensor) -> str:
     if emitted.dtype != original.dtype:
         return f"dtype {str(emitted.dtype).removeprefix('torch.')}"
     return ""
-
-
-# -- running the two modules -----------------------------------------------------------------
-
-
-def _outputs(result: Any) -> dict[str, torch.Tensor]:
-    """The tensors of a module's result, named ``output`` (one) or ``output[i]`` (several)."""
-    leaves = [x for x in pytree.tree_leaves(result) if isinstance(x, torch.Tensor)]
-    if len(leaves) == 1:
-        return {"output": leaves[0]}
-    return {f"output[{i}]": t for i, t in enumerate(leaves)}
-
-
-def _loss(outputs: Sequence[torch.Tensor | None]) -> torch.Tensor:
-    """The sum of every floating-point output, on the host."""
-    parts = [o.float().sum().cpu() for o in outputs if o is not None and o.is_floating_point()]
-    return torch.stack(parts).sum() if parts else torch.zeros(())
-
-
-def _inference(module: torch.nn.Module, args: tuple, *, keep: bool = True) -> tuple[dict, dict]:
-    with torch.no_grad():
-        result = module(*args)
-    return (_outputs(result) if keep else {}), {}
-
-
-def _training_step(module: torch.nn.Module, args: tuple, *, keep: bool = True) -> tuple[dict, dict]:
-    """Forward, loss = sum of outputs, backward; the outputs and ``{param name: grad}``."""
-    params = dict(module.named_parameters())
-    for p in params.values():
-        p.grad = None
-    outs = _outputs(module(*args))
-    _loss(list(outs.values())).backward()
-    if not keep:
-        return {}, {}
-    grads = {name: p.grad for name, p in params.items() if p.requires_grad}
-    return {k: v.detach() for k, v in outs.items()}, grads
-
-
-def _synchronizer(devices: Sequence[str]) -> Callable[[], None]:
-    """A function that waits for the CUDA devices among ``devices`` (a no-op without them)."""
-    cuda = sorted({torch.device(d) for d in devices if torch.device(d).type == "cuda"}, key=str)
-    if not cuda:
-        return lambda: None
-
-    def sync() -> None:
-        for dev in cuda:
-            torch.cuda.synchronize(dev)
-
-    return sync
-
-
-def _interleaved_medians(fns: Sequence[Callable[[], Any]], repeat: int, sync: Callable[[], None]) -> list[float]:
-    """Median wall time of each function, run ABAB... ``repeat`` times after one warm-up each."""
-    times: list[list[float]] = [[] for _ in fns]
-    for fn in fns:
-        fn()
-    sync()
-    for _ in range(repeat):
-        for i, fn in enumerate(fns):
-            start = time.perf_counter()
-            fn()
-            sync()
-            times[i].append(time.perf_counter() - start)
-    return [statistics.median(t) for t in times]
-
-
-@contextlib.contextmanager
-def _strict_float32() -> Iterator[None]:
-    """TF32 off for CUDA matmuls and cuDNN convolutions inside the block; restored afterwards."""
-    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
 
 
 def _table(rows: list[list[str]], indent: str = "") -> list[str]:

@@ -1,0 +1,116 @@
+"""A plan from a solve: the solution of a (possibly coarsened) problem expanded to the graph's ops.
+
+In: the :class:`~partitioner.solvers.problem.Problem`, the solver's
+:class:`~partitioner.solvers.problem.Solution` and its evaluation, the baselines' evaluations.
+Out: the keyword arguments of :class:`~partitioner.plan.record.Plan` (:func:`fields_from_solution`),
+with every coarse node expanded to its member ops and the per-op times of the cost model.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from partitioner.plan.values import BaselineInfo, SolverInfo, TransferInfo
+
+if TYPE_CHECKING:
+    from partitioner.solvers.problem import Evaluation, Problem, Solution
+
+
+def fields_from_solution(
+    problem: Problem,
+    solution: Solution,
+    evaluation: Evaluation | None = None,
+    *,
+    baselines: Mapping[str, Evaluation | BaselineInfo] | None = None,
+    lower_bound: float | None = None,
+    model_name: str | None = None,
+    capture: str = "export",
+    constraints: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The fields of the plan of ``solution`` (see :meth:`Plan.from_solution`)."""
+    from partitioner.solvers.problem import evaluate
+
+    ev = evaluation if evaluation is not None else evaluate(problem, solution.placement)
+    graph, placement = problem.original, solution.placement
+    device = {op: placement.device[n] for n in problem.nodes for op in problem.members[n]}
+    weights = {op: home for n, home in placement.streamed.items() if home != placement.device[n]
+               for op in problem.members[n] if graph.ops[op].owned_params}
+    order = placement.order or problem.nodes
+    return dict(
+        model_name=model_name or graph.name,
+        inputs=tuple((graph.tensors[t].shape, graph.tensors[t].dtype) for t in graph.inputs),
+        capture=capture,
+        edges=tuple((u, v) for u, v in graph.dag.edges),
+        param_names={op.name: tuple(n for p in op.owned_params for n in (p, *graph.params[p].aliases))
+                     for op in graph.topological_order() if op.owned_params},
+        op_bytes={op.name: (sum(graph.tensors[t].nbytes for t in op.outputs), op.param_bytes)
+                  for op in graph.topological_order()},
+        constraints=dict(constraints or {}),
+        fingerprint=graph.fingerprint(),
+        op_count=len(graph),
+        modules={op.name: op.module_path for op in graph.topological_order()},
+        param_ops=tuple(op.name for op in graph.topological_order() if op.owned_params),
+        devices=problem.devices,
+        objective=problem.options.objective,
+        training=problem.options.training,
+        optimizer=problem.options.optimizer,
+        placement={op.name: device[op.name] for op in graph.topological_order()},
+        weights=weights,
+        stream_mode=placement.stream_mode,
+        schedule=tuple(op for n in order for op in problem.members[n]),
+        transfers=tuple(TransferInfo(t.tensor, t.src, t.dst, t.bytes, t.seconds, t.kind)
+                        for t in ev.transfers),
+        memory={d: {"used": ev.memory[d], "capacity": ev.capacity[d]} for d in ev.memory},
+        predicted={"total_s": ev.total_s, "critical_path_s": ev.critical_path_s,
+                   "per_device_s": dict(ev.per_device_s), "per_link_s": dict(ev.per_link_s),
+                   "lower_bound_s": lower_bound if lower_bound is not None else solution.bound,
+                   "per_op_s": _per_op_seconds(problem, device),
+                   "per_op_device_s": _per_op_device_seconds(problem)},
+        solver=SolverInfo(solution.solver, getattr(solution.status, "value", solution.status),
+                          ev.total_s, _bound(ev.total_s, solution.bound), _gap(ev.total_s, solution.bound),
+                          solution.seconds),
+        baselines={name: b if isinstance(b, BaselineInfo) else
+                   BaselineInfo(b.total_s, b.feasible, "; ".join(b.violations[:1]))
+                   for name, b in (baselines or {}).items()},
+    )
+
+
+def _bound(objective: float, bound: float | None) -> float | None:
+    """A solver's bound can exceed the evaluated objective by its tolerance: never report it above."""
+    return None if bound is None else min(bound, objective)
+
+
+def _gap(objective: float | None, bound: float | None) -> float | None:
+    """Relative gap ``(objective - bound) / objective``; None when either is unknown."""
+    if objective is None or bound is None or not math.isfinite(objective) or not math.isfinite(bound):
+        return None
+    if objective == 0:
+        return 0.0
+    return max(0.0, (objective - bound) / abs(objective))
+
+
+def _per_op_device_seconds(problem: Problem) -> dict[str, dict[str, float | None]]:
+    """Each op's time on every device of the profile (None where the device cannot run it)."""
+    from cost_models.analytic import op_time
+    from cost_models.training import training_op_time
+
+    cost = training_op_time if problem.options.training else op_time
+    out: dict[str, dict[str, float | None]] = {}
+    for op in problem.original.topological_order():
+        out[op.name] = {
+            d.name: cost(op, d).seconds if d.supports(op.kind, op.op_class.value) else None
+            for d in problem.devices.devices
+        }
+    return out
+
+
+def _per_op_seconds(problem: Problem, device: Mapping[str, str]) -> dict[str, float]:
+    """Each op's own time on its device, the cost model's view of the problem's node times."""
+    from cost_models.analytic import op_time
+    from cost_models.training import training_op_time
+
+    cost = training_op_time if problem.options.training else op_time
+    ops = problem.original.ops
+    return {op: cost(ops[op], problem.devices.device(d)).seconds for op, d in device.items()}

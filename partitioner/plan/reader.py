@@ -1,0 +1,365 @@
+"""Reading plan files: JSON text or decoded dicts checked field by field, and the cross-references.
+
+In: a plan file's text or its decoded JSON. Out: the keyword arguments of
+:class:`~partitioner.plan.record.Plan` (:func:`plan_fields`), every field's type checked; and
+:func:`check_references`, which the Plan constructor runs so that every op, device and enum a
+plan names exists. Every problem is a :class:`~partitioner.plan.values.PlanFormatError` naming
+the file and the field path (``solver.gap``, ``placement["linear_3"]``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+from collections.abc import Callable, Container, Mapping, Sequence
+from typing import Any, NoReturn
+
+from cost_models.profiles import DeviceSet
+from partitioner.errors import ProfileError
+from partitioner.plan.values import (
+    _BASELINE_KEYS, _MEMORY_KEYS, _MODEL_KEYS, _OBJECTIVES, _OPTIMIZERS, _PREDICTED_MAPS,
+    _PREDICTED_OPTIONAL, _PREDICTED_REQUIRED, _REPLAN, _SOLVER_KEYS, _STREAM_MODES, _TRANSFER_KEYS,
+    _TRANSFER_KINDS, FORMAT_VERSION, TOP_LEVEL_KEYS, BaselineInfo, PlanFormatError, SolverInfo,
+    TransferInfo, _finite_or_none,
+)
+
+
+def plan_fields(d: Any, source: str) -> dict[str, Any]:
+    """The keyword arguments of ``Plan(...)`` read from decoded JSON: version, keys, every type."""
+    r = FieldReader(source)
+    top = r.mapping(d, "")
+    if "format_version" in top:
+        _check_version(r, top["format_version"])
+    r.keys(top, "", TOP_LEVEL_KEYS, ("constraints",))
+    model = r.keys(top["model"], "model", _MODEL_KEYS, ("capture", "inputs", "edges", "param_names", "op_bytes"))
+    return dict(
+        model_name=r.string(model["name"], "model.name"),
+        fingerprint=r.string(model["fingerprint"], "model.fingerprint"),
+        op_count=r.count(model["op_count"], "model.op_count"),
+        modules=r.string_map(model["modules"], "model.modules", r.string),
+        param_ops=r.string_list(model["param_ops"], "model.param_ops"),
+        devices=_read_devices(r, top["devices"]),
+        objective=r.string(top["objective"], "objective"),
+        training=r.boolean(top["training"], "training"),
+        optimizer=r.string(top["optimizer"], "optimizer"),
+        placement=r.string_map(top["placement"], "placement", r.string),
+        weights=r.string_map(top["weights"], "weights", r.string),
+        stream_mode=r.string(top["stream_mode"], "stream_mode"),
+        schedule=r.string_list(top["schedule"], "schedule"),
+        transfers=tuple(_read_transfer(r, t, f"transfers[{i}]")
+                        for i, t in enumerate(r.array(top["transfers"], "transfers"))),
+        memory=top["memory"],            # checked by the constructor (read_memory)
+        predicted=top["predicted"],      # checked by the constructor (read_predicted)
+        solver=_read_solver(r, top["solver"]),
+        baselines=r.string_map(top["baselines"], "baselines", lambda v, p: _read_baseline(r, v, p)),
+        inputs=tuple(_read_input(r, v, f"model.inputs[{i}]")
+                     for i, v in enumerate(r.array(model.get("inputs", []), "model.inputs"))),
+        capture=r.string(model.get("capture", "export"), "model.capture"),
+        edges=tuple(_read_edge(r, v, f"model.edges[{i}]")
+                    for i, v in enumerate(r.array(model.get("edges", []), "model.edges"))),
+        param_names=r.string_map(model.get("param_names", {}), "model.param_names", r.string_list),
+        op_bytes=r.string_map(model.get("op_bytes", {}), "model.op_bytes",
+                              lambda v, q: tuple(r.count(x, f"{q}[{i}]") for i, x in enumerate(r.array(v, q)))),
+        constraints=_read_constraints(r, top.get("constraints", {})),
+        source=source,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Reading: typed access to decoded JSON; errors name the file and the field path
+# --------------------------------------------------------------------------------------------
+
+
+def _read_constraints(r: FieldReader, value: Any) -> dict[str, Any]:
+    c = r.keys(value, "constraints", (), ("pins", "memory_caps", "streaming", "align_modules"))
+    out: dict[str, Any] = {}
+    if "pins" in c:
+        out["pins"] = r.string_map(c["pins"], "constraints.pins", r.string)
+    if "memory_caps" in c:
+        out["memory_caps"] = r.string_map(c["memory_caps"], "constraints.memory_caps", r.count)
+    if "streaming" in c:
+        out["streaming"] = r.boolean(c["streaming"], "constraints.streaming")
+    if "align_modules" in c:
+        out["align_modules"] = r.string_list(c["align_modules"], "constraints.align_modules")
+    return out
+
+
+def _read_edge(r: FieldReader, value: Any, path: str) -> tuple[str, str]:
+    pair = r.array(value, path)
+    if len(pair) != 2:
+        r.fail(path, f"expected [producer, consumer], got {_show(value)}")
+    return r.string(pair[0], f"{path}[0]"), r.string(pair[1], f"{path}[1]")
+
+
+def _read_input(r: FieldReader, value: Any, path: str) -> tuple[tuple[int, ...], str]:
+    item = r.keys(value, path, ("shape", "dtype"))
+    shape = tuple(r.count(v, f"{path}.shape[{i}]") for i, v in enumerate(r.array(item["shape"], f"{path}.shape")))
+    return shape, r.string(item["dtype"], f"{path}.dtype")
+
+
+def _show(value: Any) -> str:
+    """A value as it appears in JSON, shortened: ``"abc"``, ``null``, ``{"a": 1}``."""
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _key(path: str, key: str) -> str:
+    """The path of a mapping entry: ``placement["linear_3"]``."""
+    return f"{path}[{json.dumps(key)}]"
+
+
+def _field(path: str, name: str) -> str:
+    """The path of a fixed field: ``solver.gap`` (``gap`` at the top)."""
+    return f"{path}.{name}" if path else name
+
+
+class FieldReader:
+    """Checks the type of one decoded JSON value at a time; every error names ``source: path``."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, path: str, message: str) -> NoReturn:
+        raise PlanFormatError(f"{self.source}: {path}: {message}" if path else f"{self.source}: {message}")
+
+    def expected(self, path: str, what: str, value: Any) -> NoReturn:
+        self.fail(path or "the file", f"expected {what}, got {_show(value)}")
+
+    def mapping(self, value: Any, path: str) -> Mapping[str, Any]:
+        if not isinstance(value, Mapping):
+            self.expected(path, "an object", value)
+        return value
+
+    def keys(self, value: Any, path: str, required: Sequence[str],
+             optional: Sequence[str] = ()) -> Mapping[str, Any]:
+        """``value`` as an object with every required key and no other than the optional ones."""
+        value = self.mapping(value, path)
+        for key in required:
+            if key not in value:
+                self.fail(_field(path, key), f"missing; {path or 'a plan'} needs "
+                                             f"{', '.join(required)}")
+        allowed = (*required, *optional)
+        unknown = [k for k in value if k not in allowed]
+        if unknown:
+            close = difflib.get_close_matches(str(unknown[0]), allowed, n=1)
+            hint = f" (did you mean {json.dumps(close[0])}?)" if close else ""
+            where = f"{path}: unknown key" if path else "unknown top-level key"
+            self.fail("", f"{where}{'s' * (len(unknown) > 1)} {', '.join(map(_show, unknown))}{hint}; "
+                          f"the keys of {path or f'a format_version {FORMAT_VERSION} plan'} are: "
+                          f"{', '.join(allowed)}")
+        return value
+
+    def string(self, value: Any, path: str) -> str:
+        if not isinstance(value, str):
+            self.expected(path, "a string", value)
+        return value
+
+    def boolean(self, value: Any, path: str) -> bool:
+        if not isinstance(value, bool):
+            self.expected(path, "true or false", value)
+        return value
+
+    def count(self, value: Any, path: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            self.expected(path, "a non-negative integer", value)
+        return value
+
+    def number(self, value: Any, path: str) -> float:
+        """A finite number (non-negative: every number of a plan is a time, size or ratio)."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                or value < 0:
+            self.expected(path, "a non-negative number", value)
+        return float(value)
+
+    def number_or_null(self, value: Any, path: str) -> float | None:
+        """A number, or None for null and for non-finite numbers (unknown)."""
+        if isinstance(value, bool) or not isinstance(value, (int, float, type(None))):
+            self.expected(path, "a number or null", value)
+        return _finite_or_none(value)
+
+    def array(self, value: Any, path: str) -> Sequence[Any]:
+        if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Sequence):
+            self.expected(path, "an array", value)
+        return value
+
+    def string_list(self, value: Any, path: str) -> tuple[str, ...]:
+        return tuple(self.string(v, f"{path}[{i}]") for i, v in enumerate(self.array(value, path)))
+
+    def string_map(self, value: Any, path: str, item: Callable[[Any, str], Any]) -> dict[str, Any]:
+        return {k: item(v, _key(path, k)) for k, v in self.mapping(value, path).items()}
+
+
+def parse_json(text: str, source: str) -> Any:
+    """Decode ``text``; a syntax error names the line, a file that ends early is called truncated."""
+    if not text.strip():
+        raise PlanFormatError(f"{source}: the file is empty; {_REPLAN}")
+
+    def reject_constant(token: str) -> NoReturn:
+        raise PlanFormatError(f"{source}: {token} is not allowed in a plan; unknown numbers are null")
+
+    try:
+        return json.loads(text, parse_constant=reject_constant, object_pairs_hook=_no_duplicates(source))
+    except json.JSONDecodeError as err:
+        if err.pos >= len(text.rstrip()) or err.msg.startswith("Unterminated string"):
+            last = text.rstrip().count("\n") + 1
+            raise PlanFormatError(
+                f"{source}: line {last}: the file ends in the middle of the JSON: it is truncated (an "
+                f"interrupted copy or write?); restore it or {_REPLAN}") from None
+        raise PlanFormatError(f"{source}: line {err.lineno}, column {err.colno}: JSON syntax error: "
+                              f"{err.msg}") from None
+
+
+def _no_duplicates(source: str) -> Callable[[list[tuple[str, Any]]], dict[str, Any]]:
+    def build(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in out:
+                raise PlanFormatError(f"{source}: the key {json.dumps(key)} appears twice in one object")
+            out[key] = value
+        return out
+    return build
+
+
+def _check_version(r: FieldReader, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        r.expected("format_version", f"an integer (this hetpart reads {FORMAT_VERSION})", value)
+    if value != FORMAT_VERSION:
+        newer = "upgrade hetpart, or " if value > FORMAT_VERSION else ""
+        r.fail("format_version", f"the file is a format_version {value} plan, and this hetpart "
+                                 f"reads format_version {FORMAT_VERSION}; {newer}{_REPLAN}")
+
+
+def _read_devices(r: FieldReader, value: Any) -> DeviceSet:
+    r.mapping(value, "devices")
+    try:   # ProfileError messages read "<source>: devices.cpu.memory: ...": the plan's own path
+        return DeviceSet.from_dict(value, r.source)
+    except ProfileError as err:
+        raise PlanFormatError(str(err)) from None
+
+
+def _read_transfer(r: FieldReader, value: Any, path: str) -> TransferInfo:
+    t = r.keys(value, path, _TRANSFER_KEYS)
+    return TransferInfo(
+        tensor=r.string(t["tensor"], f"{path}.tensor"),
+        src=r.string(t["from"], f"{path}.from"),
+        dst=r.string(t["to"], f"{path}.to"),
+        bytes=r.count(t["bytes"], f"{path}.bytes"),
+        seconds=r.number(t["seconds"], f"{path}.seconds"),
+        kind=r.string(t["kind"], f"{path}.kind"),
+    )
+
+
+def _read_solver(r: FieldReader, value: Any) -> SolverInfo:
+    s = r.keys(value, "solver", _SOLVER_KEYS)
+    return SolverInfo(
+        name=r.string(s["name"], "solver.name"),
+        status=r.string(s["status"], "solver.status"),
+        objective=r.number_or_null(s["objective"], "solver.objective"),
+        bound=r.number_or_null(s["bound"], "solver.bound"),
+        gap=r.number_or_null(s["gap"], "solver.gap"),
+        seconds=r.number(s["seconds"], "solver.seconds"),
+    )
+
+
+def _read_baseline(r: FieldReader, value: Any, path: str) -> BaselineInfo:
+    b = r.keys(value, path, _BASELINE_KEYS)
+    return BaselineInfo(r.number_or_null(b["total_s"], f"{path}.total_s"),
+                        r.boolean(b["feasible"], f"{path}.feasible"),
+                        r.string(b["note"], f"{path}.note"))
+
+
+def read_memory(r: FieldReader, value: Any) -> dict[str, dict[str, int]]:
+    def entry(v: Any, path: str) -> dict[str, int]:
+        m = r.keys(v, path, _MEMORY_KEYS)
+        return {k: r.count(m[k], _field(path, k)) for k in _MEMORY_KEYS}
+    return r.string_map(value, "memory", entry)
+
+
+def read_predicted(r: FieldReader, value: Any) -> dict[str, Any]:
+    p = r.keys(value, "predicted", _PREDICTED_REQUIRED, _PREDICTED_OPTIONAL)
+    out: dict[str, Any] = {}
+    for key in (*_PREDICTED_REQUIRED, *_PREDICTED_OPTIONAL):
+        if key not in p:
+            continue
+        path = _field("predicted", key)
+        if key == "per_op_device_s":  # op -> device -> seconds (null where the device cannot run it)
+            out[key] = r.string_map(p[key], path, lambda v, q: r.string_map(v, q, r.number_or_null))
+            continue
+        out[key] = (r.string_map(p[key], path, r.number_or_null) if key in _PREDICTED_MAPS
+                    else r.number_or_null(p[key], path))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# References between the parts of a plan
+# --------------------------------------------------------------------------------------------
+
+
+def check_references(plan: Any, r: FieldReader) -> None:
+    """Every op named is placed, every device named is in the set, enums are known values."""
+    _check_choice(r, plan.objective, "objective", _OBJECTIVES)
+    _check_choice(r, plan.stream_mode, "stream_mode", _STREAM_MODES)
+    _check_choice(r, plan.optimizer, "optimizer", _OPTIMIZERS)
+    if plan.op_count != len(plan.placement):
+        r.fail("model.op_count", f"{plan.op_count}, but placement places {len(plan.placement)} ops; "
+                                 f"the two must agree")
+    device_ok = _membership(r, set(plan.devices.names()),
+                            f"is not in the plan's devices ({', '.join(plan.devices.names())})", "device")
+    op_ok = _membership(r, plan.placement, "is not an op of the plan (not a key of placement)", "op")
+    for op, device in plan.placement.items():
+        device_ok(device, _key("placement", op))
+    for op, device in plan.weights.items():
+        op_ok(op, _key("weights", op))
+        device_ok(device, _key("weights", op))
+    for op in plan.modules:
+        op_ok(op, _key("model.modules", op))
+    for i, op in enumerate(plan.param_ops):
+        if op not in plan.modules:
+            r.fail(f"model.param_ops[{i}]", f"op {op!r} has no module path in model.modules")
+    _check_unique(r, plan.param_ops, "model.param_ops")
+    for i, op in enumerate(plan.schedule):
+        op_ok(op, f"schedule[{i}]")
+    _check_unique(r, plan.schedule, "schedule")
+    for i, t in enumerate(plan.transfers):
+        _check_transfer(r, t, f"transfers[{i}]", device_ok)
+    for device in plan.memory:
+        device_ok(device, _key("memory", device))
+    for device in plan.predicted["per_device_s"]:
+        device_ok(device, _key("predicted.per_device_s", device))
+    for op in plan.predicted.get("per_op_s", {}):
+        op_ok(op, _key("predicted.per_op_s", op))
+    r.number(plan.solver.seconds, "solver.seconds")
+
+
+def _check_choice(r: FieldReader, value: Any, path: str, choices: Sequence[str]) -> None:
+    if value not in choices:
+        r.fail(path, f"{_show(value)} is not one of {', '.join(choices)}")
+
+
+def _membership(r: FieldReader, known: Container[str], rule: str,
+                what: str) -> Callable[[str, str], None]:
+    """A check that fails with ``path: <what> 'x' <rule>`` for names not in ``known``."""
+    def check(name: str, path: str) -> None:
+        if name not in known:
+            r.fail(path, f"{what} {name!r} {rule}")
+    return check
+
+
+def _check_unique(r: FieldReader, names: Sequence[str], path: str) -> None:
+    seen: set[str] = set()
+    for i, name in enumerate(names):
+        if name in seen:
+            r.fail(f"{path}[{i}]", f"{name!r} appears twice")
+        seen.add(name)
+
+
+def _check_transfer(r: FieldReader, t: TransferInfo, path: str, device_ok: Callable[[str, str], None]) -> None:
+    device_ok(t.src, f"{path}.from")
+    device_ok(t.dst, f"{path}.to")
+    _check_choice(r, t.kind, f"{path}.kind", _TRANSFER_KINDS)
+    r.count(t.bytes, f"{path}.bytes")
+    r.number(t.seconds, f"{path}.seconds")

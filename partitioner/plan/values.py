@@ -1,0 +1,132 @@
+"""The value types of a plan (solver, transfer, baseline records), its format constants and error.
+
+In: numbers and names from a solve or from a decoded plan file. Out: frozen records whose optional
+numbers are finite or ``None``; the constants that say what a ``format_version`` 1 file holds (see
+:mod:`partitioner.plan` for the layout of the file).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+from cost_models.training import Optimizer
+from partitioner.errors import HetpartError
+
+#: The plan format this hetpart writes and reads.
+FORMAT_VERSION = 1
+
+#: The top-level keys of a plan file, in the order they are written.
+TOP_LEVEL_KEYS: tuple[str, ...] = (
+    "format_version", "model", "devices", "objective", "training", "optimizer", "placement",
+    "weights", "stream_mode", "schedule", "transfers", "memory", "predicted", "solver", "baselines",
+)
+_MODEL_KEYS = ("name", "fingerprint", "op_count", "modules", "param_ops")
+_TRANSFER_KEYS = ("tensor", "from", "to", "bytes", "seconds", "kind")
+_SOLVER_KEYS = ("name", "status", "objective", "bound", "gap", "seconds")
+_BASELINE_KEYS = ("total_s", "feasible", "note")
+_MEMORY_KEYS = ("used", "capacity")
+_PREDICTED_REQUIRED = ("total_s", "per_device_s", "per_link_s")
+_PREDICTED_OPTIONAL = ("critical_path_s", "lower_bound_s", "per_op_s", "per_op_device_s")
+_PREDICTED_MAPS = ("per_device_s", "per_link_s", "per_op_s")  # the rest are numbers or null
+
+_OBJECTIVES = ("latency", "throughput", "makespan")  # partitioner.solvers.problem.Objective
+_STREAM_MODES = ("prefetch", "sync")                 # partitioner.solvers.problem.StreamMode
+_TRANSFER_KINDS = ("activation", "weights", "param")
+_OPTIMIZERS = tuple(o.value for o in Optimizer)
+_REPLAN = "re-plan: hetpart plan MODEL ..."
+
+
+class PlanFormatError(HetpartError, ValueError):
+    """A plan file or dict that is not a valid plan: names the file, the field path and the rule."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SolverInfo:
+    """Which solver made the plan and what it proved.
+
+    Example:
+        >>> SolverInfo("ilp", "optimal", 0.0123, 0.0121, float("nan"), 2.5).gap is None
+        True
+    """
+
+    name: str                 # "ilp", "greedy", "heft", "single-device"
+    status: str               # "optimal" | "feasible" | "heuristic" | "infeasible"
+    objective: float | None   # the placement's predicted objective, seconds
+    bound: float | None       # a proven lower bound on the objective (None: heuristic)
+    gap: float | None         # (objective - bound) / objective, None when unknown
+    seconds: float            # wall time of the solve
+
+    def __post_init__(self) -> None:
+        for name in ("objective", "bound", "gap"):
+            object.__setattr__(self, name, _finite_or_none(getattr(self, name)))
+        object.__setattr__(self, "seconds", float(self.seconds))
+
+
+@dataclasses.dataclass(frozen=True)
+class TransferInfo:
+    """One copy per step; written as ``{"tensor", "from", "to", "bytes", "seconds", "kind"}``.
+
+    Example:
+        >>> TransferInfo("relu", "cuda:0", "cpu", 4096, 2e-5).kind
+        'activation'
+    """
+
+    tensor: str               # tensor name, or the op whose weights stream (kind "weights")
+    src: str                  # device it leaves
+    dst: str                  # device it reaches
+    bytes: int
+    seconds: float
+    kind: str = "activation"  # "activation" | "weights" | "param"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "bytes", int(self.bytes))
+        object.__setattr__(self, "seconds", float(self.seconds))
+
+
+@dataclasses.dataclass(frozen=True)
+class BaselineInfo:
+    """A baseline placement's predicted time, for comparison.
+
+    Example:
+        >>> BaselineInfo(float("inf"), False, "cuda:0 over capacity").total_s is None
+        True
+    """
+
+    total_s: float | None     # predicted objective; None when it cannot run at all
+    feasible: bool            # whether it fits in memory and respects the limits
+    note: str = ""            # why it is infeasible, or how it was made
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "total_s", _finite_or_none(self.total_s))
+
+
+def _finite_or_none(value: float | None) -> float | None:
+    """``None`` for None, inf and nan; otherwise the value as a float."""
+    return float(value) if value is not None and math.isfinite(value) else None
+
+
+def _freeze(value: Any) -> Any:
+    """Read-only nested mappings (dict -> MappingProxyType)."""
+    if isinstance(value, Mapping):
+        return MappingProxyType({k: _freeze(v) for k, v in value.items()})
+    return value
+
+
+def _plain(value: Any) -> Any:
+    """JSON-ready values: mappings -> dict, tuples -> list, non-finite floats -> None."""
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _transfer_dict(t: TransferInfo) -> dict[str, Any]:
+    return {"tensor": t.tensor, "from": t.src, "to": t.dst, "bytes": t.bytes,
+            "seconds": t.seconds, "kind": t.kind}
