@@ -1,0 +1,63 @@
+"""The ``hetpart`` command line: one module per subcommand (or pair of related subcommands).
+
+Subcommands: ``devices`` (built-in and detected device profiles), ``inspect`` (a model's ops and
+their predicted cost on each device), ``plan`` (place a model's ops, write the plan file),
+``report`` and ``explain`` (draw a plan; why an op sits where it does), ``demo`` (the seed case end
+to end), ``emit`` (write a plan as a runnable Python file) and ``check`` (run the emitted plan
+beside the original model and compare outputs, gradients and time; exit 1 when they differ).
+Errors from hetpart print as one message and exit 2; ``--debug`` shows the traceback instead.
+
+A subcommand is a module here with ``register(sub, common)``, listed in :data:`COMMANDS`;
+:mod:`partitioner.cli.args` holds the argument helpers they share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from partitioner.cli import check, demo, devices, emit, inspect_model, plan, report
+from partitioner.errors import HetpartError
+
+#: The subcommand modules, in the order ``hetpart --help`` lists them.
+COMMANDS = (devices, inspect_model, plan, report, demo, emit, check)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``hetpart`` console script; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, format="%(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except HetpartError as exc:
+        if args.debug:
+            raise
+        print(f"hetpart: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("hetpart: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # output piped into head and friends
+        sys.stderr.close()
+        return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """``hetpart``'s argument parser: the common flags and every subcommand of :data:`COMMANDS`."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", help="show full tracebacks and debug logging")
+    parser = argparse.ArgumentParser(
+        prog="hetpart",
+        description="Place the operators of a neural network on CPUs, GPUs and accelerators.",
+        parents=[common],
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in COMMANDS:
+        command.register(sub, common)
+    return parser
+
+
+__all__ = ["COMMANDS", "build_parser", "main"]

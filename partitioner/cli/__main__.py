@@ -1,0 +1,7 @@
+"""``python -m partitioner.cli``: the ``hetpart`` command."""
+
+import sys
+
+from partitioner.cli import main
+
+sys.exit(main())

@@ -1,0 +1,67 @@
+"""``hetpart plan``: place a model's ops on the devices of a profile and write the plan."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from partitioner.cli.args import pairs, print_progress
+from partitioner.errors import HetpartError
+
+
+def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    """Add the subcommand to ``hetpart``'s parser."""
+    pl = sub.add_parser("plan", parents=[common], help="place a model's ops on the devices of a profile")
+    pl.add_argument("model", help="zoo name (gpt, gpt:small) or path/to/file.py:factory")
+    pl.add_argument("--devices", default="h200-host", metavar="PROFILE", help="built-in profile or TOML file")
+    pl.add_argument("--objective", default="latency", choices=["latency", "throughput", "makespan"])
+    pl.add_argument("--memory", action="append", default=[], metavar="DEVICE=SIZE",
+                    help="cap a device below its profile, e.g. cuda:0=2GB (repeatable)")
+    pl.add_argument("--pin", action="append", default=[], metavar="GLOB=DEVICE",
+                    help="pin ops by name or module-path glob, e.g. 'emb*=cpu' (repeatable)")
+    pl.add_argument("--training", action="store_true", help="plan a training step")
+    pl.add_argument("--optimizer", default="adam", choices=["sgd", "sgd-momentum", "adam"])
+    pl.add_argument("--solver", default="auto",
+                    help="auto, highs, cbc, or a baseline: greedy, sequential-fill, heft, single:DEVICE")
+    pl.add_argument("--time-limit", type=float, default=60.0, metavar="S", help="ILP time limit in seconds")
+    pl.add_argument("--gap", type=float, default=0.01, help="relative optimality gap to stop at")
+    pl.add_argument("--no-streaming", action="store_true", help="keep every weight where its op computes")
+    pl.add_argument("--coarsen", default="auto", choices=["auto", "on", "off"])
+    pl.add_argument("--capture", default="export", choices=["export", "symbolic_trace"])
+    pl.add_argument("--align-modules", action="append", default=[], metavar="CLASS",
+                    help="keep every instance of a module class on one device, e.g. Block (repeatable)")
+    pl.add_argument("-o", "--output", metavar="FILE", help="write the plan (see --format)")
+    pl.add_argument("--format", default="json", choices=["json", "device-map", "csv"],
+                    help="json: the plan file; device-map: accelerate's device_map; csv: op, module, device, seconds")
+    pl.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
+    pl.set_defaults(func=_cmd_plan)
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from partitioner.model_source import load_model
+    from partitioner.planner import partition
+
+    if args.output and Path(args.output).exists() and not args.force:
+        raise HetpartError(f"{args.output} exists: pass --force to overwrite it")
+    if args.format != "json" and not args.output:
+        raise HetpartError(f"--format {args.format} writes a file: give it with -o FILE")
+    loaded = load_model(args.model, device="meta")  # zoo models: shapes only, no memory for weights
+    memory = pairs(args.memory, "--memory", "cuda:0=2GB")
+    pins = pairs(args.pin, "--pin", "'emb*=cpu'")
+    print(f"capturing {loaded.name} ({args.capture}) ...", file=sys.stderr)
+    plan = partition(
+        loaded.module, loaded.example_inputs, args.devices,
+        objective=args.objective, memory=memory, training=args.training, optimizer=args.optimizer,
+        pins=pins, solver=args.solver, time_limit=args.time_limit, gap=args.gap,
+        streaming=not args.no_streaming, coarsen={"on": True, "off": False}.get(args.coarsen, "auto"),
+        no_split=loaded.no_split, capture=args.capture, model_name=loaded.name, progress=print_progress,
+        align_modules=args.align_modules,
+    )
+    print(plan.summary())
+    if args.output:
+        from partitioner.export import write_export
+
+        write_export(plan, args.output, args.format, force=args.force)
+        print(f"wrote {args.output} ({args.format})")
+    return 0

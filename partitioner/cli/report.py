@@ -1,0 +1,51 @@
+"""``hetpart report`` and ``hetpart explain``: draw a plan, or say why an op sits where it does."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    """Add the subcommand to ``hetpart``'s parser."""
+    rp = sub.add_parser("report", parents=[common], help="draw a plan as a self-contained HTML page (or PNGs)")
+    rp.add_argument("plan", metavar="PLAN.json")
+    rp.add_argument("-o", "--output", metavar="FILE", help="report.html, or a folder for --format png")
+    rp.add_argument("--format", default="html", choices=["html", "png"])
+    rp.add_argument("--model", help="check the plan belongs to this model first (zoo name or file.py:factory)")
+    rp.add_argument("--force", action="store_true", help="overwrite existing files")
+    rp.set_defaults(func=_cmd_report)
+
+    ex = sub.add_parser("explain", parents=[common], help="why an op or module sits where it does")
+    ex.add_argument("plan", metavar="PLAN.json")
+    ex.add_argument("target", metavar="OP_OR_MODULE", help="an op name, a module path, or a glob")
+    ex.set_defaults(func=_cmd_explain)
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from partitioner.plan import Plan
+    from partitioner.report import write_pngs, write_report
+
+    plan = Plan.load(args.plan)
+    if args.model:
+        from backends.torch.module import capture_for
+        from partitioner.model_source import load_model
+
+        loaded = load_model(args.model, device="meta")
+        capture_for(plan, loaded.module, loaded.example_inputs)  # raises PlanMismatch with both fingerprints
+    if args.format == "png":
+        folder = Path(args.output or "report-png")
+        for path in write_pngs(plan, folder, force=args.force):
+            print(f"wrote {path}")
+        return 0
+    path = write_report(plan, args.output or "report.html", force=args.force)
+    print(f"wrote {path}")
+    return 0
+
+
+def _cmd_explain(args: argparse.Namespace) -> int:
+    from partitioner.explain import explain
+    from partitioner.plan import Plan
+
+    print(explain(Plan.load(args.plan), args.target).to_text())
+    return 0
