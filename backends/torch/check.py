@@ -37,6 +37,7 @@ def check_plan(
     device_map: Mapping[str, str] | None = None,
     training: bool = False,
     repeat: int = 5,
+    build: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
 ) -> CheckReport:
     """Run ``model`` and ``plan.emit(model, device_map)`` on the same inputs and compare them.
 
@@ -49,6 +50,8 @@ def check_plan(
         device_map: binds the plan's logical devices to present ones, e.g. ``{"cuda:0": "cpu"}``.
         training: compare the loss (sum of the outputs) and every parameter's gradient too.
         repeat: timed runs of each module, interleaved, after one warm-up run each.
+        build: makes the module to compare from the reference (default: ``plan.emit``); another
+            backend passes its own (``backends.compile`` compiles a copy with torch.compile).
 
     Raises:
         PlanMismatch: the model is not the one the plan was made for (in training: not as
@@ -65,7 +68,7 @@ def check_plan(
     binding = bind_devices(plan, device_map)
     args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
     reference = copy.deepcopy(model).train() if training else model
-    emitted = _emit(plan, reference, device_map, args, training)
+    emitted = build(reference) if build is not None else _emit(plan, reference, device_map, args, training)
     sync = _synchronizer([*binding.values(), *(str(p.device) for p in model.parameters())])
     with _strict_float32():
         run = _training_step if training else _inference

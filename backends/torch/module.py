@@ -87,13 +87,35 @@ def emit_module(
     graph = capture_for(plan, model, example_inputs)
     gm = _unlifted(graph)
     _match_persistence(gm, model)
+    return place_module(gm, plan, binding)
+
+
+def place_module(
+    gm: torch.fx.GraphModule,
+    plan: Any,
+    binding: Mapping[str, str],
+    arrivals: Mapping[str, torch.device] | None = None,
+) -> torch.fx.GraphModule:
+    """Make ``gm`` run ``plan``, in place: the steps of :func:`emit_module` after capture.
+
+    ``gm`` is a private GraphModule whose op nodes carry the plan's op names (the graph the plan
+    was made for). Its attribute tensors move to their devices, ops are issued in schedule order,
+    a transfer goes before each op that reads a value from another device, and factory ops create
+    on their own device. ``arrivals`` names the device on which a placeholder's value arrives
+    when the caller knows it (a torch.compile graph's inputs; dynamo guards on their devices): no
+    copy is inserted for a consumer on that device. Other placeholders are copied to each consuming
+    device (``.to`` is free when the value is already there).
+
+    Example:
+        >>> gm = place_module(private_gm, plan, {"cpu": "cpu", "cuda:0": "cpu"})   # doctest: +SKIP
+    """
     node_device = {op: torch.device(binding[d]) for op, d in plan.placement.items()}
     home = _parameter_homes(gm, plan, node_device, binding)
     _move_state(gm, home)
     streamed = _streamed_attrs(gm, plan, binding)
     setattr(gm, STREAMER_ATTR, WeightStreamer(gm, streamed))
     _reorder(gm, plan.schedule)
-    _insert_transfers(gm, node_device, home, streamed)
+    _insert_transfers(gm, node_device, home, streamed, arrivals or {})
     _rebind_factory_devices(gm, node_device)
     gm.graph.lint()
     gm.recompile()
@@ -245,6 +267,7 @@ def _insert_transfers(
     node_device: Mapping[str, torch.device],
     home: Mapping[str, torch.device],
     streamed: list[tuple[str, str]],
+    arrivals: Mapping[str, torch.device],
 ) -> None:
     """Before the first consumer on another device, copy the value there (once per device).
 
@@ -273,7 +296,7 @@ def _insert_transfers(
                     with graph.inserting_before(node):
                         copies[key] = graph.call_method("get", (streamer, str(arg.target), str(device)), {})
                 else:
-                    src = _device_of(arg, node_device, home)
+                    src = _device_of(arg, node_device, home, arrivals)
                     if src is not None and src == device:
                         continue
                     with graph.inserting_before(node):
@@ -289,12 +312,14 @@ def _is_tensor_node(node: torch.fx.Node) -> bool:
 
 
 def _device_of(
-    node: torch.fx.Node, node_device: Mapping[str, torch.device], home: Mapping[str, torch.device]
+    node: torch.fx.Node, node_device: Mapping[str, torch.device], home: Mapping[str, torch.device],
+    arrivals: Mapping[str, torch.device],
 ) -> torch.device | None:
     if node.op == "get_attr":
         return home.get(str(node.target))
     if node.op == "placeholder":
-        return None  # inputs arrive wherever the caller keeps them: always copy (a no-op when there)
+        # inputs arrive wherever the caller keeps them: copy (a no-op when there) unless known
+        return arrivals.get(node.name)
     return node_device.get(node.name)
 
 

@@ -28,10 +28,14 @@ class WeightStreamer:
         self._stream: Any = None
         self._pending: dict[int, tuple[torch.Tensor, Any]] = {}
         if any(torch.device(d).type == "cuda" for d in self.devices.values()):
-            for target in self.order:
-                tensor = self._host(target)
-                if tensor.device.type == "cpu" and not tensor.is_pinned():
-                    tensor.data = tensor.data.pin_memory()
+            self._pin_hosts()
+
+    def _pin_hosts(self) -> None:
+        """Put the host copies in pinned memory, so copies to a GPU can run on a side stream."""
+        for target in self.order:
+            tensor = self._host(target)
+            if tensor.device.type == "cpu" and not tensor.is_pinned():
+                tensor.data = tensor.data.pin_memory()
 
     def __deepcopy__(self, memo: dict) -> WeightStreamer:  # a copied module gets its own streamer
         return WeightStreamer(memo.get(id(self._module), self._module), list(self.devices.items()))

@@ -1,0 +1,132 @@
+"""The torch.compile backend: ``torch.compile(model, backend="hetpart")`` places every graph it is handed.
+
+After ``pip install hetpart`` the name ``"hetpart"`` is found through the ``torch_dynamo_backends``
+entry point, with no import; :data:`hetpart` is the same callable for ``backend=hetpart``::
+
+    compiled = torch.compile(model, backend="hetpart", options={
+        "devices": "h200-host", "memory": {"cuda:0": "4GB"}, "objective": "latency",
+        "pins": {"emb*": "cpu"}, "device_map": {}, "training": None, "time_limit": 10, "plan_dir": "plans/"})
+
+The options are the fields of :class:`CompileOptions` (one comment each); an unknown one is an
+error that lists them.
+
+Design notes
+------------
+
+* **Per graph.** Each graph dynamo hands over (a graph break gives several) is captured with
+  :func:`partitioner.from_graph_module`, planned with :func:`partitioner.partition_outcome`,
+  bound (``device_map``) and emitted by :func:`backends.compile.emit.emit_graph`, which reuses the
+  torch backend's placement pass (:func:`backends.torch.module.place_module`).
+* **Training.** The compiled callable runs under eager autograd: dynamo calls it with gradients
+  on, and each op's backward runs on the device its forward ran on, so the plan's placement holds
+  for both passes (the training plan costs both, and holds gradients and optimizer state with the
+  parameters). Gradients of a parameter used on another device flow back through its ``.to``, so
+  ``loss.backward()`` fills the caller's ``p.grad`` and an optimizer over ``model.parameters()``
+  steps the original parameters. ``training=None`` (the default) plans for training when the
+  graph is compiled with grad mode on and a parameter that requires grad (dynamo guards on both,
+  so ``torch.no_grad()`` inference compiles its own graph with its own inference plan).
+* **Model state.** dynamo passes parameters and buffers as arguments on every call. The backend
+  never moves the caller's tensors; one read on another device is copied once and kept where no
+  gradient flows to it, streamed with prefetch where the plan streams it, and copied on each call
+  (differentiably) in training (:mod:`backends.compile.state`).
+* **Plan cache.** Plans are cached per graph, keyed by the graph's fingerprint, the shapes and
+  dtypes of its inputs and parameters, and the options that change a plan
+  (:mod:`backends.compile.cache`): recompiling the same graph does not solve again. With
+  ``plan_dir`` the plans are saved there and later processes reuse them; a corrupt or stale file is
+  solved again with a warning, never used. Saved plans are ordinary plan files (``hetpart report``,
+  ``hetpart explain``).
+* **New shapes get their own plan.** A static graph recompiled for a new shape (a guard failure) is
+  a new graph with a new key; a dynamic graph (``dynamic=True``, or dynamo's automatic dynamic
+  shapes after a second shape) is planned per concrete shape on its first call at that shape
+  (:class:`~backends.compile.backend.ShapeDispatch`). A plan is never reused for another shape:
+  memory caps are checked for the shapes planned, and the best placement depends on the batch
+  size. A shape seen before costs one dictionary look-up.
+* **Logging.** ``logging.getLogger("hetpart")``: one INFO line per graph and shape (ops, devices used,
+  predicted time per call, gap, cache hit or solve seconds, plan file), the plan summary at DEBUG,
+  and an INFO line naming ops the cost model has no class for (costed as memory-bound: bytes over
+  bandwidth plus launch overhead). ``HetpartBackend.records`` keeps the same per graph.
+* **Errors** (unknown option, memory caps no placement fits, a device not present and not bound)
+  reach the user from inside ``torch.compile`` as the hetpart error itself, dynamo's frames cut.
+
+Modules:
+
+===========  ===================================================================================
+module       what it does
+===========  ===================================================================================
+``backend``  :class:`HetpartBackend` (the dynamo backend, its records), ``ShapeDispatch``
+``options``  :class:`CompileOptions` and :func:`parse_options`
+``cache``    :class:`PlanCache`: plans by graph, shapes and options, in memory and in ``plan_dir``
+``emit``     :func:`emit_graph`: dynamo's graph rewritten to run a plan
+``state``    parameters and buffers on the devices the plan names: kept copies, streaming
+===========  ===================================================================================
+
+Example:
+    >>> import torch, models
+    >>> model, inputs = models.get("mlp", "tiny")
+    >>> compiled = torch.compile(model, backend=hetpart, options={"devices": "cpu"})
+    >>> torch.testing.assert_close(compiled(*inputs), model(*inputs))
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from backends.binding import bind_devices
+from backends.compare import CheckReport
+from backends.compile.backend import GraphRecord, HetpartBackend, ShapeDispatch, surfaced
+from backends.compile.cache import PlanCache, cache_key
+from backends.compile.emit import emit_graph
+from backends.compile.options import CompileOptions, parse_options
+from backends.torch import BACKEND as TORCH
+from backends.torch.check import check_plan
+from partitioner.ir import OpGraph
+
+#: The backend ``torch.compile(model, backend="hetpart")`` finds through the entry point.
+hetpart = HetpartBackend()
+
+
+class CompileBackend:
+    """The execution-target interface (:mod:`backends.interface`) for models under torch.compile."""
+
+    name = "compile"
+    runs = ("a model under torch.compile: each graph dynamo hands over is planned (or its cached plan "
+            "reused) and runs as a placed torch.fx graph")
+
+    def unsupported(self, graph: OpGraph) -> dict[str, str]:
+        """The ops the emitted graph cannot run: those of a graph torch did not capture."""
+        return TORCH.unsupported(graph)
+
+    def bind(self, plan: Any, device_map: Mapping[str, str] | None = None) -> dict[str, str]:
+        return bind_devices(plan, device_map)
+
+    def build(self, plan: Any, model: Any, device_map: Mapping[str, str] | None = None, **options: Any) -> Any:
+        """``model`` compiled with ``plan`` for the graph it was made for (a plan from ``plan_dir``);
+        a graph without a plan is a :class:`~partitioner.errors.PlanMismatch` on the first call.
+        ``options``: further :class:`CompileOptions` (``devices`` is the plan's device set)."""
+        given = dict(options, devices=plan.devices, device_map=dict(device_map or {}))
+        return torch.compile(model, backend=HetpartBackend(plans=(plan,)), options=given)
+
+    def check(self, plan: Any, model: Any, inputs: Any, device_map: Mapping[str, str] | None = None,
+              training: bool = False, repeat: int = 5) -> CheckReport:
+        """:func:`~backends.torch.check.check_plan` with a compiled copy of ``model`` in place of the
+        emitted module (parameter names and gradients compare one to one)."""
+        def build(reference: torch.nn.Module) -> torch.nn.Module:
+            compiled = copy.deepcopy(reference)
+            compiled.compile(backend=HetpartBackend(plans=(plan,)),
+                             options={"devices": plan.devices, "device_map": dict(device_map or {}),
+                                      "training": training})
+            return compiled
+
+        return check_plan(plan, model, inputs, device_map, training=training, repeat=repeat, build=build)
+
+
+BACKEND = CompileBackend()
+
+__all__ = [
+    "BACKEND", "CompileBackend", "CompileOptions", "GraphRecord", "HetpartBackend", "PlanCache", "ShapeDispatch",
+    "cache_key", "emit_graph", "hetpart", "parse_options", "surfaced",
+]
