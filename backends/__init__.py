@@ -22,6 +22,8 @@ backend        what it runs
 =============  ================================================================================
 ``torch``      the plan as an ``nn.Module`` (the captured graph with explicit transfers, weights
                on their devices, streamed weights prefetched) or as one readable Python file
+``compile``    a model under ``torch.compile(model, backend="hetpart")``: every graph dynamo hands
+               over is planned (plans cached per graph, shapes and options) and runs placed
 =============  ================================================================================
 
 Example:
@@ -40,6 +42,7 @@ from partitioner.errors import HetpartError
 #: backend name -> the module that defines its ``BACKEND``
 BACKENDS: dict[str, str] = {
     "torch": "backends.torch",
+    "compile": "backends.compile",
 }
 
 

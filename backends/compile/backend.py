@@ -94,8 +94,9 @@ class HetpartBackend:
         """How many plans this backend solved (cache misses)."""
         return sum(r.plan_from == "solved" for r in self.records)
 
-    def reset(self) -> None:
-        """Forget cached plans and records (``torch._dynamo.reset()`` does not call this)."""
+    def clear(self) -> None:
+        """Forget cached plans and records. ``torch._dynamo.reset()`` leaves them: a plan is keyed
+        by what it was made for (graph, shapes, options), which a reset does not change."""
         self.cache.clear()
         self.records.clear()
 
@@ -198,7 +199,9 @@ def graph_name(gm: torch.fx.GraphModule) -> str:
     """``MLP.forward [0/0]``: the function dynamo traced and its compile id (frame/recompile)."""
     context = torch._guards.TracingContext.try_get()
     codes = getattr(context, "traced_code", None) or []
-    root = getattr(codes[0], "co_qualname", codes[0].co_name) if codes else "graph"
+    # the first module forward traced (decorators such as transformers' wrap the frame's own code)
+    code = next((c for c in codes if c.co_name == "forward"), codes[0] if codes else None)
+    root = getattr(code, "co_qualname", code.co_name) if code is not None else "graph"
     compile_id = getattr(gm, "meta", {}).get("dynamo_compile_id")
     return f"{root} [{compile_id}]" if compile_id is not None else root
 

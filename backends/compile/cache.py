@@ -29,7 +29,7 @@ from typing import Any
 
 from cost_models.profiles import DeviceSet
 from partitioner.errors import HetpartError
-from partitioner.ir import OpGraph
+from partitioner.ir import NOT_A_TENSOR, OpGraph
 from partitioner.plan import Plan
 from partitioner.plan.values import FORMAT_VERSION
 
@@ -43,7 +43,10 @@ def cache_key(graph: OpGraph, options_key: str) -> str:
         >>> cache_key(graph, opts.key(profile, training=False))   # doctest: +SKIP
         '5c1f0e9a7d3b2e41'
     """
-    inputs = [(list(graph.tensors[t].shape), graph.tensors[t].dtype) for t in graph.inputs]
+    # tensor inputs only: the sizes dynamo lifts to integer inputs of a dynamic graph are in the
+    # shapes already, so a dynamic graph at a shape its static graph had finds that graph's plan
+    inputs = [(list(graph.tensors[t].shape), graph.tensors[t].dtype) for t in graph.inputs
+              if graph.tensors[t].dtype != NOT_A_TENSOR]
     params = [(p.name, list(p.shape), p.dtype) for p in graph.params.values()]
     text = json.dumps([FORMAT_VERSION, graph.fingerprint(), inputs, params, options_key])
     return hashlib.sha256(text.encode()).hexdigest()[:16]

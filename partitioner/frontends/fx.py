@@ -293,11 +293,13 @@ class _Recorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 - torch's signature
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if getattr(func, "namespace", "aten") != "aten":  # prim.device and friends: metadata queries
+        namespace = getattr(func, "namespace", "aten")
+        if namespace == "prim":  # prim.device and friends: metadata queries
             return out
-        cls = classify(func)
+        # an op of another library (a custom op) has no cost class: the documented fallback, OTHER
+        cls = classify(func) if namespace == "aten" else OpClass.OTHER
         self.classes.append(cls)
-        self.aten_ops.append(op_name(func))
+        self.aten_ops.append(op_name(func) if namespace == "aten" else f"{namespace}::{op_name(func)}")
         self.flops += self.table.flops(func, cls, args, kwargs, out)
         return out
 
