@@ -20,6 +20,8 @@ The API (everything else is a documented module: ``partitioner.solvers``, ``part
 ``DeviceSet``              devices and links (``cost_models.detect.detect_local()`` profiles this machine)
 ``from_module``            capture an ``nn.Module`` (torch.export or symbolic_trace) -> OpGraph
 ``from_graph_module``      the graph a ``torch.compile`` backend is handed -> OpGraph
+``compile_backend``        ``torch.compile(model, backend=compile_backend)``: hetpart as a torch.compile
+                           backend, also found by name (``backend="hetpart"``); :mod:`backends.compile`
 ``OpGraph``, ``Op``, ...   the IR (:mod:`partitioner.ir`)
 ``HetpartError``, ...      the error family (:mod:`partitioner.errors`)
 =========================  ==============================================================
@@ -71,4 +73,15 @@ __all__ = [
     "SolverUnavailable",
     "UnknownModel",
     "UnsupportedOp",
+    # torch.compile
+    "compile_backend",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """``compile_backend`` lives in ``backends.compile`` (where plans run); imported on first use."""
+    if name == "compile_backend":
+        from backends.compile import hetpart
+
+        return hetpart
+    raise AttributeError(f"module 'partitioner' has no attribute {name!r}")
