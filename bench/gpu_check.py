@@ -19,6 +19,11 @@ Cases, on ``emb-transformer`` (at ``base``: a 1,048,576 x 1024 fp32 embedding, 8
     only where ``import accelerate`` works — carry its wheels to the GPU machine and
     ``pip install --no-index --find-links WHEELS accelerate`` first;
 (e) ``all-CPU``: the model on the host;
+(g) ``compile[emb+half]``: the model as the user holds it (on the host) under
+    ``torch.compile(model, backend=HetpartBackend(), options={"devices": "h200-host", "memory":
+    {"cuda:0": cap}})``: the backend's own plan of dynamo's graph (predicted), its forward after
+    warm-up against all-GPU, the plan's prediction and ``ILP[emb+half]`` (resident weights copied to
+    the GPU once, streamed ones prefetched from pinned host copies); forward only;
 (f) ``two-branch``: a ``makespan`` plan with the two branches pinned to different devices (the
     better of the two orientations by predicted makespan); the emitted module (overlapped) against
     the two branches each run alone and one after the other (sequential).
@@ -51,6 +56,7 @@ from torch import nn
 import models
 from cost_models.calibration import load_calibration
 from cost_models.units import format_bytes, format_seconds
+from backends.compile import HetpartBackend
 from partitioner import Outcome, Plan, partition_outcome
 
 MODEL = "emb-transformer"
@@ -245,6 +251,20 @@ def run_plan(case: str, plan: Plan, model: nn.Module, inputs: tuple, env: Env, r
                fwd.peak_bytes, (fwd.output - ref).abs().max().item(), calibration)
 
 
+def run_compiled(case: str, model: nn.Module, inputs: tuple, cap: int, env: Env, ref: torch.Tensor) -> Row:
+    """``model`` (on the host) under ``torch.compile(backend=hetpart)`` capped at ``cap``: forward only."""
+    backend = HetpartBackend()
+    compiled = torch.compile(model, backend=backend, options={
+        "devices": "h200-host", "memory": {"cuda:0": cap}, "device_map": env.binding or {}, "time_limit": 30})
+    fwd = measure_forward(compiled, inputs, env)
+    plans = [r.plan for r in backend.records]
+    solve = sum(r.solve_s for r in backend.records)
+    note = f"{len(plans)} graph(s), solved in {solve:.1f} s"
+    return Row(case, " + ".join(placement_text(p, env.binding) for p in plans),
+               sum(p.predicted["total_s"] for p in plans), fwd.seconds, None, fwd.peak_bytes,
+               (fwd.output - ref).abs().max().item(), note=note)
+
+
 def run_eager(case: str, module: nn.Module, inputs: tuple, env: Env, ref: torch.Tensor | None,
               predicted: float | None, calibration: str) -> tuple[Row, torch.Tensor]:
     """Measure ``module`` as it is (forward, then a training step)."""
@@ -413,6 +433,19 @@ def targets(rows: dict[str, Row], cap: dict[str, int], tb: dict[str, float], cal
            judged("ILP[emb+half] within 1.10x of all-GPU", cap1,
                   "<= 1.10x all-GPU" + (f" = {format_seconds(1.10 * gpu)}" if gpu else ""),
                   None if cap1 is None or gpu is None else cap1 <= 1.10 * gpu, env)]
+    compiled = rows.get("compile[emb+half]")
+    if compiled is not None and compiled.fwd_s is not None:
+        out.append(judged("compile[emb+half] within 1.10x of ILP[emb+half]", compiled.fwd_s,
+                          "<= 1.10x ILP[emb+half]" + (f" = {format_seconds(1.10 * cap1)}" if cap1 else ""),
+                          None if cap1 is None else compiled.fwd_s <= 1.10 * cap1, env))
+        predicted = compiled.predicted_s
+        out.append(Target("compile[emb+half] vs its prediction", format_seconds(compiled.fwd_s),
+                          "-" if predicted is None else f"predicted {format_seconds(predicted)}",
+                          NO_GPU if not env.cuda or not predicted else f"{compiled.fwd_s / predicted:.2f}x predicted"))
+        if gpu:
+            out.append(Target("compile[emb+half] vs all-GPU", format_seconds(compiled.fwd_s),
+                              f"all-GPU {format_seconds(gpu)}",
+                              NO_GPU if not env.cuda else f"{compiled.fwd_s / gpu:.2f}x all-GPU"))
     for key, ilp_s, speedup in (("emb+half", cap1, 4.0), ("half-emb", cap2, 25.0)):
         measured = fwd(f"accelerate[{key}]")
         acc_s = measured or calib[f"accelerate[{key}]"]
@@ -492,6 +525,10 @@ def emb_transformer_cases(env: Env, calib: dict[str, float],
         case = f"greedy[{key}]"
         rows[case] = guarded(case, lambda case=case, o=outcome: run_plan(case, greedy_plan(o), model, inputs, env, ref))
         release(env)
+    rows["compile[emb+half]"] = guarded("compile[emb+half]", lambda: run_compiled(
+        "compile[emb+half]", model, inputs, cap["emb+half"], env, ref))
+    torch._dynamo.reset()
+    release(env)
     skip_reason = accelerate_status(env, skip_accelerate)
     for key, c in cap.items():
         case = f"accelerate[{key}]"

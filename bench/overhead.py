@@ -20,7 +20,15 @@ prints the medians, ``emitted / hand`` and ``emitted / eager``, the largest outp
 from eager, and whether the target (the emitted module at most 3% slower than the hand-written
 one) is met.
 
-    python bench/overhead.py [--models mlp,gpt] [--repeat 50] [--warmup 5]
+A second table measures the torch.compile backend on a single-device plan (the ``cpu`` profile), so
+any difference from eager is the backend's own cost: per call after warm-up, ``eager``, dynamo
+with its ``eager`` backend (dynamo's guards and frame handling alone) and
+``backend="hetpart"``, interleaved as above under ``torch.no_grad()`` (target: hetpart at most 5%
+slower than eager); and the first call split into ``dynamo`` (tracing and guards: the first call's
+wall time less the three hetpart steps and one eager call), ``capture`` (``from_graph_module``),
+``solve`` (the plan) and ``emit`` (the placed graph), from a fresh ``torch._dynamo.reset()``.
+
+    python bench/overhead.py [--models mlp,gpt] [--repeat 50] [--warmup 5] [--compile-only]
 """
 
 from __future__ import annotations
@@ -35,11 +43,13 @@ import torch
 from torch import nn
 
 import models
+from backends.compile import HetpartBackend
 from cost_models.units import format_seconds
 from partitioner import partition
 
 MODELS = ("mlp", "gpt", "convnet", "emb-transformer")
 TARGET = 1.03  # emitted / hand
+COMPILE_TARGET = 1.05  # hetpart-compiled / eager, single-device plan
 
 
 # --------------------------------------------------------------------------------------------
@@ -178,9 +188,43 @@ def measure(name: str, size: str, repeat: int, warmup: int) -> list[str]:
             "yes" if ratio <= TARGET else "NO"]
 
 
-def print_table(rows: list[list[str]]) -> None:
-    header = ["model", "plan (ops per device)", "eager", "hand", "emitted", "emit/hand", "emit/eager",
-              "max |err|", f"<= {TARGET - 1:.0%}"]
+def measure_compile(name: str, size: str, repeat: int, warmup: int) -> tuple[list[str], list[str]]:
+    """Two rows: per-call times (eager, dynamo's eager backend, hetpart) and the first call's split."""
+    model, inputs = models.get(name, size)
+    backend = HetpartBackend()
+    with torch.no_grad():
+        start = time.perf_counter()
+        model(*inputs)
+        eager_once = time.perf_counter() - start
+        torch._dynamo.reset()
+        hetpart = torch.compile(model, backend=backend, options={"devices": "cpu"})
+        start = time.perf_counter()
+        got = hetpart(*inputs)
+        first = time.perf_counter() - start
+        dynamo_only = torch.compile(copy.deepcopy(model), backend="eager")
+        dynamo_only(*inputs)
+        err = max((a - b).abs().max().item() for a, b in zip(_leaves(got), _leaves(model(*inputs))))
+        eager_s, dynamo_s, hetpart_s = interleaved_medians(
+            [lambda: model(*inputs), lambda: dynamo_only(*inputs), lambda: hetpart(*inputs)], repeat, warmup)
+    steps = backend.records
+    capture, solve, emit = (sum(getattr(r, f) for r in steps) for f in ("capture_s", "solve_s", "emit_s"))
+    dynamo = first - capture - solve - emit - eager_once
+    ratio = hetpart_s / eager_s
+    per_call = [f"{name}:{size}", f"{len(steps)} x {steps[0].ops} ops", format_seconds(eager_s),
+                format_seconds(dynamo_s), format_seconds(hetpart_s), f"{ratio:.3f}", f"{hetpart_s / dynamo_s:.3f}",
+                f"{err:.1g}", "yes" if ratio <= COMPILE_TARGET else "NO"]
+    first_call = [f"{name}:{size}", format_seconds(first), format_seconds(dynamo), format_seconds(capture),
+                  format_seconds(solve), format_seconds(emit)]
+    return per_call, first_call
+
+
+def _leaves(value: object) -> list[torch.Tensor]:
+    return [value] if isinstance(value, torch.Tensor) else [v for v in value if isinstance(v, torch.Tensor)]
+
+
+def print_table(rows: list[list[str]], header: list[str] | None = None) -> None:
+    header = header or ["model", "plan (ops per device)", "eager", "hand", "emitted", "emit/hand", "emit/eager",
+                        "max |err|", f"<= {TARGET - 1:.0%}"]
     table = [header] + rows
     widths = [max(len(r[i]) for r in table) for i in range(len(header))]
     for r in table:
@@ -193,18 +237,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--size", default="small", choices=models.SIZES)
     parser.add_argument("--repeat", type=int, default=50, help="timed runs of each module")
     parser.add_argument("--warmup", type=int, default=5, help="untimed runs of each module first")
+    parser.add_argument("--compile-only", action="store_true", help="only the torch.compile tables")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.models.split(",") if n.strip()]
     unknown = [n for n in names if n not in HAND]
     if unknown:
         parser.error(f"no hand-written placement for {', '.join(unknown)}; choose from {', '.join(HAND)}")
-    print(f"overhead: two-device plans (part A pinned to cpu, the rest to cuda:0) bound to the CPU; "
-          f"median of {args.repeat} interleaved runs after {args.warmup} warm-up runs; "
-          f"torch {torch.__version__}, {torch.get_num_threads()} threads, inference_mode")
-    rows = [measure(name, args.size, args.repeat, args.warmup) for name in names]
-    print_table(rows)
-    met = sum(r[-1] == "yes" for r in rows)
-    print(f"target (emitted at most {TARGET - 1:.0%} slower than hand-written): met on {met} of {len(rows)} models")
+    if not args.compile_only:
+        print(f"overhead: two-device plans (part A pinned to cpu, the rest to cuda:0) bound to the CPU; "
+              f"median of {args.repeat} interleaved runs after {args.warmup} warm-up runs; "
+              f"torch {torch.__version__}, {torch.get_num_threads()} threads, inference_mode")
+        rows = [measure(name, args.size, args.repeat, args.warmup) for name in names]
+        print_table(rows)
+        met = sum(r[-1] == "yes" for r in rows)
+        print(f"target (emitted at most {TARGET - 1:.0%} slower than hand-written): met on {met} of {len(rows)} "
+              f"models\n")
+    print(f"torch.compile(backend='hetpart') on a single-device plan (cpu profile) vs eager; median of "
+          f"{args.repeat} interleaved calls after {args.warmup} warm-up calls, no_grad")
+    measured = [measure_compile(name, args.size, args.repeat, args.warmup) for name in names]
+    print_table([m[0] for m in measured], ["model", "graphs", "eager", "dynamo eager", "hetpart", "hetpart/eager",
+                                           "hetpart/dynamo", "max |err|", f"<= {COMPILE_TARGET - 1:.0%}"])
+    met = sum(m[0][-1] == "yes" for m in measured)
+    print(f"target (hetpart at most {COMPILE_TARGET - 1:.0%} slower than eager per call): met on {met} of "
+          f"{len(measured)} models\n")
+    print("first call (compile), from a fresh torch._dynamo.reset(): dynamo = first call - capture - solve - emit "
+          "- one eager call")
+    print_table([m[1] for m in measured], ["model", "first call", "dynamo", "capture", "solve", "emit"])
     return 0
 
 

@@ -6,7 +6,8 @@ Modules:
 module        what it does
 ============  ===================================================================================
 ``module``    :func:`emit_module`: the captured graph with explicit transfers, weights on their
-              devices, the plan's issue order and streamed weights (``Plan.emit``)
+              devices, the plan's issue order and streamed weights (``Plan.emit``);
+              ``place_module``: the same steps on a graph captured elsewhere (``backends.compile``)
 ``source``    :func:`emit_source`: the same placement as one readable Python file
               (``Plan.emit_source``); a generator in three parts (layout, forward, template)
 ``streaming`` :class:`WeightStreamer`: host-resident weights copied to the computing device per
