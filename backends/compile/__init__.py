@@ -28,7 +28,9 @@ Design notes
 * **Model state.** dynamo passes parameters and buffers as arguments on every call. The backend
   never moves the caller's tensors; one read on another device is copied once and kept where no
   gradient flows to it, streamed with prefetch where the plan streams it, and copied on each call
-  (differentiably) in training (:mod:`backends.compile.state`).
+  (differentiably) in training (:mod:`backends.compile.state`). State the graph updates in place
+  (BatchNorm's running statistics) is never kept: a copy on another device is written back to the
+  caller's buffer at the end of each call (:mod:`backends.compile.mutation`).
 * **Plan cache.** Plans are cached per graph, keyed by the graph's fingerprint, the shapes and
   dtypes of its inputs and parameters, and the options that change a plan
   (:mod:`backends.compile.cache`): recompiling the same graph does not solve again. With
@@ -58,6 +60,7 @@ module       what it does
 ``cache``    :class:`PlanCache`: plans by graph, shapes and options, in memory and in ``plan_dir``
 ``emit``     :func:`emit_graph`: dynamo's graph rewritten to run a plan
 ``state``    parameters and buffers on the devices the plan names: kept copies, streaming
+``mutation``  the inputs a graph updates in place (written back when placed elsewhere)
 ===========  ===================================================================================
 
 Example:

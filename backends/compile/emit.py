@@ -12,6 +12,10 @@ needs:
   gradient can flow to it, streamed through :class:`ArgumentStreamer` where the plan streams it,
   and copied with a differentiable ``.to`` on each call otherwise (so ``backward`` reaches the
   caller's parameter, on the parameter's own device);
+* an input the graph updates in place (BatchNorm's running statistics in training,
+  :mod:`backends.compile.mutation`) and copies to another device is copied back at the end of
+  the graph, so the caller's buffer gets the update (with copies on several devices, the last
+  one's);
 * every output is returned on the device eager execution returns it on.
 
 Under autograd each op's backward runs where its forward ran (autograd's rule), so a training
@@ -31,6 +35,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from backends.compile.mutation import mutated_inputs
 from backends.compile.state import ArgumentStreamer, StateCopies
 from backends.torch.module import place_module
 
@@ -52,7 +57,11 @@ def emit_graph(
     original = _output_devices(private, arrivals)
     place_module(private, plan, binding, arrivals)
     node_device = {op: torch.device(binding[d]) for op, d in plan.placement.items()}
-    _specialise_state_copies(private, plan, values)
+    copied = [n for n in private.graph.nodes if n.op == "call_method" and n.target == "to"
+              and n.args[0].op == "placeholder"]
+    mutated = mutated_inputs(gm, example_inputs) if copied else set()
+    _specialise_state_copies(private, plan, values, mutated)
+    _write_back(private, [n for n in copied if n.args[0].name in mutated])
     _return_where_eager_does(private, node_device, arrivals, original)
     private.graph.lint()
     private.recompile()
@@ -89,8 +98,18 @@ def _output_nodes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
     return list(dict.fromkeys(output.all_input_nodes))
 
 
-def _specialise_state_copies(gm: torch.fx.GraphModule, plan: Any, values: Mapping[str, Any]) -> None:
-    """Turn the per-call ``.to`` of model state into kept copies or streamed fetches where allowed."""
+def _write_back(gm: torch.fx.GraphModule, copies: list[torch.fx.Node]) -> None:
+    """``input.copy_(its copy)`` at the end of the graph, for inputs updated on another device."""
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    for copy_node in copies:
+        with gm.graph.inserting_before(output):
+            gm.graph.call_method("copy_", (copy_node.args[0], copy_node))
+
+
+def _specialise_state_copies(gm: torch.fx.GraphModule, plan: Any, values: Mapping[str, Any],
+                             mutated: set[str]) -> None:
+    """Turn the per-call ``.to`` of model state into kept copies or streamed fetches where allowed
+    (never for state the graph updates: its copy is written back each call)."""
     copies = StateCopies()
     grad = torch.is_grad_enabled()
     streamed: list[tuple[torch.fx.Node, str, torch.fx.Node]] = []  # (placeholder, device, its .to node)
@@ -100,7 +119,7 @@ def _specialise_state_copies(gm: torch.fx.GraphModule, plan: Any, values: Mappin
             continue
         ph = node.args[0]
         value = values.get(ph.name)
-        if not isinstance(value, torch.Tensor) or not is_state(ph, value):
+        if not isinstance(value, torch.Tensor) or not is_state(ph, value) or ph.name in mutated:
             continue
         device = str(node.args[1])
         if any(u.name in plan.weights for u in node.users):

@@ -173,3 +173,21 @@ def test_the_argument_streamer_fetches_this_calls_weights() -> None:
     assert torch.equal(streamer.get("a", "cpu"), a) and torch.equal(streamer.get("b", "cpu"), b)
     streamer.bind(b * 0, a * 0)
     assert not streamer.get("a", "cpu").any()
+
+
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_inputs_updated_in_place_are_found(mode: str) -> None:
+    from backends.compile.mutation import mutated_inputs
+
+    model, inputs = models.get("convnet", "tiny")
+    getattr(model, mode)()
+    found: list[set[str]] = []
+
+    def capture(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        found.append(mutated_inputs(gm, example_inputs))
+        return gm.forward
+
+    torch.compile(model, backend=capture)(*inputs)
+    kinds = {name.split("_buffers_")[-1].rstrip("_") for name in found[0]}
+    # batch_norm updates its running statistics without its schema saying so
+    assert kinds == ({"running_mean", "running_var", "num_batches_tracked"} if mode == "train" else set())
