@@ -219,11 +219,12 @@ def test_plan_dir_is_reused_by_another_process_and_stale_files_are_solved_again(
     assert cli_main(["explain", str(saved), "blocks.0"]) == 0
 
     for bad, why in ((b"{ not json", "corrupt"), (None, "stale")):
-        if bad is None:  # a valid plan of another graph at this graph's key
+        if bad is None:  # a valid plan of another graph, same options, at this graph's key
             other, other_inputs = models.get("mlp", "tiny")
             other_backend = HetpartBackend()
+            same = {k: v for k, v in options.items() if k != "plan_dir"}
             with torch.no_grad():
-                torch.compile(other, backend=other_backend, options={"devices": PROFILE})(*other_inputs)
+                torch.compile(other, backend=other_backend, options=same)(*other_inputs)
             bad = other_backend.records[0].plan.to_json().encode()
         saved.write_bytes(bad)
         torch._dynamo.reset()
