@@ -53,3 +53,8 @@ class VerificationError(HetpartError):
 
 class SolverUnavailable(HetpartError):
     """The requested solver is not installed or not known."""
+
+
+class PipelineRunError(HetpartError):
+    """A pipeline run that cannot start or did not finish: a launch that does not match the plan
+    (world size, rank), or a rank that stopped (the others stop with this error within a timeout)."""

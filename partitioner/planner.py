@@ -19,10 +19,13 @@ from partitioner.coarsen import CoarsenOptions, Coarsening, auto_coarsen, coarse
 from partitioner.errors import HetpartError, InfeasiblePlacement, SolverUnavailable
 from partitioner.frontends.fx import from_module
 from partitioner.ir import OpGraph
+from partitioner.micro_batches import batch_size, micro_batch_inputs, pipeline_spec_for
 from partitioner.plan import Plan
 from partitioner.solvers import BASELINE_NAMES, run_baseline
 from partitioner.solvers.bounds import physical_lower_bound
 from partitioner.solvers.ilp import ProgressFn, solve_ilp
+from partitioner.solvers.pipeline_baselines import PIPELINE_BASELINES
+from partitioner.solvers.pipeline_dp import solve_pipeline_dp
 from partitioner.solvers.problem import (
     Evaluation,
     Objective,
@@ -92,6 +95,9 @@ def partition_outcome(
     capture: str = "export",
     model_name: str | None = None,
     progress: ProgressFn | None = None,
+    micro_batches: int | None = None,
+    schedule: str | None = None,
+    stages: int | None = None,
 ) -> Outcome:
     """Place every op of a model on the devices of a profile: the plan and how it was reached.
 
@@ -112,6 +118,10 @@ def partition_outcome(
         no_split: module classes the ``greedy`` fill keeps whole (accelerate's no_split_module_classes).
         align_modules: module classes every solver must keep whole (each instance on one device),
             so the plan exports as an accelerate ``device_map``.
+        micro_batches, schedule, stages: plan pipeline stages (:mod:`partitioner.solvers.pipeline`):
+            ``micro_batches`` per step (the example inputs are one step's batch), ``schedule``
+            ``"gpipe"`` or ``"1f1b"``, exactly ``stages`` stages. ``throughput`` on a cluster
+            profile plans a pipeline with the defaults of :mod:`partitioner.micro_batches`.
 
     Raises:
         InfeasiblePlacement: no placement fits the caps and pins; the message names the device,
@@ -124,12 +134,17 @@ def partition_outcome(
         >>> out.evaluation.feasible
         True
     """
+    profile = _profile(devices, memory)
+    spec = pipeline_spec_for(profile, objective, micro_batches=micro_batches, schedule=schedule, stages=stages,
+                             batch=None if isinstance(model_or_graph, OpGraph) else batch_size(example_inputs))
+    if spec is not None and not isinstance(model_or_graph, OpGraph) and example_inputs is not None:
+        example_inputs = micro_batch_inputs(example_inputs, spec.micro_batches)  # costs are per micro-batch
     graph = _capture(model_or_graph, example_inputs, capture, model_name)
     verify_graph(graph)
-    profile = _profile(devices, memory)
     options = Options(
         objective=_objective(objective), training=training, optimizer=parse_optimizer(optimizer),
-        streaming=streaming, link_budget=dict(link_budget or {}), contiguous_stages=contiguous_stages,
+        streaming=streaming and spec is None, link_budget=dict(link_budget or {}),
+        contiguous_stages=contiguous_stages, pipeline=spec,
     )
     coarse = _coarsen(graph, options, coarsen, pins, align_modules)
     problem = Problem(coarse.graph, profile, options, pins=pins, members=coarse.members, original=graph)
@@ -233,6 +248,8 @@ def _pinned_ops(graph: OpGraph, pins: Mapping[str, str]) -> set[str]:
 
 
 def _baseline_names(problem: Problem) -> list[str]:
+    if problem.options.pipeline is not None:  # splits users make today; greedy / HEFT make no pipeline
+        return [f"single:{d}" for d in problem.device_names] + list(PIPELINE_BASELINES)
     return [f"single:{d}" for d in problem.device_names] + list(BASELINE_NAMES)
 
 
@@ -267,6 +284,15 @@ def _solve(
                                 f"use one of {', '.join(baselines)}")
     best = _best_feasible(baselines)
     start = time.perf_counter()
+    if problem.options.pipeline is not None:
+        dp = solve_pipeline_dp(problem, upper_bound=best[2].total_s if best else float("inf"))
+        if solver == "pipeline-dp" or (solver == "auto" and dp.status is Status.OPTIMAL):  # exact on chains
+            if not dp.placement.device:
+                raise InfeasiblePlacement(f"no pipeline stages fit: {dp.note}. To fix: raise the caps (--memory), "
+                                          f"use more micro-batches with 1F1B, or fewer --stages")
+            return dp, evaluate(problem, dp.placement)
+        if dp.placement.device and (best is None or evaluate(problem, dp.placement).total_s < best[2].total_s):
+            best = ("pipeline-dp", dp, evaluate(problem, dp.placement))  # the ILP's warm start
     sol = solve_ilp(problem, solver=solver, time_limit=time_limit, gap=gap,
                     warm_start=best[1].placement if best else None, progress=progress)
     if sol.status is Status.INFEASIBLE:

@@ -83,9 +83,9 @@ def emit_module(
         >>> torch.testing.assert_close(emitted(*inputs), model(*inputs))
     """
     binding = bind_devices(plan, device_map)
-    _check_names(model)
+    check_attribute_names(model)
     graph = capture_for(plan, model, example_inputs)
-    gm = _unlifted(graph)
+    gm = unlifted_module(graph)
     _match_persistence(gm, model)
     return place_module(gm, plan, binding)
 
@@ -116,7 +116,7 @@ def place_module(
     setattr(gm, STREAMER_ATTR, WeightStreamer(gm, streamed))
     _reorder(gm, plan.schedule)
     _insert_transfers(gm, node_device, home, streamed, arrivals or {})
-    _rebind_factory_devices(gm, node_device)
+    rebind_factory_devices(gm, node_device)
     gm.graph.lint()
     gm.recompile()
     return gm
@@ -125,7 +125,7 @@ def place_module(
 # --------------------------------------------------------------------------------------------
 
 
-def _unlifted(graph: OpGraph) -> torch.fx.GraphModule:
+def unlifted_module(graph: OpGraph) -> torch.fx.GraphModule:
     """A private GraphModule with the model's parameter names (``get_attr`` nodes), deep-copied."""
     source = graph.source
     if isinstance(source, torch.export.ExportedProgram):
@@ -149,7 +149,7 @@ def _unlifted(graph: OpGraph) -> torch.fx.GraphModule:
 _SAFE_ATOM = re.compile(r"^[A-Za-z0-9_]+$")
 
 
-def _check_names(model: torch.nn.Module) -> None:
+def check_attribute_names(model: torch.nn.Module) -> None:
     """torch.fx writes attribute names into generated code between quotes without escaping them:
     a parameter named ``x" ... "`` would run as code. Refuse such names here (emit_source quotes
     every name and handles them)."""
@@ -326,7 +326,7 @@ def _device_of(
 _FACTORY_KWARGS = ("device",)
 
 
-def _rebind_factory_devices(gm: torch.fx.GraphModule, node_device: Mapping[str, torch.device]) -> None:
+def rebind_factory_devices(gm: torch.fx.GraphModule, node_device: Mapping[str, torch.device]) -> None:
     """Ops that create tensors (``arange``, ``zeros``, ``_to_copy``) create them on their own device."""
     for node in gm.graph.nodes:
         if node.name in node_device and "device" in node.kwargs:

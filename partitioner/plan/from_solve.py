@@ -12,6 +12,7 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from partitioner.plan.pipeline import pipeline_record
 from partitioner.plan.values import BaselineInfo, SolverInfo, TransferInfo
 
 if TYPE_CHECKING:
@@ -48,6 +49,7 @@ def fields_from_solution(
         op_bytes={op.name: (sum(graph.tensors[t].nbytes for t in op.outputs), op.param_bytes)
                   for op in graph.topological_order()},
         constraints=dict(constraints or {}),
+        pipeline=pipeline_record(problem, placement) if problem.options.pipeline is not None else {},
         fingerprint=graph.fingerprint(),
         op_count=len(graph),
         modules={op.name: op.module_path for op in graph.topological_order()},

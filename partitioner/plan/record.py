@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from cost_models.profiles import DeviceSet
 from partitioner.errors import HetpartError, PlanMismatch
 from partitioner.files import refuse_overwrite, write_atomic
+from partitioner.plan.pipeline import check_pipeline
 from partitioner.plan.reader import FieldReader, check_references, parse_json, plan_fields, read_memory, read_predicted
 from partitioner.plan.values import (
     _REPLAN, _SOLVER_KEYS, FORMAT_VERSION, BaselineInfo, SolverInfo, TransferInfo, _freeze, _plain,
@@ -84,6 +85,7 @@ class Plan:
     param_names: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)  # op -> its parameters
     op_bytes: Mapping[str, tuple[int, int]] = dataclasses.field(default_factory=dict)  # op -> (output, parameter) bytes
     constraints: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # pins, caps, streaming, alignment
+    pipeline: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # stages, ranks, schedule (plan/pipeline.py)
     source: str = dataclasses.field(default="<plan>", compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -99,6 +101,7 @@ class Plan:
         object.__setattr__(self, "edges", tuple((u, v) for u, v in self.edges))
         object.__setattr__(self, "op_bytes", MappingProxyType({op: tuple(b) for op, b in self.op_bytes.items()}))
         object.__setattr__(self, "constraints", _freeze(dict(self.constraints)))
+        object.__setattr__(self, "pipeline", _freeze(dict(self.pipeline)))
         object.__setattr__(self, "param_names",
                            MappingProxyType({op: tuple(names) for op, names in self.param_names.items()}))
         unknown = [e for e in self.edges if e[0] not in self.placement or e[1] not in self.placement]
@@ -107,6 +110,7 @@ class Plan:
         object.__setattr__(self, "memory", _freeze(read_memory(reader, self.memory)))
         object.__setattr__(self, "predicted", _freeze(read_predicted(reader, self.predicted)))
         check_references(self, reader)
+        check_pipeline(self, reader)
 
     # -- JSON ---------------------------------------------------------------------------------
 
@@ -142,6 +146,8 @@ class Plan:
         }
         if self.constraints:
             out["constraints"] = _plain(self.constraints)
+        if self.pipeline:
+            out["pipeline"] = _plain(self.pipeline)
         return _plain(out)
 
     def to_json(self) -> str:

@@ -3,8 +3,9 @@
 The ILP (``ilp.py``, the default) and the baselines it is compared with and warm-started from:
 ``single:<device>`` (everything on one device), ``greedy`` (accelerate's ``infer_auto_device_map``
 fill with ``dispatch_model``'s run-time semantics), ``sequential-fill`` (the same fill, computing
-where placed), ``heft`` (list scheduling by upward rank). All are costed by
-:func:`~partitioner.solvers.problem.evaluate`.
+where placed), ``heft`` (list scheduling by upward rank); for pipeline problems the splits users
+make today (``pipeline_baselines.py``) and the exact chain dynamic program (``pipeline_dp.py``).
+All are costed by :func:`~partitioner.solvers.problem.evaluate`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Sequence
 from partitioner.errors import SolverUnavailable
 from partitioner.solvers.greedy import solve_greedy, solve_sequential_fill
 from partitioner.solvers.heft import solve_heft
+from partitioner.solvers.pipeline_baselines import PIPELINE_BASELINES, run_pipeline_baseline
 from partitioner.solvers.problem import Problem, Solution
 from partitioner.solvers.single import solve_single
 
@@ -35,6 +37,8 @@ def run_baseline(name: str, problem: Problem, *, no_split: Sequence[str] = ()) -
         return solve_sequential_fill(problem, no_split=no_split)
     if name == "heft":
         return solve_heft(problem)
+    if name in PIPELINE_BASELINES:
+        return run_pipeline_baseline(name, problem)
     raise SolverUnavailable(
         f"unknown solver {name!r}: use 'auto', 'highs', 'cbc', {', '.join(repr(b) for b in BASELINE_NAMES)} "
         f"or 'single:<device>'"

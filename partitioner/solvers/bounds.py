@@ -3,8 +3,9 @@
 In: a :class:`~partitioner.solvers.problem.Problem`. Out: seconds no placement can beat,
 whatever the solver: every node on its fastest allowed device with free transfers (for
 ``latency``: the sum; for ``makespan``: the longest path), and the total of that work spread
-evenly over all devices (for ``throughput`` and ``makespan``). Streaming and memory caps only
-add time, so they are ignored here.
+evenly over all devices (for ``throughput`` and ``makespan``); for pipeline stages, the work once
+(the first micro-batch's trip) plus ``M - 1`` times its share per device. Streaming and memory
+caps only add time, so they are ignored here.
 """
 
 from __future__ import annotations
@@ -29,6 +30,12 @@ def physical_lower_bound(problem: Problem) -> float:
     best = {n: fastest(problem, n) for n in problem.nodes}
     total = sum(best.values())
     objective = problem.options.objective
+    spec = problem.options.pipeline
+    if spec is not None:  # every stage time <= the bottleneck, and they add up to at least the work
+        compute = sum(min(problem.compute[n].values()) for n in problem.nodes)
+        steps = sum(best.values()) - compute
+        devices = len(problem.device_names)
+        return compute * (1 + (spec.micro_batches - 1) / devices) + steps / devices
     if objective is Objective.LATENCY:
         return total
     spread = total / len(problem.device_names)
