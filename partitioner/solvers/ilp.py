@@ -18,6 +18,25 @@ The model is :func:`~partitioner.solvers.problem.evaluate` written as linear con
   precedence (transfer delays on cut edges) and no overlap of independent nodes on a device
   (big-M disjunctions), ``T >=`` every finish and link load.
 
+Pipeline stages (``Options.pipeline``; the semantics of :mod:`partitioner.solvers.pipeline`,
+written linearly in :class:`_PipelineModel`, devices ``a < b`` in profile order):
+
+* ``x[v,d]`` as above, with ``stage_order``: every edge goes to the same or a later device;
+* ``used[d]`` binary, the device holds a node; ``first[a]`` / ``after[a]``: some used device at or
+  before / after ``a``;
+* ``cross[t,a]`` in [0, 1], tensor ``t`` is alive across the cut after device ``a``:
+  ``>= P[producer,a] - P[consumer,a]`` with ``P[v,a] = sum_{d <= a} x[v,d]`` (graph inputs are
+  produced at the first stage, graph outputs read by the last);
+* ``e[a,b]`` in [0, 1], ``a`` and ``b`` are consecutive stages:
+  ``>= used[a] + used[b] - 1 - sum_{a<m<b} used[m]``; ``h[t,a,b] >= cross[t,a] + e[a,b] - 1``: the
+  tensor is sent from ``a`` to ``b``;
+* ``tau >=`` every stage time and every boundary time, ``omega >=`` every optimizer step, and
+  the objective ``(M - 1) tau + sum of stage times + sum of boundary times + omega``;
+* memory per device: parameters + tied copies (``z``) + working set + in-flight activations, with
+  GPipe's ``M`` or, for 1F1B, ``k`` = the stages from this one to the last, chosen by binaries
+  ``r[d,k]`` (``sum_k r[d,k] >=`` that count; the cap holds for the largest ``k`` with ``r = 1``);
+  ``sum used`` equals the stage count asked for, or is at most the devices (1F1B: ``<= M``).
+
 Constraint names carry node and device names (``mem_cap[cuda:0]``, ``assign[layers_3_attn]``),
 sanitised to letters, digits and ``_``.
 """
@@ -126,7 +145,7 @@ def solve_ilp(
     """
     name = resolve_solver(solver)
     start = time.perf_counter()
-    model = _Model(problem)
+    model = _PipelineModel(problem) if problem.options.pipeline is not None else _Model(problem)
     if warm_start is not None:
         model.set_start(warm_start)
     log.debug("ILP for %s: %d variables, %d constraints", problem.graph.name,
@@ -343,8 +362,11 @@ class _Model:
             self._add(_name("link_budget", label), terms, pulp.LpConstraintLE, MS * limit - const)
 
     def _stages(self) -> None:
-        if not self.p.options.contiguous_stages:
-            return
+        if self.p.options.contiguous_stages:
+            self._stage_order()
+
+    def _stage_order(self) -> None:
+        """Devices form a pipeline in profile order: no edge goes back to an earlier device."""
         stage = {d: i for i, d in enumerate(self.p.device_names)}
         for t in self.p.tensors:
             if t.producer is None:
@@ -553,6 +575,218 @@ def _topological_repair(p: Problem, order: tuple[str, ...]) -> tuple[str, ...]:
     """Sort by start time but never before a predecessor (rounding in the solver's times)."""
     rank = {n: i for i, n in enumerate(order)}
     return tuple(nx.lexicographical_topological_sort(p.graph.dag, key=lambda n: (rank[n], p.index[n])))
+
+
+# --------------------------------------------------------------------------------------------
+# Pipeline stages (see the module docstring and partitioner/solvers/pipeline.py)
+# --------------------------------------------------------------------------------------------
+
+
+class _PipelineModel(_Model):
+    """The pipeline-stage model of a problem whose ``options.pipeline`` is set."""
+
+    def __init__(self, problem: Problem) -> None:
+        from partitioner.solvers.pipeline import Schedule
+
+        self.p = problem
+        self.spec = problem.options.pipeline
+        self.gpipe = self.spec.schedule is Schedule.GPIPE
+        self.prob = pulp.LpProblem(_safe(f"pipeline_{problem.graph.name}"), pulp.LpMinimize)
+        self.cons: dict[str, pulp.LpConstraint] = {}
+        self._counter = 0
+        self.sv: dict[str, dict[str, pulp.LpVariable]] = {}  # no weight streaming in a pipeline
+        self.D = list(problem.device_names)
+        self._assignment()
+        self._stage_order()
+        self._used()
+        self._crossings()
+        self._boundaries()
+        self._pipeline_memory()
+        self._pipeline_objective()
+        self.prob.extend(self.cons)
+
+    def _prefix(self, node: str, a: int) -> list[tuple[float, object]]:
+        """``P[node, a]``: the node sits on device ``a`` or before."""
+        return [(1.0, self.x(node, d)) for d in self.D[: a + 1] if d in self.p.allowed[node]]
+
+    def _used(self) -> None:
+        p, D = self.p, self.D
+        self.used = {d: self._var(_name("used", d), pulp.LpBinary, 0, 1) for d in D}
+        for d in D:
+            holders = [n for n in p.nodes if d in p.allowed[n]]
+            for n in holders:
+                self._ge_sum(_name("used_ge", d, n), self.used[d], [(1.0, self.x(n, d))])
+            terms = self._lin(*[(1.0, self.x(n, d)) for n in holders])
+            const = terms.pop(None, 0.0)
+            terms[self.used[d]] = terms.get(self.used[d], 0.0) - 1.0
+            self._add(_name("used_le", d), terms, pulp.LpConstraintGE, -const)
+        most = self.spec.max_stages(len(D))
+        count = {self.used[d]: 1.0 for d in D}
+        if self.spec.stages is not None:
+            self._add("stage_count", count, pulp.LpConstraintEQ, float(self.spec.stages))
+        else:
+            self._add("stage_count", count, pulp.LpConstraintLE, float(most))
+        self.first = {a: self._var(_name("first", D[a]), up=1.0) for a in range(len(D) - 1)}
+        self.after = {a: self._var(_name("after", D[a]), up=1.0) for a in range(len(D) - 1)}
+        for a in range(len(D) - 1):
+            for d in D[: a + 1]:
+                self._add(_name("first_ge", D[a], d), {self.first[a]: 1.0, self.used[d]: -1.0}, pulp.LpConstraintGE)
+            for d in D[a + 1:]:
+                self._add(_name("after_ge", D[a], d), {self.after[a]: 1.0, self.used[d]: -1.0}, pulp.LpConstraintGE)
+
+    def _crossings(self) -> None:
+        """cross[t,a]: tensor t alive across the cut after device a (relayed through every stage)."""
+        p, D = self.p, self.D
+        outputs = set(p.graph.outputs)
+        self.cross: dict[tuple[str, int], pulp.LpVariable] = {}
+        self.crossing: list[tuple[str, int]] = []
+        for t in p.graph.tensors.values():
+            readers = [c for c in t.consumers if c in p.index]
+            if t.nbytes <= 0 or (not readers and t.name not in outputs):
+                continue
+            self.crossing.append((t.name, t.nbytes))
+            for a in range(len(D) - 1):
+                source = self._prefix(t.producer, a) if t.producer is not None else [(1.0, self.first[a])]
+                var = self.cross[(t.name, a)] = self._var(_name("cross", t.name, D[a]), up=1.0)
+                for c in readers:
+                    self._ge_sum(_name("cross_ge", t.name, c, D[a]), var,
+                                 source + [(-coef, v) for coef, v in self._prefix(c, a)])
+                if t.name in outputs:
+                    self._ge_sum(_name("cross_out", t.name, D[a]), var,
+                                 source + [(1.0, self.after[a]), (-1.0, 1.0)])
+
+    def _boundaries(self) -> None:
+        """e[a,b]: consecutive stages; h[t,a,b]: t sent from a to b; the boundary times."""
+        p, D = self.p, self.D
+        self.e: dict[tuple[int, int], pulp.LpVariable] = {}
+        self.h: dict[tuple[str, int, int], pulp.LpVariable] = {}
+        self.boundary: dict[tuple[int, int], list[tuple[float, object]]] = {}
+        for a in range(len(D)):
+            for b in range(a + 1, len(D)):
+                e = self.e[(a, b)] = self._var(_name("next", D[a], D[b]), up=1.0)
+                self._ge_sum(_name("next_ge", D[a], D[b]), e,
+                             [(1.0, self.used[D[a]]), (1.0, self.used[D[b]]), (-1.0, 1.0)]
+                             + [(-1.0, self.used[D[m]]) for m in range(a + 1, b)])
+                pairs = []
+                for t, nbytes in self.crossing:
+                    h = self.h[(t, a, b)] = self._var(_name("send", t, D[a], D[b]), up=1.0)
+                    self._ge_sum(_name("send_ge", t, D[a], D[b]), h,
+                                 [(1.0, self.cross[(t, a)]), (1.0, e), (-1.0, 1.0)])
+                    pairs.append((TS * p.transfer_s(nbytes, D[a], D[b]), h))
+                self.boundary[(a, b)] = pairs
+
+    def _pipeline_memory(self) -> None:
+        p, D = self.p, self.D
+        from cost_models.training import parse_optimizer
+
+        factor = 2 + parse_optimizer(p.options.optimizer).state_copies if p.options.training else 1
+        self.work: dict[str, pulp.LpVariable] = {}
+        self.z: dict[tuple[str, str], pulp.LpVariable] = {}
+        self.r: dict[tuple[str, int], pulp.LpVariable] = {}
+        most = self.spec.max_stages(len(D))
+        for i, d in enumerate(D):
+            pairs: list[tuple[float, object]] = [(MS * p.param_mem[n], self.x(n, d)) for n in p.nodes]
+            work = self.work[d] = self._var(_name("work", d))
+            pairs.append((1.0, work))
+            for n in p.nodes:
+                if p.work_mem[n] > 0 and d in p.allowed[n]:
+                    self._ge_sum(_name("working_set", n, d), work, [(MS * p.work_mem[n], self.x(n, d))])
+            for sp in p.shared:
+                z = self.z[(sp.name, d)] = self._var(_name("tied", sp.name, d), up=1.0)
+                for u in sp.users:
+                    self._ge_sum(_name("tied_ge", sp.name, u, d), z, [(1.0, self.x(u, d)), (-1.0, self.x(sp.owner, d))])
+                pairs.append((MS * factor * sp.bytes, z))
+            saved = [(MS * p.saved[n], self.x(n, d)) for n in p.nodes if p.saved[n]]
+            if not saved:
+                self._cap(d, pairs, "")
+            elif self.gpipe:
+                self._cap(d, pairs + [(self.spec.micro_batches * c, v) for c, v in saved], "")
+            else:  # 1F1B: k = stages from this one to the last, via r[d,k] (see the module docstring)
+                r = {k: self._var(_name("in_flight", d, str(k)), pulp.LpBinary, 0, 1) for k in range(1, most + 1)}
+                self.r.update({(d, k): v for k, v in r.items()})
+                for k in range(1, most):
+                    self._add(_name("in_flight_order", d, str(k)), {r[k]: 1.0, r[k + 1]: -1.0}, pulp.LpConstraintGE)
+                row = {v: 1.0 for v in r.values()}
+                for later in D[i:]:
+                    row[self.used[later]] = row.get(self.used[later], 0.0) - 1.0
+                row[self.used[d]] = row.get(self.used[d], 0.0) - most
+                self._add(_name("in_flight_count", d), row, pulp.LpConstraintGE, -float(most))
+                big = MS * sum(p.saved[n] for n in p.nodes if d in p.allowed[n])
+                for k, v in r.items():
+                    self._cap(d, pairs + [(min(k, self.spec.micro_batches) * c, x) for c, x in saved]
+                              + [(big * most, v), (-big * most, 1.0)], str(k))
+
+    def _cap(self, d: str, pairs: list[tuple[float, object]], suffix: str) -> None:
+        terms = self._lin(*pairs)
+        const = terms.pop(None, 0.0)
+        self._add(_name("mem_cap", d, suffix) if suffix else _name("mem_cap", d), terms, pulp.LpConstraintLE,
+                  MS * self.p.capacity[d] - const)
+
+    def _pipeline_objective(self) -> None:
+        p, D = self.p, self.D
+        self.tau = self._var("bottleneck")
+        self.omega = self._var("optimizer_step")
+        total: list[tuple[float, object]] = []
+        for d in D:
+            stage = [(TS * p.compute[n][d], self.x(n, d)) for n in p.nodes if d in p.allowed[n]]
+            self._ge_sum(_name("stage_time", d), self.tau, stage)
+            total += stage
+            if p.options.training:
+                self._ge_sum(_name("optimizer", d), self.omega,
+                             [(TS * p.opt_step[n][d], self.x(n, d)) for n in p.nodes if p.opt_step[n][d]])
+        # at most `most` stages, each at most tau: a cut that tightens the LP relaxation
+        stages = [(TS * p.compute[n][d], self.x(n, d)) for d in D for n in p.nodes if d in p.allowed[n]]
+        self._ge_sum("bottleneck_share", self.tau, [(c / self.spec.max_stages(len(D)), v) for c, v in stages])
+        for (a, b), pairs in self.boundary.items():
+            if pairs:
+                self._ge_sum(_name("boundary_time", D[a], D[b]), self.tau, pairs)
+                total += pairs
+        self.T = self._var("T")
+        self._ge_sum("step", self.T, total + [(float(self.spec.micro_batches - 1), self.tau), (1.0, self.omega)])
+        self.prob.setObjective(pulp.LpAffineExpression({self.T: 1.0}))
+
+    def set_start(self, placement: Placement) -> None:
+        """Every variable's value under ``placement`` (via the pipeline semantics)."""
+        from partitioner.solvers.pipeline import pipeline_cost
+
+        p, D, dev = self.p, self.D, placement.device
+        for n, per_d in self.xv.items():
+            for d, v in per_d.items():
+                v.setInitialValue(1.0 if dev.get(n) == d else 0.0)
+        used = {d: any(dev[n] == d for n in p.nodes) for d in D}
+        for d in D:
+            self.used[d].setInitialValue(float(used[d]))
+        for a in range(len(D) - 1):
+            self.first[a].setInitialValue(float(any(used[d] for d in D[: a + 1])))
+            self.after[a].setInitialValue(float(any(used[d] for d in D[a + 1:])))
+        stages = [d for d in D if used[d]]
+        for (a, b), e in self.e.items():
+            e.setInitialValue(float(D[a] in stages and D[b] in stages and stages.index(D[b]) == stages.index(D[a]) + 1))
+        cost = pipeline_cost(p, placement)
+        sent = {(t, D.index(st.device)) for st in cost.stages for t in st.sends}
+        order = {d: i for i, d in enumerate(D)}
+        live = {}
+        for st in cost.stages[:-1]:
+            nxt = order[cost.stages[st.index + 1].device]
+            for t in st.sends:
+                for a in range(order[st.device], nxt):
+                    live[(t, a)] = 1.0
+        for (t, a), v in self.cross.items():
+            v.setInitialValue(live.get((t, a), 0.0))
+        for (t, a, b), h in self.h.items():
+            h.setInitialValue(float((t, a) in sent and self.e[(a, b)].varValue == 1.0))
+        for (name, d), z in self.z.items():
+            sp = next(s for s in p.shared if s.name == name)
+            z.setInitialValue(float(dev[sp.owner] != d and any(dev[u] == d for u in sp.users)))
+        for (d, k), r in self.r.items():
+            count = len(stages) - stages.index(d) if d in stages else 0
+            r.setInitialValue(float(k <= count))
+        for d, w in self.work.items():
+            w.setInitialValue(MS * max((p.work_mem[n] for n in p.nodes if dev[n] == d), default=0))
+        times = [st.compute_s for st in cost.stages] + [st.send_s for st in cost.stages[:-1]]
+        self.tau.setInitialValue(TS * max(times, default=0.0))
+        self.omega.setInitialValue(TS * cost.optimizer_s)
+        self.T.setInitialValue(TS * cost.step_s)
 
 
 # --------------------------------------------------------------------------------------------
