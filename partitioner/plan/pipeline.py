@@ -28,7 +28,8 @@ if TYPE_CHECKING:
     from partitioner.solvers.pipeline import PipelineCost
     from partitioner.solvers.problem import Placement, Problem
 
-__all__ = ["pipeline_record", "read_pipeline", "check_pipeline", "cost_from_record", "PIPELINE_KEYS", "STAGE_KEYS"]
+__all__ = ["pipeline_record", "read_pipeline", "check_pipeline", "cost_from_record", "summary_lines",
+           "PIPELINE_KEYS", "STAGE_KEYS"]
 
 PIPELINE_KEYS = ("micro_batches", "schedule", "world_size", "step_s", "bottleneck_s", "bubble_s",
                  "optimizer_s", "stages")
@@ -145,3 +146,29 @@ def cost_from_record(plan: Any) -> PipelineCost:
         for st in section["stages"])
     return PipelineCost(spec, stages, section["step_s"], section["bottleneck_s"], section["bubble_s"],
                         section["optimizer_s"], ())
+
+
+def summary_lines(plan: Any) -> list[str]:
+    """The pipeline's lines of the plan summary: the schedule, then one line per stage.
+
+    Example:
+        >>> print("\\n".join(summary_lines(plan)))                # doctest: +SKIP
+          pipeline   2 stages, 1f1b, 4 micro-batches: bottleneck 51 µs per micro-batch, bubble 60 µs
+          stage 0  rank 0  host0/cpu     24 ops  compute 51.0 µs  send 20.3 µs (2.00 KiB)  1 in flight  83.75 KiB
+    """
+    from cost_models.units import format_bytes, format_seconds
+
+    section = plan.pipeline
+    if not section:
+        return []
+    lines = [f"  pipeline   {section['world_size']} stages, {section['schedule']}, {section['micro_batches']} "
+             f"micro-batches: bottleneck {format_seconds(section['bottleneck_s'])} per micro-batch, bubble "
+             f"{format_seconds(section['bubble_s'])}, optimizer {format_seconds(section['optimizer_s'])}"]
+    width = max(len(st["device"]) for st in section["stages"])
+    for st in section["stages"]:
+        send = (f"send {format_seconds(st['send_s'])} ({format_bytes(st['send_bytes'])})"
+                if st["index"] + 1 < section["world_size"] else "returns the outputs")
+        lines.append(f"  stage {st['index']}  rank {st['rank']}  {st['device']:<{width}} {st['ops']:>5} ops  compute "
+                     f"{format_seconds(st['compute_s'])}  {send}  {st['in_flight']} in flight  "
+                     f"{format_bytes(st['memory'])}")
+    return lines

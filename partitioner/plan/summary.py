@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from cost_models.units import format_bytes, format_seconds
+from partitioner.plan.pipeline import summary_lines
 from partitioner.plan.values import TransferInfo
 
 
@@ -28,6 +29,7 @@ def summary_text(plan: Any) -> str:
     gap = "" if s.gap is None else f", gap {s.gap:.2%}"
     lines.append(f"  solver     {s.name}: {s.status} in {format_seconds(s.seconds)}, bound "
                  f"{_seconds(s.bound)}{gap}; physical lower bound {_seconds(lower)}")
+    lines += summary_lines(plan)
     busy = plan.predicted["per_device_s"]
     for device, ops in plan.per_device_ops().items():
         mem = plan.memory.get(device, {})
@@ -47,11 +49,11 @@ def summary_text(plan: Any) -> str:
         lines.append(f"  streamed weights: {len(plan.weights)} ops ({plan.stream_mode})")
     for name, b in plan.baselines.items():
         if b.total_s is None:
-            lines.append(f"  baseline {name:<18} n/a")
+            lines.append(f"  baseline {name:<20} n/a")
             continue
         speedup = f"  speed-up {b.total_s / total:7.2f}x" if total else ""
         fits = "" if b.feasible else "  (does not fit: " + (b.note or "over a cap") + ")"
-        lines.append(f"  baseline {name:<18} {_seconds(b.total_s):>9}{speedup}{fits}")
+        lines.append(f"  baseline {name:<20} {_seconds(b.total_s):>9}{speedup}{fits}")
     return "\n".join(lines)
 
 
