@@ -24,6 +24,7 @@ from partitioner.plan import Plan
 from partitioner.solvers import BASELINE_NAMES, run_baseline
 from partitioner.solvers.bounds import physical_lower_bound
 from partitioner.solvers.ilp import ProgressFn, solve_ilp
+from partitioner.solvers.pipeline import explain_no_fit
 from partitioner.solvers.pipeline_baselines import PIPELINE_BASELINES
 from partitioner.solvers.pipeline_dp import solve_pipeline_dp
 from partitioner.solvers.problem import (
@@ -288,15 +289,14 @@ def _solve(
         dp = solve_pipeline_dp(problem, upper_bound=best[2].total_s if best else float("inf"))
         if solver == "pipeline-dp" or (solver == "auto" and dp.status is Status.OPTIMAL):  # exact on chains
             if not dp.placement.device:
-                raise InfeasiblePlacement(f"no pipeline stages fit: {dp.note}. To fix: raise the caps (--memory), "
-                                          f"use more micro-batches with 1F1B, or fewer --stages")
+                raise InfeasiblePlacement(explain_no_fit(problem))
             return dp, evaluate(problem, dp.placement)
         if dp.placement.device and (best is None or evaluate(problem, dp.placement).total_s < best[2].total_s):
             best = ("pipeline-dp", dp, evaluate(problem, dp.placement))  # the ILP's warm start
     sol = solve_ilp(problem, solver=solver, time_limit=time_limit, gap=gap,
                     warm_start=best[1].placement if best else None, progress=progress)
     if sol.status is Status.INFEASIBLE:
-        raise InfeasiblePlacement(explain_infeasibility(problem))
+        raise InfeasiblePlacement(explain_no_fit(problem) if problem.options.pipeline else explain_infeasibility(problem))
     if not sol.placement.device:  # no incumbent and no baseline to fall back on
         raise InfeasiblePlacement(
             f"the {sol.solver} solver found no placement within {time_limit:g} s and no baseline fits; "

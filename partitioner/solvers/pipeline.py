@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from partitioner.solvers.problem import Evaluation, Placement, Problem
 
 __all__ = ["Schedule", "PipelineSpec", "StageCost", "PipelineCost", "pipeline_cost", "evaluate_pipeline",
-           "stage_order", "crossings", "timeline", "Action"]
+           "stage_order", "crossings", "timeline", "Action", "explain_no_fit", "forward_s", "shared_copies"]
 
 
 class Schedule(str, enum.Enum):
@@ -377,3 +377,28 @@ def _ready(kind: str, s: int, mb: int, S: int, done: Mapping[tuple[int, int, str
         return own
     nxt = done.get((s + 1, mb, "B"))
     return None if nxt is None else max(own, nxt + link[s])
+
+
+def explain_no_fit(problem: Problem) -> str:
+    """Why no pipeline fits, in the user's words: an op larger than every device that can run it,
+    or more bytes than all devices hold, counting the fewest micro-batches the schedule keeps."""
+    p, spec = problem, problem.options.pipeline
+    least = 1 if spec.schedule is Schedule.ONE_F_ONE_B else spec.micro_batches
+    lines = []
+    for n in p.nodes:
+        need = p.param_mem[n] + p.work_mem[n] + least * p.saved[n]
+        room = max(p.capacity[d] for d in p.allowed[n])
+        if need > room:
+            lines.append(f"op {n} needs {need:,} bytes (parameters {p.param_mem[n]:,}, working set {p.work_mem[n]:,}, "
+                         f"activations of {least} micro-batch(es) {least * p.saved[n]:,}) but the largest device "
+                         f"that can run it holds {room:,} ({', '.join(p.allowed[n])})")
+            break
+    total = sum(p.param_mem.values()) + least * sum(p.saved.values())
+    if total > sum(p.capacity.values()):
+        lines.append(f"the model needs at least {total:,} bytes in all but the devices hold {sum(p.capacity.values()):,}")
+    if not lines:
+        tightest = min(p.device_names, key=p.capacity.__getitem__)
+        lines.append(f"every split into contiguous stages has a stage over its device's memory (the smallest is "
+                     f"{tightest} with {p.capacity[tightest]:,} bytes)")
+    return ("no pipeline stages fit: " + "; ".join(lines) + ". To fix: raise the caps (--memory), add hosts, train "
+            "with --schedule 1f1b (fewer micro-batches in flight) or split the batch into more --micro-batches")
