@@ -24,7 +24,7 @@ backend        what it runs
                on their devices, streamed weights prefetched) or as one readable Python file
 ``compile``    a model under ``torch.compile(model, backend="hetpart")``: every graph dynamo hands
                over is planned (plans cached per graph, shapes and options) and runs placed
-``pipeline``   a pipeline plan's stages as ``torch.distributed.pipelining`` ``PipelineStage``\ s,
+``pipeline``   a pipeline plan's stages as ``torch.distributed.pipelining`` ``PipelineStage`` objects,
                one rank each, driven by ``ScheduleGPipe`` or ``Schedule1F1B`` under torchrun
 =============  ================================================================================
 
