@@ -17,6 +17,10 @@ The API (everything else is a documented module: ``partitioner.solvers``, ``part
 ``Plan``                   the plan record: ``load``/``save``, ``summary``, ``emit``,
                            ``emit_source``, ``to_device_map``, ``check_graph``
 ``load_profile``           a built-in profile name or a TOML path -> :class:`DeviceSet`
+                           (cluster profiles too: hosts and a network, devices ``host1/cuda:0``)
+``load_cluster``           a cluster profile -> :class:`~cost_models.cluster.Cluster` (hosts, network)
+``PipelineSpec``           micro-batches, schedule and stage count of a pipeline plan
+                           (``partition(..., micro_batches=, schedule=, stages=)``)
 ``DeviceSet``              devices and links (``cost_models.detect.detect_local()`` profiles this machine)
 ``from_module``            capture an ``nn.Module`` (torch.export or symbolic_trace) -> OpGraph
 ``from_graph_module``      the graph a ``torch.compile`` backend is handed -> OpGraph
@@ -26,14 +30,17 @@ The API (everything else is a documented module: ``partitioner.solvers``, ``part
 ``HetpartError``, ...      the error family (:mod:`partitioner.errors`)
 =========================  ==============================================================
 
-Where a plan runs is :mod:`backends` (``backends.torch``: the emitted module and source file).
+Where a plan runs is :mod:`backends` (``backends.torch``: the emitted module and source file;
+``backends.pipeline``: pipeline stages on ``torch.distributed.pipelining``, launched by torchrun).
 """
 
+from cost_models.cluster import load_cluster
 from cost_models.profiles import DeviceSet, load_profile
 from partitioner.errors import (
     CaptureError,
     HetpartError,
     InfeasiblePlacement,
+    PipelineRunError,
     PlanMismatch,
     ProfileError,
     SolverUnavailable,
@@ -44,6 +51,7 @@ from partitioner.frontends.fx import Capture, from_graph_module, from_module
 from partitioner.ir import Op, OpClass, OpGraph, Param, Tensor
 from partitioner.plan import Plan, PlanFormatError
 from partitioner.planner import Outcome, partition, partition_outcome
+from partitioner.solvers.pipeline import PipelineSpec
 
 __all__ = [
     # making a plan
@@ -52,8 +60,10 @@ __all__ = [
     "Outcome",
     "Plan",
     "PlanFormatError",
+    "PipelineSpec",
     # devices
     "load_profile",
+    "load_cluster",
     "DeviceSet",
     # capture and the IR
     "from_module",
@@ -68,6 +78,7 @@ __all__ = [
     "HetpartError",
     "CaptureError",
     "InfeasiblePlacement",
+    "PipelineRunError",
     "PlanMismatch",
     "ProfileError",
     "SolverUnavailable",
