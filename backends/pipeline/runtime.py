@@ -14,9 +14,9 @@ What runs (``torch.distributed.pipelining``, nothing home-made):
   host; ``--bind`` overrides); the schedule is ``ScheduleGPipe`` or ``Schedule1F1B`` with the
   plan's micro-batches, driving inference (no loss) or training (the loss on the last stage, the
   mean over micro-batches, then the plan's optimizer on every stage);
-* the process group is ``nccl`` when every stage is on a CUDA device, ``gloo`` otherwise; with
-  gloo, stages on a GPU receive and send host tensors (their module moves them) so a pipeline
-  may mix CPU and GPU stages;
+* the process group is ``nccl`` when every stage is on a CUDA device of its own, ``gloo``
+  otherwise; with gloo, stages on a GPU receive and send host tensors (their module moves them),
+  so a pipeline may mix CPU and GPU stages (and a local check may put several stages on one GPU);
 * parameters read by several stages (tied weights) are held by each; after backward their
   gradients are summed over those stages (an all-reduce in a group of just them), so every copy
   takes the same optimizer step;
@@ -139,7 +139,8 @@ def run_rank(plan: Any, model: torch.nn.Module, inputs: Sequence[Any], options: 
     stage_info = section["stages"][rank]
     devices = [physical_device(st["device"], options.device_map) for st in section["stages"]]
     device = devices[rank]
-    backend = "nccl" if all(d.type == "cuda" for d in devices) else "gloo"
+    own_gpus = all(d.type == "cuda" for d in devices) and len(set(devices)) == len(devices)
+    backend = "nccl" if own_gpus else "gloo"  # NCCL refuses two ranks on one GPU (a local check)
     comm = device if backend == "nccl" else torch.device("cpu")
     graphs = StageGraphs(plan, model, micro_batch_inputs(tuple(inputs), M))
     module = graphs.module(rank, device)
@@ -150,6 +151,8 @@ def run_rank(plan: Any, model: torch.nn.Module, inputs: Sequence[Any], options: 
                                f"({M} < {world}); use --schedule gpipe or re-plan with --micro-batches {world}")
     names = parameter_names(model)
     timeout = datetime.timedelta(seconds=options.timeout_s)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # NCCL (and CUDA tensors under gloo) use the current device
     dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout)
     try:
         groups = {name: dist.new_group(stages) for name, stages in sorted(tied_groups(graphs, names).items())}
