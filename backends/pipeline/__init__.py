@@ -44,6 +44,7 @@ from backends.pipeline.check import check_results
 from backends.pipeline.launch import rank_arguments, run_local, torchrun_commands
 from backends.pipeline.runtime import RunOptions, physical_device, run_rank
 from backends.pipeline.stages import StageGraphs
+from backends.torch import BACKEND as TORCH_BACKEND
 from partitioner.errors import HetpartError, PipelineRunError
 from partitioner.ir import OpGraph
 from partitioner.micro_batches import micro_batch_inputs
@@ -57,11 +58,8 @@ class PipelineBackend:
             "driven by ScheduleGPipe or Schedule1F1B under torchrun (inference or training)")
 
     def unsupported(self, graph: OpGraph) -> dict[str, str]:
-        """Every op of a graph torch captured runs in a stage; a graph from another front end does not."""
-        source = graph.source
-        if source is None or isinstance(source, (torch.fx.GraphModule, torch.export.ExportedProgram)):
-            return {}
-        return {op: f"the graph was captured as {type(source).__name__}, not by torch" for op in graph.ops}
+        """What the torch backend cannot run (a stage is a piece of the same captured graph)."""
+        return TORCH_BACKEND.unsupported(graph)
 
     def bind(self, plan: Any, device_map: Mapping[str, str] | None = None) -> dict[str, str]:
         """Each stage's plan device → the device it runs on here (``host1/cuda:0`` → ``cuda:0``)."""
