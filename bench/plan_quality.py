@@ -134,6 +134,7 @@ def cluster_rows(time_limit: float) -> None:
 
 def measured_rows(steps: int) -> None:
     """mlp:small training in 2 and 4 local gloo ranks: measured time per step against the prediction."""
+    from backends.pipeline.check import read_results
     from backends.pipeline.launch import rank_arguments, run_local
     from backends.pipeline.runtime import RunOptions
     from partitioner import partition
@@ -150,8 +151,7 @@ def measured_rows(steps: int) -> None:
             run = run_local(plan, rank_arguments(path, "mlp:small", options), timeout_s=600)
             if run.returncode != 0:
                 raise SystemExit(f"the {stages}-rank run failed:\n{run.output[-2000:]}")
-            per_rank = [torch.load(Path(folder) / f"rank{r}.pt", weights_only=False)["step_s"][1:]
-                        for r in range(stages)]
+            per_rank = [record["step_s"][1:] for record in read_results(folder, stages)]
         measured = max(statistics.median(s) for s in per_rank)
         predicted = plan.pipeline["step_s"]
         rows.append([f"mlp:small / 4x-cpu-host / {stages} ranks / gpipe, 4 micro-batches / training",

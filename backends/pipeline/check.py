@@ -27,7 +27,7 @@ from backends.pipeline.loss import first_output, loss_function, make_target
 from backends.pipeline.runtime import RunOptions, physical_device
 from partitioner.errors import PipelineRunError
 
-__all__ = ["check_results", "reference_step"]
+__all__ = ["check_results", "reference_step", "read_results"]
 
 
 def reference_step(model: torch.nn.Module, inputs: Sequence[Any], micro_batches: int,
@@ -73,12 +73,7 @@ def check_results(plan: Any, model: torch.nn.Module, inputs: Sequence[Any], opti
         PipelineRunError: a rank's file is missing (that rank did not finish).
     """
     section = plan.pipeline
-    records = []
-    for rank in range(section["world_size"]):
-        path = Path(results) / f"rank{rank}.pt"
-        if not path.is_file():
-            raise PipelineRunError(f"rank {rank} wrote no results ({path}): it did not finish its steps")
-        records.append(torch.load(path, weights_only=False))
+    records = read_results(results, section["world_size"])
     last = records[-1]
     ref_outs, ref_loss, ref_grads = reference_step(model, inputs, section["micro_batches"], options)
     pipe_outs = _named(last.get("outputs"))
@@ -106,6 +101,21 @@ def check_results(plan: Any, model: torch.nn.Module, inputs: Sequence[Any], opti
         emitted=f"pipeline of {section['world_size']} ranks ({schedule}, {section['micro_batches']} micro-batches)",
         loss_name=f"mean of the micro-batches' {options.loss}",
     )
+
+
+def read_results(results: str | Path, world_size: int) -> list[dict[str, Any]]:
+    """Every rank's ``rank<R>.pt`` from ``results``, in rank order.
+
+    Raises:
+        PipelineRunError: a rank's file is missing (that rank did not finish its steps).
+    """
+    records = []
+    for rank in range(world_size):
+        path = Path(results) / f"rank{rank}.pt"
+        if not path.is_file():
+            raise PipelineRunError(f"rank {rank} wrote no results ({path}): it did not finish its steps")
+        records.append(torch.load(path, weights_only=False))
+    return records
 
 
 def _leaves(result: Any) -> list[torch.Tensor]:

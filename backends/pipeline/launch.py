@@ -26,7 +26,7 @@ from typing import Any
 from backends.pipeline.runtime import RunOptions
 from partitioner.errors import PipelineRunError
 
-__all__ = ["Node", "nodes_of", "rank_arguments", "torchrun_commands", "run_local", "LocalRun"]
+__all__ = ["Node", "nodes_of", "rank_arguments", "torchrun_commands", "run_local", "LocalRun", "shell_line"]
 
 RANK_MODULE = "backends.pipeline"
 

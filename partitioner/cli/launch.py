@@ -41,7 +41,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 
 def _cmd_launch(args: argparse.Namespace) -> int:
     from backends.pipeline import BACKEND, rank_errors
-    from backends.pipeline.check import check_results
+    from backends.pipeline.check import check_results, read_results
     from backends.pipeline.launch import rank_arguments, run_local, shell_line, torchrun_commands
     from backends.pipeline.runtime import RunOptions
     from cost_models.units import format_seconds
@@ -75,8 +75,7 @@ def _cmd_launch(args: argparse.Namespace) -> int:
         run = run_local(plan, rank_args, timeout_s=args.timeout * (args.steps + 2) + 120, echo=True)
         if run.returncode != 0:
             raise PipelineRunError(f"the pipeline run failed (exit status {run.returncode}): {rank_errors(run.output)}")
-        steps = [torch_load_step(results, r) for r in range(section["world_size"])]
-        measured = max(statistics.median(s) for s in steps)
+        measured = max(statistics.median(r["step_s"]) for r in read_results(results, section["world_size"]))
         print(f"ran {args.steps} step(s) on {section['world_size']} local ranks: median {format_seconds(measured)} "
               f"per step (slowest rank); the plan predicts {format_seconds(section['step_s'])} on "
               f"{plan.devices.name}")
@@ -89,16 +88,3 @@ def _cmd_launch(args: argparse.Namespace) -> int:
         print(report.to_text())
         return 0 if report.passed else 1
 
-
-def torch_load_step(results: str, rank: int) -> list[float]:
-    """A rank's step times from its results file."""
-    from pathlib import Path
-
-    import torch
-
-    from partitioner.errors import PipelineRunError
-
-    path = Path(results) / f"rank{rank}.pt"
-    if not path.is_file():
-        raise PipelineRunError(f"rank {rank} wrote no results ({path}): it did not finish its steps")
-    return torch.load(path, weights_only=False)["step_s"]
