@@ -25,11 +25,14 @@ device; physically nothing changes, so a run outside the mode (backward, timing)
 A 0-dim tensor on the host may meet tensors of any device, as torch allows for CPU scalars.
 
 Knowing which op of the plan is running: a backend registers the code of its generated program
-with :meth:`StrictDevices.watch` (code object, line number -> op); at each dispatched call the mode
-finds the innermost frame running watched code and reads the op of its line. Lines that are not
-ops of the plan (copies, streamed-weight fetches) are transfers. Outputs of an op are named as the
-plan names tensors (``op``, or ``op.i`` for the i-th leaf of a multi-output op); a copy keeps the
-name of what it copies; a backend names inputs and parameters with :meth:`StrictDevices.name`.
+with :meth:`StrictDevices.watch` (code object, line number -> :class:`Site`: the plan op the line
+runs, or the plan's name of the tensor it copies); at each dispatched call the mode finds the
+innermost frame running watched code and reads the site of its line. Lines without an op of the
+plan (copies, streamed-weight fetches) are transfers; a copy is recorded under the name its site
+gives (else the name of what it copies). A backend names inputs and parameters with
+:meth:`StrictDevices.name`; outputs of an op carry the op's name in errors. A plain ``cpu`` that
+an op's own call names (``arange(device="cpu")``) is the host; inside another call (a kernel
+allocating with its input's options) it names nothing, and the tensor is the op's.
 
 The torch backend feeds it in :mod:`backends.torch.strict`: ``plan.emit(model, binding)`` with the
 strict binding, the emitted module's ``forward`` watched through its fx code (``module.code``; a
