@@ -13,8 +13,11 @@ interface (:class:`backends.interface.Backend`)::
     check(plan, model, inputs, device_map, **options) -> backends.compare.CheckReport
                   run the built thing beside the original and compare outputs (and gradients)
 
-Shared by all: :mod:`backends.binding` (device binding) and :mod:`backends.compare` (dtype-aware
-tolerances and the check report). A new backend is one module or sub-package here that defines
+Shared by all: :mod:`backends.binding` (device binding), :mod:`backends.compare` (dtype-aware
+tolerances and the check report), :mod:`backends.strict_devices` (logical devices that really
+differ on a CPU-only machine: each bound to its own CPU tag, every tensor tagged, the first op
+reading across devices fails) and :mod:`backends.strict_report` (that run's copies and resident
+bytes beside the plan's). A backend's tests run its programs under strict devices. A new backend is one module or sub-package here that defines
 a ``BACKEND`` object with the interface, plus one line in :data:`BACKENDS`.
 
 =============  ================================================================================

@@ -32,11 +32,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from cost_models.units import format_seconds
+
+if TYPE_CHECKING:
+    from backends.strict_report import DeviceReport
 
 __all__ = ["Tolerance", "TOLERANCES", "EXACT", "tolerance_for", "TensorError", "CheckReport", "MISSING", "compare"]
 
@@ -115,7 +118,8 @@ class CheckReport:
     grads: tuple[TensorError, ...]   # training only: one per parameter, original names
     original_s: float                # median wall time of the original model (forward, + backward in training)
     emitted_s: float                 # the same for the emitted module
-    passed: bool                     # every tensor within its tolerance
+    passed: bool                     # every tensor within its tolerance (and devices as planned)
+    devices: DeviceReport | None = None  # strict devices: copies per link, bytes per device vs the plan
 
     def failures(self) -> list[TensorError]:
         """The tensors outside their tolerance."""
@@ -142,10 +146,20 @@ class CheckReport:
         what = "forward + backward" if self.training else "forward"
         lines.append(f"  time ({what}, median of {self.repeat}): original {format_seconds(self.original_s)}, "
                      f"emitted {format_seconds(self.emitted_s)} ({ratio:.2f}x)")
+        if self.devices is not None:
+            lines.append(self.devices.to_text())
         bad = self.failures()
-        lines.append("passed: every tensor within its tolerance" if self.passed else
-                     f"FAILED: {len(bad)} of {len(self.tensors())} tensors outside their tolerance "
-                     f"({', '.join(e.name for e in bad[:5])}{', ...' if len(bad) > 5 else ''})")
+        devices_ok = self.devices is None or self.devices.passed
+        if self.passed:
+            lines.append("passed: every tensor within its tolerance"
+                         + ("; copies and resident bytes as the plan says" if self.devices is not None else ""))
+        elif bad:
+            lines.append(f"FAILED: {len(bad)} of {len(self.tensors())} tensors outside their tolerance "
+                         f"({', '.join(e.name for e in bad[:5])}{', ...' if len(bad) > 5 else ''})"
+                         + ("" if devices_ok else "; devices differ from the plan"))
+        else:
+            lines.append("FAILED: " + ("devices differ from the plan (strict devices)" if not devices_ok else
+                                       "the check did not pass"))
         return "\n".join(lines)
 
 

@@ -53,3 +53,7 @@ class VerificationError(HetpartError):
 
 class SolverUnavailable(HetpartError):
     """The requested solver is not installed or not known."""
+
+
+class DeviceMismatch(VerificationError):
+    """A placed program read a tensor on another device than the op's (strict-devices check)."""

@@ -17,6 +17,10 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     ck.add_argument("--training", action="store_true",
                     help="also compare the loss (sum of outputs) and every parameter's gradient")
     ck.add_argument("--repeat", type=positive_int, default=5, metavar="N", help="timed runs of each (median)")
+    ck.add_argument("--strict-devices", action="store_true",
+                    help="bind every plan device to its own CPU tag and fail on the first op reading a tensor "
+                         "from another device; print copies per link and resident bytes per device beside "
+                         "the plan's (checks a plan for a machine you do not have)")
     ck.set_defaults(func=_cmd_check)
 
 
@@ -30,6 +34,6 @@ def _cmd_check(args: argparse.Namespace) -> int:
     loaded = load_model(args.model)  # real weights: both modules run
     with naming_the_model(plan, loaded.name):
         report = check_plan(plan, loaded.module, loaded.example_inputs, binding or None,
-                            training=args.training, repeat=args.repeat)
+                            training=args.training, repeat=args.repeat, strict_devices=args.strict_devices)
     print(report.to_text())
     return 0 if report.passed else 1

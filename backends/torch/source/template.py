@@ -21,6 +21,7 @@ from backends.torch.module import STREAMER_ATTR
 from partitioner.errors import HetpartError
 
 if TYPE_CHECKING:
+    from backends.strict_devices import Site
     from backends.torch.source.forward import Body
     from backends.torch.source.layout import Layout
 
@@ -168,7 +169,9 @@ def _value(qualified: str, value: torch.Tensor, device: str) -> str:
         raise HetpartError(f"buffer {ascii(qualified)} ({n} elements) is not saved in the state_dict, so "
                            f"its value must be written into the file, and it is too large (over "
                            f"{LITERAL_LIMIT}) or complex; register it as a persistent buffer")
-    return f"torch.tensor({literal(value.detach().to('cpu').tolist())}, {tail})"
+    # made on the host, then moved: torch.tensor(..., device=) copies below the dispatcher, out of
+    # sight of the strict-devices check (backends.strict_devices)
+    return f"torch.tensor({literal(value.detach().to('cpu').tolist())}, dtype={dtype}).to({device})"
 
 
 _HELPER_SOURCE = '''
@@ -239,7 +242,8 @@ def _header(plan: Any, layout: Layout) -> list[str]:
     return lines
 
 
-def render(plan: Any, layout: Layout, body: Body) -> str:
+def render(plan: Any, layout: Layout, body: Body) -> tuple[str, dict[int, Site]]:
+    """The file's text, and what each line of its forward does (line number -> Site)."""
     out = _header(plan, layout) + ['"""A model placed on several devices by hetpart (see the comment above)."""',
                                    "", "import torch"]
     if body.out_spec is not None:
@@ -262,8 +266,10 @@ def render(plan: Any, layout: Layout, body: Body) -> str:
     if body.weights:
         out += ["        # parameters and buffers read in place (streamed weights are fetched per part)"]
         out += [f"        {line}" for line in body.weights] + [""]
+    first = len(out) + 1  # line number of the body's first line
+    sites = {first + i: site for i, site in body.sites.items()}
     out += [f"        {line}" if line else "" for line in body.lines]
     out += ["", "", f"def build() -> {CLASS_NAME}:",
             f'    """A new {CLASS_NAME} with empty parameters: load the model\'s state_dict into it."""',
             f"    return {CLASS_NAME}()", ""]
-    return "\n".join(out)
+    return "\n".join(out), sites
