@@ -77,10 +77,11 @@ def print_progress(report) -> None:  # noqa: ANN001 - a solvers.ilp.Progress
           file=sys.stderr)
 
 
-def write_text(path: Path, text: str, *, force: bool) -> None:
-    """Write ``text`` atomically; refuse to replace an existing file unless ``force``."""
-    if path.exists() and not force:
-        raise HetpartError(f"{path} exists: pass --force to overwrite it")
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+def output_path(text: str, flag: str, *, force: bool) -> Path:
+    """The path a command will write, checked before the work starts (see
+    :func:`partitioner.files.check_output`): an empty path, a missing or read-only folder, a path
+    under a regular file, a target that is not a regular file, or an existing one without
+    ``--force`` fail at once."""
+    from partitioner.files import check_output
+
+    return check_output(text, force=force, flag=flag)

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-from partitioner.cli.args import pairs, print_progress
+from partitioner.cli.args import output_path, pairs, print_progress
 from partitioner.errors import HetpartError
 
 
@@ -42,9 +41,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from partitioner.model_source import load_model
     from partitioner.planner import partition
 
-    if args.output and Path(args.output).exists() and not args.force:
-        raise HetpartError(f"{args.output} exists: pass --force to overwrite it")
-    if args.format != "json" and not args.output:
+    if args.output is not None:
+        output_path(args.output, "-o", force=args.force)
+    if args.format != "json" and args.output is None:
         raise HetpartError(f"--format {args.format} writes a file: give it with -o FILE")
     loaded = load_model(args.model, device="meta")  # zoo models: shapes only, no memory for weights
     memory = pairs(args.memory, "--memory", "cuda:0=2GB")

@@ -28,7 +28,7 @@ from partitioner.report.timeline import Timeline, timeline
 if TYPE_CHECKING:
     from partitioner.plan import Plan
 
-__all__ = ["write_pngs", "PNG_NAMES"]
+__all__ = ["check_png_folder", "write_pngs", "PNG_NAMES"]
 
 #: The files :func:`write_pngs` writes, in order.
 PNG_NAMES = ("gantt.png", "memory.png")
@@ -47,13 +47,40 @@ def write_pngs(plan: Plan, folder: str | os.PathLike[str], *, force: bool = Fals
     """
     folder = Path(folder)
     paths = [folder / name for name in PNG_NAMES]
-    refuse_overwrite(paths, force=force)
+    check_png_folder(folder, force=force)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise HetpartError(f"cannot make the folder {folder} for the PNG charts: {err.strerror or err}") from err
     images = (_gantt(plan, timeline(plan)), _memory(plan))
     return [write_atomic(path, data) for path, data in zip(paths, images)]
+
+
+def check_png_folder(folder: str | os.PathLike[str], *, force: bool = False) -> Path:
+    """Raise unless the charts can be written into ``folder`` (checked before any work).
+
+    The folder may be missing (it is made, with its parents, when the charts are written); it
+    must not be a file, nor lie under one, and existing charts in it need ``force``.
+
+    Raises:
+        HetpartError: the folder is a file or lies under one, or a chart exists without ``force``
+            or is not a regular file.
+
+    Example:
+        >>> check_png_folder("report-png")                    # doctest: +SKIP
+        PosixPath('report-png')
+    """
+    folder = Path(folder)
+    if not str(folder).strip():
+        raise HetpartError("-o is empty: give a folder for the PNG charts, e.g. -o report-png")
+    existing = folder
+    while not existing.exists() and not existing.is_symlink() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise HetpartError(f"cannot write the PNG charts into {folder}: {existing} is not a folder")
+    if folder.is_dir():
+        refuse_overwrite([folder / name for name in PNG_NAMES], force=force)
+    return folder
 
 
 def _figure(width: float, height: float) -> Any:
