@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import re
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -37,6 +36,7 @@ from backends.binding import bind_devices
 from backends.torch.streaming import WeightStreamer
 from partitioner.errors import HetpartError, PlanMismatch
 from partitioner.frontends.fx import from_module
+from partitioner.frontends.names import check_fx_names, check_graph_targets
 from partitioner.ir import OpGraph
 
 log = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ def emit_module(
         >>> torch.testing.assert_close(emitted(*inputs), model(*inputs))
     """
     binding = bind_devices(plan, device_map)
-    _check_names(model)
+    check_fx_names(model, "plan.emit")
     graph = capture_for(plan, model, example_inputs)
     gm = _unlifted(graph)
     _match_persistence(gm, model)
@@ -118,6 +118,7 @@ def place_module(
     _insert_transfers(gm, node_device, home, streamed, arrivals or {})
     _rebind_factory_devices(gm, node_device)
     gm.graph.lint()
+    check_graph_targets(gm, "plan.emit")
     gm.recompile()
     return gm
 
@@ -129,8 +130,14 @@ def _unlifted(graph: OpGraph) -> torch.fx.GraphModule:
     """A private GraphModule with the model's parameter names (``get_attr`` nodes), deep-copied."""
     source = graph.source
     if isinstance(source, torch.export.ExportedProgram):
+        # module() sets every lifted name back as an attribute and generates code that reads it
+        lifted = [("lifted constant", str(name)) for name in source.constants]
+        lifted += [("lifted input", str(spec.target)) for spec in source.graph_signature.input_specs
+                   if spec.target is not None]
+        check_fx_names(torch.nn.Module(), "plan.emit", lifted)
         gm = source.module()
     elif isinstance(source, torch.fx.GraphModule):
+        check_graph_targets(source, "plan.emit")
         gm = source
     else:
         raise HetpartError(f"cannot emit code for a graph captured as {type(source).__name__}")
@@ -144,25 +151,6 @@ def _unlifted(graph: OpGraph) -> torch.fx.GraphModule:
                 "(build the model normally; planning alone can use device='meta')"
             )
     return gm
-
-
-_SAFE_ATOM = re.compile(r"^[A-Za-z0-9_]+$")
-
-
-def _check_names(model: torch.nn.Module) -> None:
-    """torch.fx writes attribute names into generated code between quotes without escaping them:
-    a parameter named ``x" ... "`` would run as code. Refuse such names here (emit_source quotes
-    every name and handles them)."""
-    names = [n for n, _ in model.named_modules(remove_duplicate=False)]
-    names += [n for n, _ in model.named_parameters(remove_duplicate=False)]
-    names += [n for n, _ in model.named_buffers(remove_duplicate=False)]
-    for qual in names:
-        bad = [atom for atom in qual.split(".") if qual and not _SAFE_ATOM.match(atom)]
-        if bad:
-            raise HetpartError(
-                f"module or parameter name {qual!r} has characters torch.fx cannot generate code for safely "
-                f"({bad[0]!r}): plan.emit refuses it; plan.emit_source(...) writes a file that quotes every name"
-            )
 
 
 def _match_persistence(gm: torch.fx.GraphModule, model: torch.nn.Module) -> None:

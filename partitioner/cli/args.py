@@ -43,16 +43,18 @@ def one_line_summary(plan, binding: dict[str, str]) -> str:  # noqa: ANN001 - a 
     """``gpt:tiny, 46 ops: cpu 26, cuda:0 20 (bound to cpu); predicted 273 µs per step on h200-host``."""
     from cost_models.units import format_seconds
 
+    from partitioner.terminal import one_line
+
     parts = []
     for device, ops in plan.per_device_ops().items():
         if ops:
-            bound = f" (bound to {binding[device]})" if binding.get(device, device) != device else ""
-            parts.append(f"{device} {len(ops)}{bound}")
+            bound = f" (bound to {one_line(binding[device])})" if binding.get(device, device) != device else ""
+            parts.append(f"{one_line(device)} {len(ops)}{bound}")
     total = plan.predicted["total_s"]
     predicted = format_seconds(total) if total is not None else "n/a"
     streamed = f", {len(plan.weights)} streamed ({plan.stream_mode})" if plan.weights else ""
-    return (f"{plan.model_name}, {plan.op_count} ops: {', '.join(parts)}{streamed}; "
-            f"predicted {predicted} per step on {plan.devices.name}")
+    return (f"{one_line(plan.model_name)}, {plan.op_count} ops: {', '.join(parts)}{streamed}; "
+            f"predicted {predicted} per step on {one_line(plan.devices.name)}")
 
 
 def pairs(items: list[str], flag: str, example: str) -> dict[str, str]:

@@ -27,6 +27,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from partitioner.errors import CaptureError
+from partitioner.frontends.names import check_fx_names
 from partitioner.frontends.aten_costs import FlopTable, classify, dominant_class, op_name
 from partitioner.ir import NOT_A_TENSOR, Op, OpClass, OpGraph, Param, Tensor
 
@@ -81,6 +82,8 @@ def from_module(
         program = _export(model, args)
         source = _export_source(program, params, args)
     else:
+        check_fx_names(model, "capture='symbolic_trace'",  # fx writes these names as code while tracing
+                       hint="or capture with torch.export (capture='export', the default)")
         gm = _symbolic_trace(model)
         source = _Source(gm, program=gm, params=params, inputs=dict(zip(_placeholders(gm), args)), root=model)
         _check_arity(gm, args, "symbolic_trace")
