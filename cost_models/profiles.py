@@ -40,6 +40,7 @@ import enum
 import fnmatch
 import functools
 import json
+import math
 import re
 import tomllib
 from collections.abc import Callable, Iterator, Mapping
@@ -162,6 +163,28 @@ def _positive(x: float, where: str, what: str, example: str) -> float:
     return x
 
 
+#: The ranges hetpart can cost (outside them the solver's numbers break down: a bandwidth of
+#: 1e-10 B/s makes a copy last 1e19 s, a 1e9 s launch overhead swamps every other term).
+LIMITS: Mapping[str, tuple[float, float]] = MappingProxyType({
+    "memory": (1, 2.0**60),                 # bytes: 1 B to 1 EiB
+    "bandwidth": (1e3, 1e16),               # bytes/s: 1 KB/s to 10 PB/s
+    "flops": (1e3, 1e19),                   # FLOP/s: 1 KFLOP/s to 10 EFLOP/s
+    "seconds": (0.0, 10.0),                 # launch overhead, latencies: 0 to 10 s
+})
+
+
+def _in_range(x: float, where: str, what: str, example: str, raw: Any = None) -> float:
+    """``x`` when it lies in ``LIMITS[what]``; else a ProfileError naming the field, the value as
+    written (``raw``), and the range."""
+    lo, hi = LIMITS[what]
+    if lo <= x <= hi:
+        return x
+    unit = {"memory": "bytes", "bandwidth": "bytes/s", "seconds": "s", "flops": "FLOP/s"}[what]
+    value = repr(raw) if isinstance(raw, str) else f"{x:g} {unit}"
+    raise ProfileError(f"{where}: {value} is outside the range hetpart can cost ({lo:g} to {hi:g} {unit}); "
+                       f"check the number and its unit, e.g. {example}")
+
+
 def _check_keys(raw: Mapping[str, Any], allowed: tuple[str, ...], where: Where) -> None:
     for key in raw:
         if key not in allowed:
@@ -194,7 +217,8 @@ def _peak_table(raw: Any, where: str) -> Mapping[str, float]:
             raise ProfileError(f"{where}.{_tkey(dtype)}: {dtype!r} is not a dtype name"
                                f"{_suggest(dtype, DTYPE_NAMES)}; use one of {', '.join(DTYPE_NAMES)}")
         sub = f"{where}.{_tkey(dtype)}"
-        out[dtype] = _positive(parse_flops(value, where=sub), sub, "peak FLOP/s", example)
+        out[dtype] = _in_range(_positive(parse_flops(value, where=sub), sub, "peak FLOP/s", example),
+                               sub, "flops", example, value)
     if "float32" not in out:
         raise ProfileError(f"{where}: give a float32 peak (used for dtypes not listed); e.g. {example}")
     return MappingProxyType(out)
@@ -286,22 +310,33 @@ def _device_fields(name: str, raw: Mapping[str, Any], where: Where) -> dict[str,
     if memory == 0:
         raise ProfileError(f"{where('memory')}: device {name} has zero memory: give its capacity, "
                            f"e.g. memory = \"80GB\"")
+    _in_range(memory, where("memory"), "memory", 'memory = "80GB"', raw["memory"])
     host = raw.get("host", "host0")
     if not isinstance(host, str) or not _NAME.fullmatch(host):
         raise ProfileError(f"{where('host')}: {host!r} is not a host name; e.g. host = \"host0\"")
-    seconds = lambda v, w: parse_seconds(v, where=w)  # noqa: E731
+    seconds = lambda v, w: _in_range(parse_seconds(v, where=w), w, "seconds",  # noqa: E731
+                                     'fixed_latency = { matmul = "17us" }', v)
     cache_size = parse_bytes(raw.get("cache_size", 0), where=where("cache_size"))
     cache_bandwidth = parse_bandwidth(raw.get("cache_bandwidth", 0), where=where("cache_bandwidth"))
     if cache_size and not cache_bandwidth:
         raise ProfileError(f"{where('cache_size')}: a cache size needs its bandwidth too; "
                            f"e.g. cache_bandwidth = \"250GB/s\"")
+    if cache_size:
+        _in_range(cache_size, where("cache_size"), "memory", 'cache_size = "64MB"', raw.get("cache_size"))
+    if cache_bandwidth:
+        _in_range(cache_bandwidth, where("cache_bandwidth"), "bandwidth", 'cache_bandwidth = "250GB/s"',
+                  raw.get("cache_bandwidth"))
     return dict(
         kind=kind,
         memory=memory,
         peak_flops=_peak_table(raw["peak_flops"], where("peak_flops")),
-        mem_bandwidth=_positive(parse_bandwidth(raw["mem_bandwidth"], where=where("mem_bandwidth")),
-                                where("mem_bandwidth"), "bandwidth", 'mem_bandwidth = "4.1TB/s"'),
-        launch_overhead=parse_seconds(raw["launch_overhead"], where=where("launch_overhead")),
+        mem_bandwidth=_in_range(
+            _positive(parse_bandwidth(raw["mem_bandwidth"], where=where("mem_bandwidth")),
+                      where("mem_bandwidth"), "bandwidth", 'mem_bandwidth = "4.1TB/s"'),
+            where("mem_bandwidth"), "bandwidth", 'mem_bandwidth = "4.1TB/s"', raw["mem_bandwidth"]),
+        launch_overhead=_in_range(parse_seconds(raw["launch_overhead"], where=where("launch_overhead")),
+                                  where("launch_overhead"), "seconds", 'launch_overhead = "8us"',
+                                  raw["launch_overhead"]),
         efficiency=_class_table(raw.get("efficiency"), where("efficiency"), _fraction,
                                 "efficiency = { matmul = 0.9 }"),
         mem_efficiency=_class_table(raw.get("mem_efficiency"), where("mem_efficiency"), _fraction,
@@ -324,17 +359,20 @@ def _link_fields(raw: Mapping[str, Any], where: Where) -> dict[str, Any]:
             or not all(isinstance(x, str) for x in between) or between[0] == between[1]):
         raise ProfileError(f"{where('between')}: {between!r} is not a pair of two different device "
                            f"names; e.g. between = [\"cpu\", \"cuda:0\"]")
-    bandwidth = _positive(parse_bandwidth(raw["bandwidth"], where=where("bandwidth")),
-                          where("bandwidth"), "bandwidth", 'bandwidth = "55GB/s"')
+    bandwidth = _in_range(_positive(parse_bandwidth(raw["bandwidth"], where=where("bandwidth")),
+                                    where("bandwidth"), "bandwidth", 'bandwidth = "55GB/s"'),
+                          where("bandwidth"), "bandwidth", 'bandwidth = "55GB/s"', raw["bandwidth"])
     pageable = raw.get("pageable_bandwidth")
     if pageable is not None:
-        pageable = _positive(parse_bandwidth(pageable, where=where("pageable_bandwidth")),
-                             where("pageable_bandwidth"), "bandwidth", 'pageable_bandwidth = "9GB/s"')
+        pageable = _in_range(_positive(parse_bandwidth(pageable, where=where("pageable_bandwidth")),
+                                       where("pageable_bandwidth"), "bandwidth", 'pageable_bandwidth = "9GB/s"'),
+                             where("pageable_bandwidth"), "bandwidth", 'pageable_bandwidth = "9GB/s"', pageable)
     kind = raw.get("kind", "")
     if not isinstance(kind, str):
         raise ProfileError(f"{where('kind')}: {kind!r} is not a string; e.g. kind = \"pcie\"")
     return dict(between=(between[0], between[1]), bandwidth=bandwidth,
-                latency=parse_seconds(raw["latency"], where=where("latency")),
+                latency=_in_range(parse_seconds(raw["latency"], where=where("latency")), where("latency"),
+                                  "seconds", 'latency = "17us"', raw["latency"]),
                 pageable_bandwidth=pageable, kind=kind)
 
 

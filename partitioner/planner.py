@@ -17,9 +17,11 @@ from cost_models.profiles import DeviceSet, load_profile
 from cost_models.training import parse_optimizer
 from partitioner.coarsen import CoarsenOptions, Coarsening, auto_coarsen, coarsen as coarsen_graph, identity
 from partitioner.errors import HetpartError, InfeasiblePlacement, SolverUnavailable
-from partitioner.frontends.fx import from_module
+from partitioner.frontends.fx import capture_mode, from_module
+from partitioner.frontends.inputs import dynamic_dims, input_specs
 from partitioner.ir import OpGraph
 from partitioner.plan import Plan
+from partitioner.plan.values import InputSpec
 from partitioner.solvers import BASELINE_NAMES, run_baseline
 from partitioner.solvers.bounds import physical_lower_bound
 from partitioner.solvers.ilp import ProgressFn, solve_ilp
@@ -92,6 +94,7 @@ def partition_outcome(
     capture: str = "export",
     model_name: str | None = None,
     progress: ProgressFn | None = None,
+    dynamic_shapes: Any = None,
 ) -> Outcome:
     """Place every op of a model on the devices of a profile: the plan and how it was reached.
 
@@ -112,6 +115,10 @@ def partition_outcome(
         no_split: module classes the ``greedy`` fill keeps whole (accelerate's no_split_module_classes).
         align_modules: module classes every solver must keep whole (each instance on one device),
             so the plan exports as an accelerate ``device_map``.
+        dynamic_shapes: input dimensions the emitted module may be called with at other sizes
+            (``("batch", "seq")``: dimension 0 and 1 of every tensor input; ``{"len": 2}``; or one
+            ``{dim: name}`` per input), captured with torch.export's ``Dim`` and recorded in the
+            plan; the plan is costed at the example sizes.
 
     Raises:
         InfeasiblePlacement: no placement fits the caps and pins; the message names the device,
@@ -124,7 +131,7 @@ def partition_outcome(
         >>> out.evaluation.feasible
         True
     """
-    graph = _capture(model_or_graph, example_inputs, capture, model_name)
+    graph, inputs = _capture(model_or_graph, example_inputs, capture, model_name, dynamic_shapes, training)
     verify_graph(graph)
     profile = _profile(devices, memory)
     options = Options(
@@ -139,7 +146,7 @@ def partition_outcome(
     plan = Plan.from_solution(
         problem, solution, evaluation,
         baselines={name: ev for name, (_, ev) in baselines.items()},
-        lower_bound=physical_lower_bound(problem), model_name=model_name or graph.name,
+        lower_bound=physical_lower_bound(problem), model_name=model_name or graph.name, inputs=inputs,
         capture=capture if not isinstance(model_or_graph, OpGraph) else "export",
         constraints={
             "pins": dict(problem.pins) and {op: problem.pins[n] for n in problem.pins for op in coarse.members[n]},
@@ -156,12 +163,22 @@ def partition_outcome(
 # --------------------------------------------------------------------------------------------
 
 
-def _capture(model_or_graph: Any, example_inputs: Any, capture: str, name: str | None) -> OpGraph:
+def _capture(model_or_graph: Any, example_inputs: Any, capture: str, name: str | None,
+             dynamic_shapes: Any, training: bool) -> tuple[OpGraph, tuple[InputSpec, ...] | None]:
+    """The graph (a training plan's model captured in train mode), and the model's inputs as
+    passed (None for a graph given as is)."""
     if isinstance(model_or_graph, OpGraph):
-        return model_or_graph
+        if dynamic_shapes is not None:
+            raise HetpartError("dynamic_shapes applies when partition captures a model, not to an OpGraph")
+        return model_or_graph, None
     if example_inputs is None:
         raise HetpartError("partition(model, example_inputs, ...) needs example inputs to capture an nn.Module")
-    return from_module(model_or_graph, example_inputs, capture=capture, name=name)
+    args = example_inputs if isinstance(example_inputs, tuple) else tuple(example_inputs) \
+        if isinstance(example_inputs, list) else (example_inputs,)
+    dims = dynamic_dims(dynamic_shapes, args)
+    with capture_mode(model_or_graph, training=training):
+        graph = from_module(model_or_graph, args, capture=capture, name=name, dynamic_shapes=dims)
+    return graph, input_specs(args, dims, graph.source if any(dims) else None)
 
 
 def _profile(devices: str | DeviceSet, memory: Mapping[str, int | str] | None) -> DeviceSet:

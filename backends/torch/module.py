@@ -24,6 +24,7 @@ The generated ``forward`` is ordinary fx Python code (``module.code``): no inter
 from __future__ import annotations
 
 import copy
+import inspect
 import logging
 import warnings
 from collections.abc import Mapping
@@ -35,7 +36,8 @@ import torch.fx
 from backends.binding import bind_devices
 from backends.torch.streaming import WeightStreamer
 from partitioner.errors import HetpartError, PlanMismatch
-from partitioner.frontends.fx import from_module
+from partitioner.frontends.fx import capture_mode, from_module
+from partitioner.frontends.inputs import check_call, examples
 from partitioner.frontends.names import check_fx_names, check_graph_targets
 from partitioner.ir import OpGraph
 
@@ -44,17 +46,29 @@ log = logging.getLogger(__name__)
 STREAMER_ATTR = "_hetpart_streamer"
 
 
-def example_inputs_for(plan: Any) -> tuple[torch.Tensor, ...]:
-    """Inputs of the recorded shapes and dtypes (zeros): enough to re-capture the model."""
+def example_inputs_for(plan: Any) -> tuple[Any, ...]:
+    """Inputs of the recorded shapes and dtypes (zeros) and recorded values: enough to re-capture."""
     if not plan.inputs:
-        raise HetpartError("the plan records no input shapes; pass example_inputs to emit(...)")
-    return tuple(torch.zeros(shape, dtype=getattr(torch, dtype)) for shape, dtype in plan.inputs)
+        raise HetpartError(f"{plan.source} records no example inputs (the model takes inputs a plan "
+                           f"cannot record, or the plan was made from an OpGraph): pass example_inputs "
+                           f"to emit(...)")
+    return examples(plan.inputs)
 
 
 def capture_for(plan: Any, model: torch.nn.Module, example_inputs: Any = None) -> OpGraph:
-    """Re-capture ``model`` as the plan did and check it is the model the plan was made for."""
-    inputs = example_inputs if example_inputs is not None else example_inputs_for(plan)
-    graph = from_module(model, inputs, capture=plan.capture, name=type(model).__name__)
+    """Re-capture ``model`` as the plan did and check it is the model the plan was made for.
+
+    A plan with dynamic dimensions is re-captured at its recorded sizes with the same dimensions
+    declared (its fingerprint is of those sizes); a training plan captures the model in train mode.
+    """
+    dynamic = [spec.dynamic_names() for spec in plan.inputs]
+    if any(dynamic):
+        inputs = example_inputs_for(plan)
+    else:
+        inputs = example_inputs if example_inputs is not None else example_inputs_for(plan)
+    with capture_mode(model, training=plan.training):
+        graph = from_module(model, inputs, capture=plan.capture, name=type(model).__name__,
+                            dynamic_shapes=dynamic if any(dynamic) else None)
     plan.check_graph(graph)
     return graph
 
@@ -120,7 +134,28 @@ def place_module(
     gm.graph.lint()
     check_graph_targets(gm, "plan.emit")
     gm.recompile()
+    if plan.inputs:
+        gm.register_forward_pre_hook(PlannedInputs(plan.inputs, _input_names(model)), prepend=True)
     return gm
+
+
+class PlannedInputs:
+    """A forward pre-hook: a call with inputs the plan was not made for fails with a sentence
+    naming the input and the planned shape (instead of a guard deep inside torch)."""
+
+    def __init__(self, specs: tuple[Any, ...], names: list[str]) -> None:
+        self.specs, self.names = specs, names
+
+    def __call__(self, module: torch.nn.Module, args: tuple) -> None:
+        check_call(self.specs, self.names, args)
+
+
+def _input_names(model: torch.nn.Module) -> list[str]:
+    try:
+        params = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
 
 # --------------------------------------------------------------------------------------------

@@ -30,6 +30,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     pl.add_argument("--capture", default="export", choices=["export", "symbolic_trace"])
     pl.add_argument("--align-modules", action="append", default=[], metavar="CLASS",
                     help="keep every instance of a module class on one device, e.g. Block (repeatable)")
+    pl.add_argument("--dynamic", metavar="DIMS", default=None,
+                    help="input dimensions the emitted module may run at other sizes: batch (dim 0), seq "
+                         "(dim 1), NAME=DIM; comma-separated, e.g. batch,seq (costed at the example size)")
     pl.add_argument("-o", "--output", metavar="FILE", help="write the plan (see --format)")
     pl.add_argument("--format", default="json", choices=["json", "device-map", "csv"],
                     help="json: the plan file; device-map: accelerate's device_map; csv: op, module, device, seconds")
@@ -55,7 +58,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         pins=pins, solver=args.solver, time_limit=args.time_limit, gap=args.gap,
         streaming=not args.no_streaming, coarsen={"on": True, "off": False}.get(args.coarsen, "auto"),
         no_split=loaded.no_split, capture=args.capture, model_name=loaded.name, progress=print_progress,
-        align_modules=args.align_modules,
+        align_modules=args.align_modules, dynamic_shapes=_dynamic(args.dynamic),
     )
     print(plan.summary())
     if args.output:
@@ -64,3 +67,13 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         write_export(plan, args.output, args.format, force=args.force)
         print(f"wrote {args.output} ({args.format})")
     return 0
+
+
+def _dynamic(text: str | None) -> tuple[str, ...] | None:
+    """``--dynamic batch,seq`` as names; an empty value is an error."""
+    if text is None:
+        return None
+    names = tuple(part.strip() for part in text.split(","))
+    if not all(names):
+        raise HetpartError(f"--dynamic {text!r}: expected comma-separated names, e.g. --dynamic batch,seq")
+    return names

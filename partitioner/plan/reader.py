@@ -21,8 +21,12 @@ from partitioner.plan.values import (
     _BASELINE_KEYS, _MEMORY_KEYS, _MODEL_KEYS, _OBJECTIVES, _OPTIMIZERS, _PREDICTED_MAPS,
     _PREDICTED_OPTIONAL, _PREDICTED_REQUIRED, _REPLAN, _SOLVER_KEYS, _STREAM_MODES, _TRANSFER_KEYS,
     _TRANSFER_KINDS, FORMAT_VERSION, TOP_LEVEL_KEYS, BaselineInfo, PlanFormatError, SolverInfo,
-    TransferInfo, _finite_or_none,
+    InputSpec, TransferInfo, _finite_or_none,
 )
+
+#: dtypes a plan's tensor inputs may have (torch's names; the same as a profile's)
+_TENSOR_DTYPES = ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8",
+                  "bool", "complex64", "complex128", "float8_e4m3fn", "float8_e5m2")
 
 
 def plan_fields(d: Any, source: str) -> dict[str, Any]:
@@ -92,10 +96,33 @@ def _read_edge(r: FieldReader, value: Any, path: str) -> tuple[str, str]:
     return r.string(pair[0], f"{path}[0]"), r.string(pair[1], f"{path}[1]")
 
 
-def _read_input(r: FieldReader, value: Any, path: str) -> tuple[tuple[int, ...], str]:
-    item = r.keys(value, path, ("shape", "dtype"))
+def _read_input(r: FieldReader, value: Any, path: str) -> InputSpec:
+    item = r.mapping(value, path)
+    if "value" in item:
+        r.keys(item, path, ("value",))
+        v = item["value"]
+        if v is not None and (not isinstance(v, (bool, int, float)) or
+                              (isinstance(v, float) and not math.isfinite(v))):
+            r.expected(_field(path, "value"), "null, true, false or a number", v)
+        kind = "none" if v is None else "bool" if isinstance(v, bool) else type(v).__name__
+        return InputSpec(kind, value=v)
+    item = r.keys(value, path, ("shape", "dtype"), ("dynamic",))
     shape = tuple(r.count(v, f"{path}.shape[{i}]") for i, v in enumerate(r.array(item["shape"], f"{path}.shape")))
-    return shape, r.string(item["dtype"], f"{path}.dtype")
+    dtype = r.string(item["dtype"], f"{path}.dtype")
+    if dtype not in _TENSOR_DTYPES:
+        r.fail(_field(path, "dtype"), f"{_show(dtype)} is not a tensor dtype; expected one of "
+                                      f"{', '.join(_TENSOR_DTYPES)}")
+    dynamic = {}
+    for key, dim in r.mapping(item.get("dynamic", {}), _field(path, "dynamic")).items():
+        q = _key(_field(path, "dynamic"), key)
+        if not key.isdigit() or int(key) >= len(shape):
+            r.fail(q, f"expected a dimension of the shape (0 to {len(shape) - 1})")
+        d = r.keys(dim, q, ("name", "min", "max"))
+        lo, hi = r.count(d["min"], _field(q, "min")), d["max"]
+        if hi is not None and (r.count(hi, _field(q, "max")) < max(lo, 1)):
+            r.fail(_field(q, "max"), f"{hi} is below min {lo}")
+        dynamic[int(key)] = (r.string(d["name"], _field(q, "name")), lo, hi)
+    return InputSpec("tensor", shape, dtype, dynamic=dynamic)
 
 
 def _show(value: Any) -> str:

@@ -33,8 +33,8 @@ from partitioner.errors import HetpartError, PlanMismatch
 from partitioner.files import refuse_overwrite, write_atomic
 from partitioner.plan.reader import FieldReader, check_references, parse_json, plan_fields, read_memory, read_predicted
 from partitioner.plan.values import (
-    _REPLAN, _SOLVER_KEYS, FORMAT_VERSION, BaselineInfo, SolverInfo, TransferInfo, _freeze, _plain,
-    _transfer_dict,
+    _REPLAN, _SOLVER_KEYS, FORMAT_VERSION, BaselineInfo, InputSpec, SolverInfo, TransferInfo, _freeze,
+    _plain, _transfer_dict, input_spec,
 )
 
 if TYPE_CHECKING:  # the solver package is imported only by from_solution, when called
@@ -78,7 +78,7 @@ class Plan:
     predicted: Mapping[str, Any]               # see the module docstring
     solver: SolverInfo
     baselines: Mapping[str, BaselineInfo]
-    inputs: tuple[tuple[tuple[int, ...], str], ...] = ()  # (shape, dtype) of each graph input, for re-capture
+    inputs: tuple[InputSpec, ...] = ()         # each positional input as passed when planning, for re-capture
     capture: str = "export"                    # how the model was captured ("export" | "symbolic_trace")
     edges: tuple[tuple[str, str], ...] = ()    # (producer op, consumer op) of every graph edge, for drawing
     param_names: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)  # op -> its parameters
@@ -95,7 +95,7 @@ class Plan:
             object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name))))
         for name in ("param_ops", "schedule", "transfers"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
-        object.__setattr__(self, "inputs", tuple((tuple(shape), dtype) for shape, dtype in self.inputs))
+        object.__setattr__(self, "inputs", tuple(input_spec(v) for v in self.inputs))
         object.__setattr__(self, "edges", tuple((u, v) for u, v in self.edges))
         object.__setattr__(self, "op_bytes", MappingProxyType({op: tuple(b) for op, b in self.op_bytes.items()}))
         object.__setattr__(self, "constraints", _freeze(dict(self.constraints)))
@@ -122,7 +122,7 @@ class Plan:
             "model": {"name": self.model_name, "fingerprint": self.fingerprint,
                       "op_count": self.op_count, "modules": self.modules,
                       "param_ops": self.param_ops, "capture": self.capture,
-                      "inputs": [{"shape": list(shape), "dtype": dtype} for shape, dtype in self.inputs],
+                      "inputs": [spec.to_dict() for spec in self.inputs],
                       "edges": [list(e) for e in self.edges],
                       "param_names": {op: list(names) for op, names in self.param_names.items()},
                       "op_bytes": {op: list(pair) for op, pair in self.op_bytes.items()}},
