@@ -796,6 +796,12 @@ def load_profile_text(text: str, source: str = "<text>") -> DeviceSet:
     except tomllib.TOMLDecodeError as err:
         raise ProfileError(f"{source}: TOML syntax error: {err}; see the profile format in "
                            f"cost_models/profiles.py or DESIGN.md") from None
+    except RecursionError:
+        raise ProfileError(f"{source}: arrays or tables are nested too deeply (thousands of levels) for a "
+                           f"profile; see the profile format in cost_models/profiles.py") from None
+    except ValueError as err:  # an integer of more digits than Python converts (4300 by default)
+        raise ProfileError(f"{source}: a number in the file is too long to read "
+                           f"({str(err).split(';')[0]}); write it with a unit, e.g. memory = \"80GB\"") from None
     stem = source.removeprefix("builtin:")
     default_name = Path(stem).stem if stem.endswith(".toml") or source.startswith("builtin:") \
         else "profile"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
+import math
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 from cost_models.profiles import DeviceSet, load_profile
 from cost_models.training import parse_optimizer
 from partitioner.coarsen import CoarsenOptions, Coarsening, auto_coarsen, coarsen as coarsen_graph, identity
-from partitioner.errors import HetpartError, InfeasiblePlacement, SolverUnavailable
+from partitioner.errors import CaptureError, HetpartError, InfeasiblePlacement, SolverUnavailable
 from partitioner.frontends.fx import capture_mode, from_module
 from partitioner.frontends.inputs import dynamic_dims, input_specs
 from partitioner.ir import OpGraph
@@ -131,8 +132,12 @@ def partition_outcome(
         >>> out.evaluation.feasible
         True
     """
+    check_limits(time_limit, gap)
     graph, inputs = _capture(model_or_graph, example_inputs, capture, model_name, dynamic_shapes, training)
     verify_graph(graph)
+    if len(graph) == 0:
+        raise CaptureError(f"{graph.name!r} has no operations to place: its forward returns its inputs or "
+                           f"constants without computing anything, so there is nothing to partition")
     profile = _profile(devices, memory)
     options = Options(
         objective=_objective(objective), training=training, optimizer=parse_optimizer(optimizer),
@@ -184,6 +189,34 @@ def _capture(model_or_graph: Any, example_inputs: Any, capture: str, name: str |
 def _profile(devices: str | DeviceSet, memory: Mapping[str, int | str] | None) -> DeviceSet:
     profile = load_profile(devices) if isinstance(devices, str) else devices
     return profile.with_memory(memory) if memory else profile
+
+
+#: The longest solve a time limit may ask for (a week): beyond it a limit is a mistake.
+MAX_TIME_LIMIT = 7 * 24 * 3600.0
+
+
+def check_limits(time_limit: Any, gap: Any, names: tuple[str, str] = ("time_limit", "gap")) -> None:
+    """Raise unless ``time_limit`` is a number of seconds in (0, a week] and ``gap`` a fraction in [0, 1).
+
+    ``names`` are the names the message uses (``("--time-limit", "--gap")`` on the command line).
+
+    Raises:
+        HetpartError: names the parameter, the value and the valid range.
+
+    Example:
+        >>> check_limits(60, 0.01)
+    """
+    def number(value: Any) -> float | None:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        return float(value) if ok else None
+
+    t, g = number(time_limit), number(gap)
+    if t is None or not 0 < t <= MAX_TIME_LIMIT:
+        raise HetpartError(f"{names[0]} {time_limit!r}: expected seconds above 0 and at most "
+                           f"{MAX_TIME_LIMIT:g} (a week), e.g. {names[0]} 60")
+    if g is None or not 0 <= g < 1:
+        raise HetpartError(f"{names[1]} {gap!r}: expected a relative optimality gap from 0 (prove optimal) "
+                           f"up to but not including 1, e.g. {names[1]} 0.01")
 
 
 def _objective(value: str | Objective) -> Objective:

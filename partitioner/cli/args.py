@@ -59,11 +59,14 @@ def one_line_summary(plan, binding: dict[str, str]) -> str:  # noqa: ANN001 - a 
 
 def pairs(items: list[str], flag: str, example: str) -> dict[str, str]:
     """``KEY=VALUE`` flags as a dict; a malformed one is an error naming the flag and an example."""
-    out = {}
+    out: dict[str, str] = {}
     for item in items:
         key, sep, value = item.rpartition("=")
         if not sep or not key or not value:
             raise HetpartError(f"{flag} {item!r}: expected KEY=VALUE, e.g. {flag} {example}")
+        if key in out and out[key] != value:
+            raise HetpartError(f"{flag} {key!r} is given twice ({key}={out[key]} and {key}={value}): "
+                               f"give each {key!r} once")
         out[key] = value
     return out
 

@@ -44,6 +44,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from partitioner.model_source import load_model
     from partitioner.planner import partition
 
+    from partitioner.planner import check_limits
+
+    check_limits(args.time_limit, args.gap, ("--time-limit", "--gap"))
     if args.output is not None:
         output_path(args.output, "-o", force=args.force)
     if args.format != "json" and args.output is None:

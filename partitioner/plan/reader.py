@@ -230,6 +230,9 @@ def parse_json(text: str, source: str) -> Any:
 
     try:
         return json.loads(text, parse_constant=reject_constant, object_pairs_hook=_no_duplicates(source))
+    except RecursionError:
+        raise PlanFormatError(f"{source}: arrays or objects are nested too deeply (thousands of levels) "
+                              f"for a plan: the file is not a plan; {_REPLAN}") from None
     except json.JSONDecodeError as err:
         if err.pos >= len(text.rstrip()) or err.msg.startswith("Unterminated string"):
             last = text.rstrip().count("\n") + 1
@@ -238,6 +241,13 @@ def parse_json(text: str, source: str) -> Any:
                 f"interrupted copy or write?); restore it or {_REPLAN}") from None
         raise PlanFormatError(f"{source}: line {err.lineno}, column {err.colno}: JSON syntax error: "
                               f"{err.msg}") from None
+    except ValueError as err:  # an integer of more digits than Python converts (4300 by default)
+        raise PlanFormatError(f"{source}: a number in the file is too long to read ({_first(err)}); "
+                              f"no plan field needs one; {_REPLAN}") from None
+
+
+def _first(err: BaseException) -> str:
+    return str(err).split(";")[0].strip()
 
 
 def _no_duplicates(source: str) -> Callable[[list[tuple[str, Any]]], dict[str, Any]]:

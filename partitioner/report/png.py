@@ -24,6 +24,7 @@ from partitioner.errors import HetpartError
 from partitioner.files import refuse_overwrite, write_atomic
 from partitioner.report.svg import device_colours, time_ticks
 from partitioner.report.timeline import Timeline, timeline
+from partitioner.terminal import one_line
 
 if TYPE_CHECKING:
     from partitioner.plan import Plan
@@ -83,6 +84,12 @@ def check_png_folder(folder: str | os.PathLike[str], *, force: bool = False) -> 
     return folder
 
 
+def _text(value: str) -> str:
+    """A name as matplotlib draws it literally: ``$`` would start mathtext (and a lone one fails),
+    control characters would draw as boxes or break lines."""
+    return one_line(value).replace("$", r"\$")
+
+
 def _figure(width: float, height: float) -> Any:
     """A figure on its own Agg canvas (no pyplot, no global backend change)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -119,13 +126,13 @@ def _gantt(plan: Plan, tl: Timeline) -> bytes:
                                edgecolor="#333", linewidth=0.3)
     if total:
         ax.axvline(total / scale, color="black", linestyle="--", linewidth=0.8)
-    ax.set_yticks(range(len(tl.rows)), list(reversed(tl.rows)))
+    ax.set_yticks(range(len(tl.rows)), [_text(r) for r in reversed(tl.rows)])
     ax.set_ylim(-0.6, len(tl.rows) - 0.4)
     ax.set_xlim(0, end / scale * 1.01)
     ax.set_xlabel(f"time ({unit})")
-    ax.set_title(f"{plan.model_name} on {plan.devices.name}: {plan.objective}, predicted "
-                 f"{format_seconds(total) if total else 'unknown'}", fontsize=10)
-    ax.legend(handles=[Patch(facecolor=c, edgecolor="#333", label=d) for d, c in colours.items()],
+    ax.set_title(_text(f"{plan.model_name} on {plan.devices.name}: {plan.objective}, predicted "
+                       f"{format_seconds(total) if total else 'unknown'}"), fontsize=10)
+    ax.legend(handles=[Patch(facecolor=c, edgecolor="#333", label=_text(d)) for d, c in colours.items()],
               loc="upper right", fontsize=8)
     ax.grid(axis="x", color="#ddd", linewidth=0.5)
     return _png(fig)
@@ -146,9 +153,9 @@ def _memory(plan: Plan) -> bytes:
         ax.barh(y, min(share, 100), color="#d62728" if share > 100 else colours[device])
         ax.text(101, y, f"{format_bytes(used)} of {format_bytes(capacity)} ({share:.1f}%)",
                 va="center", fontsize=8)
-    ax.set_yticks(range(len(names)), list(reversed(names)))
+    ax.set_yticks(range(len(names)), [_text(n) for n in reversed(names)])
     ax.set_xlim(0, 150)
     ax.set_xticks([0, 25, 50, 75, 100])
     ax.set_xlabel("memory used, % of capacity")
-    ax.set_title(f"memory of {plan.model_name} on {plan.devices.name}", fontsize=10)
+    ax.set_title(_text(f"memory of {plan.model_name} on {plan.devices.name}"), fontsize=10)
     return _png(fig)
