@@ -163,6 +163,9 @@ def _positive(x: float, where: str, what: str, example: str) -> float:
     return x
 
 
+#: The most devices a profile may list: the ILP's transfer terms grow with the square of it.
+MAX_DEVICES = 256
+
 #: The ranges hetpart can cost (outside them the solver's numbers break down: a bandwidth of
 #: 1e-10 B/s makes a copy last 1e19 s, a 1e9 s launch overhead swamps every other term).
 LIMITS: Mapping[str, tuple[float, float]] = MappingProxyType({
@@ -689,8 +692,13 @@ class DeviceSet:
             raise ProfileError(f"{source}: name: {set_name!r} is not a string; e.g. name = \"my-host\"")
         if "devices" not in d:
             raise ProfileError(f"{source}: devices: missing; add at least [devices.cpu]")
+        raw_devices = _mapping(d["devices"], f"{source}: devices", "[devices.cpu]")
+        if len(raw_devices) > MAX_DEVICES:
+            raise ProfileError(f"{source}: devices: {len(raw_devices):,} devices, over the {MAX_DEVICES} a profile "
+                               f"may list (a plan places every op on each of them); list the devices "
+                               f"you mean to plan for")
         devices = []
-        for dev_name, raw in _mapping(d["devices"], f"{source}: devices", "[devices.cpu]").items():
+        for dev_name, raw in raw_devices.items():
             where: Where = (lambda key, n=dev_name:
                             f"{source}: devices.{_tkey(n)}" + (f".{key}" if key else ""))
             _device_name(dev_name, where(""))
