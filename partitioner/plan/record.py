@@ -218,6 +218,7 @@ class Plan:
         """
         found = graph.fingerprint()
         if found == self.fingerprint:
+            self._check_ops(graph)
             return
         lines = [
             f"{self.source} was made for another graph:",
@@ -228,6 +229,25 @@ class Plan:
         lines.append("the model, its input shapes or the capture mode changed since the plan was "
                      f"made; {_REPLAN}")
         raise PlanMismatch("\n".join(lines))
+
+    def _check_ops(self, graph: OpGraph) -> None:
+        """The fingerprint is a string anyone can copy: the ops, their edges and the ops owning
+        parameters must be the graph's too."""
+        lines = _op_difference(self.placement, graph.ops)
+        if not lines:
+            edges = set(graph.dag.edges)
+            if self.edges and set(self.edges) != edges:
+                odd = sorted(set(self.edges) ^ edges)[:3]
+                lines.append(f"  edges differ: {', '.join(f'{u} -> {v}' for u, v in odd)}")
+            owning = [op.name for op in graph.topological_order() if op.owned_params]
+            if set(self.param_ops) != set(owning):
+                odd = sorted(set(self.param_ops) ^ set(owning))[:3]
+                lines.append(f"  ops owning parameters differ: {', '.join(odd)}")
+        if lines:
+            raise PlanMismatch("\n".join([
+                f"{self.source} carries the fingerprint of model {graph.name!r} ({self.fingerprint}), but "
+                f"not its ops (the plan file was edited or copied from another plan):", *lines,
+                f"the plan cannot be run on this model; {_REPLAN}"]))
 
     def check_devices(self, devices: DeviceSet) -> None:
         """Raise PlanMismatch unless ``devices`` equals the device set the plan was made for.
