@@ -317,7 +317,8 @@ class Plan:
         """Write one readable Python file that runs this placement, like :meth:`emit` does.
 
         The file defines ``PartitionedModel`` (the model's parameter names, explicit
-        ``.to(device)`` transfers, one commented part per device run) and ``build()``; see
+        ``.to(device)`` transfers, one commented part per device run) and ``build(weights)``, which
+        loads the weights from the original model or a state-dict file; see
         :mod:`backends.torch.source`. It is written atomically and never over an existing
         file unless ``force``.
 
