@@ -218,8 +218,12 @@ def check_call(specs: Sequence[InputSpec], names: Sequence[str], args: tuple) ->
                            f"({', '.join(s.describe() for s in specs)}), got {len(args)}")
     for i, (spec, value) in enumerate(zip(specs, args)):
         label = f"input {i}" + (f" ({names[i]})" if i < len(names) else "")
-        if spec.kind != "tensor":
-            continue  # plain values were specialised at capture; torch checks them
+        if spec.kind != "tensor":  # plain values were specialised at capture: another one is not planned
+            if isinstance(value, torch.Tensor) or value != spec.value or type(value) is not type(spec.value):
+                given = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else repr(value)
+                raise HetpartError(f"{label} is {given}, and the plan was made with {spec.value!r} there (the "
+                                   f"captured graph has that value built in); re-plan with the input you pass")
+            continue
         if not isinstance(value, torch.Tensor):
             raise HetpartError(f"{label} is {type(value).__name__}; the plan was made for a tensor "
                                f"{spec.describe()}")
