@@ -133,12 +133,12 @@ def partition_outcome(
         True
     """
     check_limits(time_limit, gap)
+    profile = _profile(devices, memory)  # a bad profile or cap fails before the capture
     graph, inputs = _capture(model_or_graph, example_inputs, capture, model_name, dynamic_shapes, training)
     verify_graph(graph)
     if len(graph) == 0:
         raise CaptureError(f"{graph.name!r} has no operations to place: its forward returns its inputs or "
                            f"constants without computing anything, so there is nothing to partition")
-    profile = _profile(devices, memory)
     options = Options(
         objective=_objective(objective), training=training, optimizer=parse_optimizer(optimizer),
         streaming=streaming, link_budget=dict(link_budget or {}), contiguous_stages=contiguous_stages,

@@ -41,6 +41,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
+    from cost_models.profiles import load_profile
     from partitioner.model_source import load_model
     from partitioner.planner import partition
 
@@ -51,12 +52,13 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         output_path(args.output, "-o", force=args.force)
     if args.format != "json" and args.output is None:
         raise HetpartError(f"--format {args.format} writes a file: give it with -o FILE")
+    profile = load_profile(args.devices)  # a bad profile fails before the model is built and captured
     loaded = load_model(args.model, device="meta")  # zoo models: shapes only, no memory for weights
     memory = pairs(args.memory, "--memory", "cuda:0=2GB")
     pins = pairs(args.pin, "--pin", "'emb*=cpu'")
     print(f"capturing {loaded.name} ({args.capture}) ...", file=sys.stderr)
     plan = partition(
-        loaded.module, loaded.example_inputs, args.devices,
+        loaded.module, loaded.example_inputs, profile,
         objective=args.objective, memory=memory, training=args.training, optimizer=args.optimizer,
         pins=pins, solver=args.solver, time_limit=args.time_limit, gap=args.gap,
         streaming=not args.no_streaming, coarsen={"on": True, "off": False}.get(args.coarsen, "auto"),
