@@ -571,6 +571,26 @@ class DeviceSet:
                                    f"{link.between[0]} and {link.between[1]} (also links[{seen[pair]}]); "
                                    f"give each pair of devices one link")
             seen[pair] = i
+        self._check_routes()
+
+    def _check_routes(self) -> None:
+        """Every device reaches its host's CPU directly and host CPUs reach each other, as
+        :meth:`route` needs: inputs arrive from the host, and copies without a direct link go
+        through it. (Plain lookups: the cached views must not be filled here, they do not pickle.)"""
+        pairs = {frozenset(link.between) for link in self.links}
+        cpu_of = {d.host: d.name for d in self.devices if d.kind is DeviceKind.CPU}
+        for d in self.devices:
+            host = cpu_of[d.host]
+            if d.name != host and frozenset((d.name, host)) not in pairs:
+                raise ProfileError(f"{self.source}: device {d.name!r} has no link to its host CPU {host!r}: inputs "
+                                   f"arrive from the host and copies without a direct link go through it; add "
+                                   f"[[links]] between = [\"{host}\", \"{d.name}\"]")
+        cpus = list(cpu_of.values())
+        for i, a in enumerate(cpus):
+            for b in cpus[i + 1:]:
+                if frozenset((a, b)) not in pairs:
+                    raise ProfileError(f"{self.source}: host CPUs {a!r} and {b!r} have no link between them; "
+                                       f"add [[links]] between = [\"{a}\", \"{b}\"]")
 
     def _check_cpus(self, names: list[str]) -> None:
         example = ('[devices.cpu] kind = "cpu", memory = "64GiB", peak_flops = { float32 = 1e12 }, '
