@@ -21,7 +21,7 @@ plan`` on each profile, in this process (``partitioner.cli.main``). Each run is 
   mode, capture, inputs, training, devices) equals the original's and ``check`` passed; otherwise
   it is a *silent success* (must be 0).
 
-    python bench/corruption_sweep.py [--out DIR] [--show N]
+    python bench/corruption_sweep.py [--out DIR] [--show N] [--run-accepted N]
 
 It prints the counts per command and kind of damage, and the first ``--show`` error messages.
 """
@@ -203,22 +203,29 @@ def _outcome(code: int | None, err: str, accepted: str) -> tuple[str, str]:
     return "traceback", f"exit {code}: {err.strip()[-300:]}"
 
 
-def sweep_plans(folder: Path, plan_text: str) -> list[Run]:
-    """report, emit and check on every damaged plan."""
+def sweep_plans(folder: Path, plan_text: str, run_accepted: int | None = None) -> list[Run]:
+    """report, emit and check on every damaged plan; with ``run_accepted``, emit and check run on
+    only that many of the plans ``report`` loads (they all load like the first: a quicker sweep)."""
     from partitioner.plan import Plan
 
     original = _emit_fields(Plan.from_json(plan_text))
     damaged = [*truncations(plan_text),
                *deletions_and_wrong_types(json.loads(plan_text), lambda t: json.dumps(t, indent=1))]
     runs = []
+    loaded = 0
     for i, d in enumerate(damaged):
         path = folder / f"plan-{i:03d}.json"
         path.write_text(d.text, encoding="utf-8")
-        for command, argv in (("report", ["report", str(path), "-o", str(folder / "r.html"), "--force"]),
+        report = _cli(["report", str(path), "-o", str(folder / "r.html"), "--force"])
+        loaded += report[0] == 0
+        skip = report[0] == 0 and run_accepted is not None and loaded > run_accepted
+        for command, argv in (("report", None),
                               ("emit", ["emit", MODEL, "--plan", str(path), "-o", str(folder / "e.py"),
                                         "--force", *BIND]),
                               ("check", ["check", MODEL, "--plan", str(path), "--repeat", "1", *BIND])):
-            code, _, err = _cli(argv)
+            if skip and command != "report":
+                continue
+            code, _, err = report if argv is None else _cli(argv)
             outcome, message = _outcome(code, err, "accepted")
             if outcome == "accepted":
                 same = _emit_fields(Plan.load(path)) == original
@@ -254,11 +261,12 @@ def valid_plan_text(folder: Path) -> str:
     return path.read_text(encoding="utf-8")
 
 
-def run_sweep(folder: Path) -> list[Run]:
-    """The whole sweep in ``folder``: damaged plans and profiles, every command on each."""
+def run_sweep(folder: Path, run_accepted: int | None = None) -> list[Run]:
+    """The whole sweep in ``folder``: damaged plans and profiles, every command on each (see
+    :func:`sweep_plans` for ``run_accepted``)."""
     from cost_models.profiles import builtin_profile_path
 
-    return [*sweep_plans(folder, valid_plan_text(folder)),
+    return [*sweep_plans(folder, valid_plan_text(folder), run_accepted),
             *sweep_profiles(folder, builtin_profile_path("cpu-gpu-npu"))]
 
 
@@ -280,11 +288,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="folder for the damaged files (default: a temporary one)")
     parser.add_argument("--show", type=int, default=5, help="print this many error messages as samples")
+    parser.add_argument("--run-accepted", type=int, default=None, metavar="N",
+                        help="run emit and check on only N of the damaged plans that load (default: all)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.out or Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
-        runs = run_sweep(folder)
+        runs = run_sweep(folder, args.run_accepted)
     print(table(runs))
     accepted = sorted({r.damage.what for r in runs if r.outcome in ("harmless", "accepted")})
     print(f"\naccepted without error ({len(accepted)}): {', '.join(accepted)}")
