@@ -184,11 +184,10 @@ def _ranges(program: Any, args: tuple) -> dict[tuple[int, int], tuple[int, int |
             continue
         val = nodes[name].meta.get("val")
         for dim, size in enumerate(getattr(val, "shape", ())):
-            if isinstance(size, torch.SymInt):
-                vr = program.range_constraints.get(size.node.expr)
-                lo = int(vr.lower) if vr is not None and math.isfinite(float(vr.lower)) else 0
-                hi = vr.upper if vr is not None else None
-                hi = int(hi) if hi is not None and math.isfinite(float(hi)) else None
+            vr = program.range_constraints.get(size.node.expr) if isinstance(size, torch.SymInt) else None
+            if vr is not None:  # a symbol with a range: the dimension stayed dynamic (else it was fixed)
+                lo = int(vr.lower) if math.isfinite(float(vr.lower)) else 0
+                hi = int(vr.upper) if math.isfinite(float(vr.upper)) else None
                 out[(i, dim)] = (lo if lo > 2 else 1, hi)  # torch lets sizes 0 and 1 through at run time
     return out
 
