@@ -52,7 +52,7 @@ from cost_models.units import (
     format_bytes, format_rate, format_seconds, parse_bandwidth, parse_bytes, parse_flops,
     parse_seconds,
 )
-from partitioner.errors import ProfileError
+from partitioner.errors import HetpartError, ProfileError
 from partitioner.ir import OpClass
 
 __all__ = [
@@ -162,6 +162,9 @@ def _positive(x: float, where: str, what: str, example: str) -> float:
         raise ProfileError(f"{where}: {what} must be positive, got {x!r}; e.g. {example}")
     return x
 
+
+#: The largest profile file read (256 devices with every field take about 100 KB).
+MAX_PROFILE_BYTES = 16 * 2**20
 
 #: The most devices a profile may list: the ILP's transfer terms grow with the square of it.
 MAX_DEVICES = 256
@@ -848,14 +851,18 @@ def load_profile(name_or_path: str | Path) -> DeviceSet:
         path, source = builtin_profile_path(spec), f"builtin:{spec}"
     else:
         path, source = Path(spec), spec
-        if path.suffix == ".toml" and not path.is_file():
+        if path.suffix == ".toml" and not path.exists():
             raise ProfileError(f"profile file {spec!r} does not exist")
-        if not path.is_file():
+        if not path.exists():
             raise ProfileError(f"no profile {spec!r}{_suggest(spec, builtin_profiles())}: built-in "
                                f"profiles are {', '.join(builtin_profiles())}; a path to a TOML "
                                f"file also works, e.g. ./my-host.toml")
+    from partitioner.files import read_text  # partitioner imports this module: a late import
+
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise ProfileError(f"{source}: cannot read the profile: {err}") from None
+        text = read_text(path, what="profile", max_bytes=MAX_PROFILE_BYTES)
+    except HetpartError as err:
+        raise ProfileError(str(err)) from None
+    except OSError as err:
+        raise ProfileError(f"{source}: cannot read the profile: {err.strerror or err}") from None
     return load_profile_text(text, source)

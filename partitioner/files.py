@@ -2,6 +2,9 @@
 work, refuse to overwrite without ``force``, never replace what is not a regular file, and replace
 files atomically.
 
+Inputs are read with :func:`read_text`: a regular file of bounded size (a FIFO would block,
+a device or a huge file exhaust memory).
+
 In: a target path and its bytes. Out: the file, either as it was or whole: a temporary file made
 with :func:`tempfile.mkstemp` beside the target (a unique name, so no file of the user's is
 touched), written, fsynced, renamed over the target with :func:`os.replace`, and the folder
@@ -29,7 +32,7 @@ from pathlib import Path
 
 from partitioner.errors import HetpartError
 
-__all__ = ["check_output", "refuse_overwrite", "write_atomic"]
+__all__ = ["check_output", "read_text", "refuse_overwrite", "write_atomic"]
 
 
 def check_output(path: str | os.PathLike[str], *, force: bool, replace_special: bool = False,
@@ -122,6 +125,35 @@ def write_atomic(path: str | os.PathLike[str], data: bytes, *, replace_special: 
         raise
     _fsync_folder(folder)
     return path
+
+
+def read_text(path: str | os.PathLike[str], *, what: str, max_bytes: int) -> str:
+    """The UTF-8 text of an input file (a plan, a profile) that is a regular file of at most
+    ``max_bytes``: a FIFO would block the reader, a device or a huge file would exhaust memory.
+
+    Raises:
+        FileNotFoundError: the file does not exist (the caller says what to do then).
+        HetpartError: it is not a regular file, it is larger than ``max_bytes``, or not UTF-8.
+
+    Example:
+        >>> read_text("plan.json", what="plan file", max_bytes=2**29)[:1]   # doctest: +SKIP
+        '{'
+    """
+    path = Path(path)
+    st = os.stat(path)  # follows links: a link to a plan file is a plan file
+    if not stat.S_ISREG(st.st_mode):
+        raise HetpartError(f"{path} is {_kind(st.st_mode)}, not a regular file: give the {what} itself")
+    if st.st_size > max_bytes:
+        raise HetpartError(f"{path} is {st.st_size:,} bytes, over the {max_bytes:,} a {what} may be: it is not "
+                           f"a {what}, or give a smaller one")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read(max_bytes + 1)
+    except UnicodeDecodeError as err:
+        raise HetpartError(f"{path}: cannot read the {what}: it is not UTF-8 text ({err.reason} at byte "
+                           f"{err.start})") from None
+    except OSError as err:
+        raise HetpartError(f"{path}: cannot read the {what}: {err.strerror or err}") from None
 
 
 # --------------------------------------------------------------------------------------------

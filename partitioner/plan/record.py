@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from cost_models.profiles import DeviceSet
 from partitioner.errors import HetpartError, PlanMismatch
-from partitioner.files import refuse_overwrite, write_atomic
+from partitioner.files import read_text, refuse_overwrite, write_atomic
 from partitioner.plan.reader import FieldReader, check_references, parse_json, plan_fields, read_memory, read_predicted
 from partitioner.plan.values import (
     _REPLAN, _SOLVER_KEYS, FORMAT_VERSION, BaselineInfo, InputSpec, SolverInfo, TransferInfo, _freeze,
@@ -41,7 +41,10 @@ if TYPE_CHECKING:  # the solver package is imported only by from_solution, when 
     from partitioner.ir import OpGraph
     from partitioner.solvers.problem import Evaluation, Problem, Solution
 
-__all__ = ["Plan"]
+__all__ = ["MAX_PLAN_BYTES", "Plan"]
+
+#: The largest plan file read (a 100,000-op plan is about 100 MB).
+MAX_PLAN_BYTES = 2**30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,11 +184,11 @@ class Plan:
         """
         path = Path(path)
         try:
-            text = path.read_text(encoding="utf-8")
+            text = read_text(path, what="plan file", max_bytes=MAX_PLAN_BYTES)
         except FileNotFoundError:
             raise HetpartError(f"{path}: no such plan file; make one with `hetpart plan MODEL ...`") from None
-        except (OSError, UnicodeDecodeError) as err:
-            raise HetpartError(f"{path}: cannot read the plan file: {err}") from None
+        except OSError as err:
+            raise HetpartError(f"{path}: cannot read the plan file: {err.strerror or err}") from None
         return cls.from_json(text, str(path))
 
     @classmethod

@@ -200,6 +200,17 @@ def test_a_path_under_a_file_fails_at_once(capsys: pytest.CaptureFixture[str], t
     assert "is not a folder" in one_error(code, err)
 
 
+def test_a_fifo_given_as_a_plan_or_profile_is_refused_not_read(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    plan, profile = tmp_path / "plan.json", tmp_path / "host.toml"
+    os.mkfifo(plan)
+    os.mkfifo(profile)  # reading either would block forever
+    code, _, err = run(capsys, "report", str(plan), "-o", str(tmp_path / "r.html"))
+    assert f"{plan} is a FIFO, not a regular file: give the plan file itself" in one_error(code, err)
+    code, _, err = run(capsys, "plan", "mlp", "--devices", str(profile))
+    assert f"{profile} is a FIFO, not a regular file: give the profile itself" in one_error(code, err)
+
+
 def test_devices_write_leaves_a_users_tmp_file_alone(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     target = tmp_path / "x.toml"
     mine = tmp_path / "x.toml.tmp"
