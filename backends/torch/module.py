@@ -101,7 +101,10 @@ def emit_module(
     graph = capture_for(plan, model, example_inputs)
     gm = _unlifted(graph)
     _match_persistence(gm, model)
-    return place_module(gm, plan, binding)
+    gm = place_module(gm, plan, binding)
+    if plan.inputs:
+        gm.register_forward_pre_hook(PlannedInputs(plan.inputs, _input_names(model)), prepend=True)
+    return gm
 
 
 def place_module(
@@ -134,8 +137,6 @@ def place_module(
     gm.graph.lint()
     check_graph_targets(gm, "plan.emit")
     gm.recompile()
-    if plan.inputs:
-        gm.register_forward_pre_hook(PlannedInputs(plan.inputs, _input_names(model)), prepend=True)
     return gm
 
 
