@@ -133,6 +133,16 @@ class InputSpec:
         object.__setattr__(self, "dynamic", MappingProxyType(
             {int(d): (str(n), int(lo), None if hi is None else int(hi)) for d, (n, lo, hi) in self.dynamic.items()}))
 
+    # Plans before inputs had kinds held (shape, dtype) pairs; an InputSpec still reads as one.
+    def __iter__(self) -> Any:
+        return iter((self.shape, self.dtype))
+
+    def __getitem__(self, index: int) -> Any:
+        return (self.shape, self.dtype)[index]
+
+    def __len__(self) -> int:
+        return 2
+
     def dynamic_names(self) -> dict[int, str]:
         """Dimension → name of the dimensions declared dynamic."""
         return {d: name for d, (name, _, _) in self.dynamic.items()}
