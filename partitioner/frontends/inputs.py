@@ -249,4 +249,4 @@ def _suggest_name(dim: int) -> str:
     for name, d in DEFAULT_DIMS.items():
         if d == dim:
             return name
-    return f"len={dim}"
+    return f"dim{dim}={dim}"
