@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -56,22 +57,56 @@ def _from_file(path: Path, factory: str, spec: str) -> LoadedModel:
     if loader_spec is None or loader_spec.loader is None:
         raise UnknownModel(f"cannot import {str(path)!r} as a Python file")
     mod = importlib.util.module_from_spec(loader_spec)
+    # The module stays registered, as an import leaves it: its factory, its classes and pickling
+    # look themselves up in sys.modules.
     sys.modules[module_name] = mod
     try:
         loader_spec.loader.exec_module(mod)
-    finally:
+    except SyntaxError as err:
         sys.modules.pop(module_name, None)
+        raise UnknownModel(f"{str(path)!r} line {err.lineno}: syntax error: {err.msg}; fix the model file") from err
+    except Exception as err:  # any error of the user's module at import: say where, keep the cause
+        sys.modules.pop(module_name, None)
+        raise UnknownModel(f"importing {str(path)!r} failed: {_raised(err, path)}; fix the model file "
+                           f"(--debug shows the traceback)") from err
     fn = getattr(mod, factory, None)
     if not callable(fn):
         names = sorted(n for n, v in vars(mod).items() if callable(v) and not n.startswith("_"))
         raise UnknownModel(
             f"{str(path)!r} has no function {factory!r}; its functions are: {', '.join(names) or 'none'}"
         )
-    result: Any = fn()
-    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], torch.nn.Module)):
-        raise UnknownModel(
-            f"{spec!r} must return (module, example_inputs); it returned {type(result).__name__}"
-        )
+    try:
+        result: Any = fn()
+    except Exception as err:  # the user's factory: its error, named, instead of a traceback
+        raise UnknownModel(f"the factory {spec!r} raised {_raised(err, path)}; fix the factory "
+                           f"(--debug shows the traceback)") from err
+    _check_result(result, spec)
     module, inputs = result
     inputs = inputs if isinstance(inputs, tuple) else tuple(inputs) if isinstance(inputs, list) else (inputs,)
     return LoadedModel(f"{path.stem}:{factory}", module, inputs)
+
+
+def _raised(err: BaseException, path: Path) -> str:
+    """``ValueError: bad size (model.py line 12)``: the error and the deepest line of the user's file."""
+    line = ""
+    for frame in traceback.extract_tb(err.__traceback__):
+        if Path(frame.filename).resolve() == path.resolve():
+            line = f" ({path.name} line {frame.lineno})"
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0][:200] if text else ''}{line}".rstrip()
+
+
+def _check_result(result: Any, spec: str) -> None:
+    """A factory returns ``(nn.Module, example_inputs)``; anything else is named precisely."""
+    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], torch.nn.Module):
+        return
+    if isinstance(result, torch.nn.Module):
+        got = "a module without example inputs"
+    elif isinstance(result, tuple):
+        kinds = ", ".join(type(x).__name__ for x in result[:4]) + (", ..." if len(result) > 4 else "")
+        got = (f"a tuple of {len(result)} ({kinds})" if len(result) != 2
+               else f"a pair whose first item is a {type(result[0]).__name__}, not an nn.Module")
+    else:
+        got = f"a {type(result).__name__}"
+    raise UnknownModel(f"{spec!r} must return (module, example_inputs), e.g. return Model(), "
+                       f"(torch.randn(2, 16),); it returned {got}")

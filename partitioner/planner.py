@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
+import math
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -16,10 +17,12 @@ from typing import Any
 from cost_models.profiles import DeviceSet, load_profile
 from cost_models.training import parse_optimizer
 from partitioner.coarsen import CoarsenOptions, Coarsening, auto_coarsen, coarsen as coarsen_graph, identity
-from partitioner.errors import HetpartError, InfeasiblePlacement, SolverUnavailable
-from partitioner.frontends.fx import from_module
+from partitioner.errors import CaptureError, HetpartError, InfeasiblePlacement, SolverUnavailable
+from partitioner.frontends.fx import capture_mode, from_module
+from partitioner.frontends.inputs import dynamic_dims, input_specs
 from partitioner.ir import OpGraph
 from partitioner.plan import Plan
+from partitioner.plan.values import InputSpec
 from partitioner.solvers import BASELINE_NAMES, run_baseline
 from partitioner.solvers.bounds import physical_lower_bound
 from partitioner.solvers.ilp import ProgressFn, solve_ilp
@@ -92,6 +95,7 @@ def partition_outcome(
     capture: str = "export",
     model_name: str | None = None,
     progress: ProgressFn | None = None,
+    dynamic_shapes: Any = None,
 ) -> Outcome:
     """Place every op of a model on the devices of a profile: the plan and how it was reached.
 
@@ -112,6 +116,10 @@ def partition_outcome(
         no_split: module classes the ``greedy`` fill keeps whole (accelerate's no_split_module_classes).
         align_modules: module classes every solver must keep whole (each instance on one device),
             so the plan exports as an accelerate ``device_map``.
+        dynamic_shapes: input dimensions the emitted module may be called with at other sizes
+            (``("batch", "seq")``: dimension 0 and 1 of every tensor input; ``{"len": 2}``; or one
+            ``{dim: name}`` per input), captured with torch.export's ``Dim`` and recorded in the
+            plan; the plan is costed at the example sizes.
 
     Raises:
         InfeasiblePlacement: no placement fits the caps and pins; the message names the device,
@@ -124,9 +132,13 @@ def partition_outcome(
         >>> out.evaluation.feasible
         True
     """
-    graph = _capture(model_or_graph, example_inputs, capture, model_name)
+    check_limits(time_limit, gap)
+    profile = _profile(devices, memory)  # a bad profile or cap fails before the capture
+    graph, inputs = _capture(model_or_graph, example_inputs, capture, model_name, dynamic_shapes, training)
     verify_graph(graph)
-    profile = _profile(devices, memory)
+    if len(graph) == 0:
+        raise CaptureError(f"{graph.name!r} has no operations to place: its forward returns its inputs or "
+                           f"constants without computing anything, so there is nothing to partition")
     options = Options(
         objective=_objective(objective), training=training, optimizer=parse_optimizer(optimizer),
         streaming=streaming, link_budget=dict(link_budget or {}), contiguous_stages=contiguous_stages,
@@ -139,7 +151,7 @@ def partition_outcome(
     plan = Plan.from_solution(
         problem, solution, evaluation,
         baselines={name: ev for name, (_, ev) in baselines.items()},
-        lower_bound=physical_lower_bound(problem), model_name=model_name or graph.name,
+        lower_bound=physical_lower_bound(problem), model_name=model_name or graph.name, inputs=inputs,
         capture=capture if not isinstance(model_or_graph, OpGraph) else "export",
         constraints={
             "pins": dict(problem.pins) and {op: problem.pins[n] for n in problem.pins for op in coarse.members[n]},
@@ -156,17 +168,73 @@ def partition_outcome(
 # --------------------------------------------------------------------------------------------
 
 
-def _capture(model_or_graph: Any, example_inputs: Any, capture: str, name: str | None) -> OpGraph:
+def _capture(model_or_graph: Any, example_inputs: Any, capture: str, name: str | None,
+             dynamic_shapes: Any, training: bool) -> tuple[OpGraph, tuple[InputSpec, ...] | None]:
+    """The graph (a training plan's model captured in train mode), and the model's inputs as
+    passed (None for a graph given as is)."""
     if isinstance(model_or_graph, OpGraph):
-        return model_or_graph
+        if dynamic_shapes is not None:
+            raise HetpartError("dynamic_shapes applies when partition captures a model, not to an OpGraph")
+        return model_or_graph, None
     if example_inputs is None:
         raise HetpartError("partition(model, example_inputs, ...) needs example inputs to capture an nn.Module")
-    return from_module(model_or_graph, example_inputs, capture=capture, name=name)
+    args = example_inputs if isinstance(example_inputs, tuple) else tuple(example_inputs) \
+        if isinstance(example_inputs, list) else (example_inputs,)
+    dims = dynamic_dims(dynamic_shapes, args)
+    with capture_mode(model_or_graph, training=training):
+        graph = from_module(model_or_graph, args, capture=capture, name=name, dynamic_shapes=dims)
+    return graph, input_specs(args, dims, graph.source if any(dims) else None)
 
 
 def _profile(devices: str | DeviceSet, memory: Mapping[str, int | str] | None) -> DeviceSet:
     profile = load_profile(devices) if isinstance(devices, str) else devices
     return profile.with_memory(memory) if memory else profile
+
+
+#: The longest solve a time limit may ask for (a week): beyond it a limit is a mistake.
+MAX_TIME_LIMIT = 7 * 24 * 3600.0
+
+
+def check_limits(time_limit: Any, gap: Any, names: tuple[str, str] = ("time_limit", "gap")) -> None:
+    """Raise unless ``time_limit`` is a number of seconds in (0, a week] and ``gap`` a fraction in [0, 1).
+
+    ``names`` are the names the message uses (``("--time-limit", "--gap")`` on the command line).
+
+    Raises:
+        HetpartError: names the parameter, the value and the valid range.
+
+    Example:
+        >>> check_limits(60, 0.01)
+    """
+    def number(value: Any) -> float | None:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        return float(value) if ok else None
+
+    t, g = number(time_limit), number(gap)
+    if t is None or not 0 < t <= MAX_TIME_LIMIT:
+        raise HetpartError(f"{names[0]} {time_limit!r}: expected seconds above 0 and at most "
+                           f"{MAX_TIME_LIMIT:g} (a week), e.g. {names[0]} 60")
+    if g is None or not 0 <= g < 1:
+        raise HetpartError(f"{names[1]} {gap!r}: expected a relative optimality gap from 0 (prove optimal) "
+                           f"up to but not including 1, e.g. {names[1]} 0.01")
+
+
+#: The most (edge, device pair) transfer terms the ILP is built with: beyond this the model takes
+#: minutes and gigabytes to build (1,000 devices: over 120 s and 4 GB for a 5-op graph) before solving.
+MAX_TRANSFER_TERMS = 100_000
+
+
+def _check_ilp_size(problem: Problem) -> None:
+    """Refuse, with the sizes and the ways out, an ILP too large to build in reasonable time and memory."""
+    devices = len(problem.device_names)
+    edges = problem.graph.dag.number_of_edges()
+    terms = edges * devices * (devices - 1)
+    if terms > MAX_TRANSFER_TERMS:
+        raise HetpartError(
+            f"the ILP for {problem.graph.name!r} would have about {terms:,} transfer terms ({edges:,} edges x "
+            f"{devices} devices x {devices - 1} others), over the {MAX_TRANSFER_TERMS:,} it is built with; "
+            f"plan on a profile of the devices you mean to use, coarsen the graph (--coarsen on), or use a "
+            f"baseline solver (--solver heft)")
 
 
 def _objective(value: str | Objective) -> Objective:
@@ -265,6 +333,7 @@ def _solve(
     if solver.startswith("single:") or solver in BASELINE_NAMES:
         raise SolverUnavailable(f"baseline {solver!r} is not available for this profile: "
                                 f"use one of {', '.join(baselines)}")
+    _check_ilp_size(problem)
     best = _best_feasible(baselines)
     start = time.perf_counter()
     sol = solve_ilp(problem, solver=solver, time_limit=time_limit, gap=gap,

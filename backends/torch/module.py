@@ -28,9 +28,9 @@ The generated ``forward`` is ordinary fx Python code (``module.code``): no inter
 from __future__ import annotations
 
 import copy
+import inspect
 import logging
 import operator
-import re
 import warnings
 from collections.abc import Collection, Mapping
 from typing import Any
@@ -41,7 +41,9 @@ import torch.fx
 from backends.binding import bind_devices
 from backends.torch.streaming import WeightStreamer
 from partitioner.errors import HetpartError, PlanMismatch
-from partitioner.frontends.fx import from_module
+from partitioner.frontends.fx import capture_mode, from_module
+from partitioner.frontends.inputs import check_call, examples
+from partitioner.frontends.names import check_fx_names, check_graph_targets
 from partitioner.ir import NOT_A_TENSOR, OpGraph
 
 log = logging.getLogger(__name__)
@@ -49,17 +51,29 @@ log = logging.getLogger(__name__)
 STREAMER_ATTR = "_hetpart_streamer"
 
 
-def example_inputs_for(plan: Any) -> tuple[torch.Tensor, ...]:
-    """Inputs of the recorded shapes and dtypes (zeros): enough to re-capture the model."""
+def example_inputs_for(plan: Any) -> tuple[Any, ...]:
+    """Inputs of the recorded shapes and dtypes (zeros) and recorded values: enough to re-capture."""
     if not plan.inputs:
-        raise HetpartError("the plan records no input shapes; pass example_inputs to emit(...)")
-    return tuple(torch.zeros(shape, dtype=getattr(torch, dtype)) for shape, dtype in plan.inputs)
+        raise HetpartError(f"{plan.source} records no example inputs (the model takes inputs a plan "
+                           f"cannot record, or the plan was made from an OpGraph): pass example_inputs "
+                           f"to emit(...)")
+    return examples(plan.inputs)
 
 
 def capture_for(plan: Any, model: torch.nn.Module, example_inputs: Any = None) -> OpGraph:
-    """Re-capture ``model`` as the plan did and check it is the model the plan was made for."""
-    inputs = example_inputs if example_inputs is not None else example_inputs_for(plan)
-    graph = from_module(model, inputs, capture=plan.capture, name=type(model).__name__)
+    """Re-capture ``model`` as the plan did and check it is the model the plan was made for.
+
+    A plan with dynamic dimensions is re-captured at its recorded sizes with the same dimensions
+    declared (its fingerprint is of those sizes); a training plan captures the model in train mode.
+    """
+    dynamic = [spec.dynamic_names() for spec in plan.inputs]
+    if any(dynamic):
+        inputs = example_inputs_for(plan)
+    else:
+        inputs = example_inputs if example_inputs is not None else example_inputs_for(plan)
+    with capture_mode(model, training=plan.training):
+        graph = from_module(model, inputs, capture=plan.capture, name=type(model).__name__,
+                            dynamic_shapes=dynamic if any(dynamic) else None)
     plan.check_graph(graph)
     return graph
 
@@ -88,12 +102,15 @@ def emit_module(
         >>> torch.testing.assert_close(emitted(*inputs), model(*inputs))
     """
     binding = bind_devices(plan, device_map)
-    _check_names(model)
+    check_fx_names(model, "plan.emit")
     graph = capture_for(plan, model, example_inputs)
     gm = _unlifted(graph)
     _match_persistence(gm, model)
     tensors = {name for name, t in graph.tensors.items() if t.dtype != NOT_A_TENSOR}
-    return place_module(gm, plan, binding, tensors=tensors)
+    gm = place_module(gm, plan, binding, tensors=tensors)
+    if plan.inputs:
+        gm.register_forward_pre_hook(PlannedInputs(plan.inputs, _input_names(model)), prepend=True)
+    return gm
 
 
 def place_module(
@@ -131,8 +148,28 @@ def place_module(
     _insert_transfers(gm, placed, home, streamed, physical, set(plan.weights), set(tensors), arrivals or {})
     _rebind_factory_devices(gm, placed, physical)
     gm.graph.lint()
+    check_graph_targets(gm, "plan.emit")
     gm.recompile()
     return gm
+
+
+class PlannedInputs:
+    """A forward pre-hook: a call with inputs the plan was not made for fails with a sentence
+    naming the input and the planned shape (instead of a guard deep inside torch)."""
+
+    def __init__(self, specs: tuple[Any, ...], names: list[str]) -> None:
+        self.specs, self.names = specs, names
+
+    def __call__(self, module: torch.nn.Module, args: tuple) -> None:
+        check_call(self.specs, self.names, args)
+
+
+def _input_names(model: torch.nn.Module) -> list[str]:
+    try:
+        params = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
 
 # --------------------------------------------------------------------------------------------
@@ -142,8 +179,14 @@ def _unlifted(graph: OpGraph) -> torch.fx.GraphModule:
     """A private GraphModule with the model's parameter names (``get_attr`` nodes), deep-copied."""
     source = graph.source
     if isinstance(source, torch.export.ExportedProgram):
+        # module() sets every lifted name back as an attribute and generates code that reads it
+        lifted = [("lifted constant", str(name)) for name in source.constants]
+        lifted += [("lifted input", str(spec.target)) for spec in source.graph_signature.input_specs
+                   if spec.target is not None]
+        check_fx_names(torch.nn.Module(), "plan.emit", lifted)
         gm = source.module()
     elif isinstance(source, torch.fx.GraphModule):
+        check_graph_targets(source, "plan.emit")
         gm = source
     else:
         raise HetpartError(f"cannot emit code for a graph captured as {type(source).__name__}")
@@ -157,25 +200,6 @@ def _unlifted(graph: OpGraph) -> torch.fx.GraphModule:
                 "(build the model normally; planning alone can use device='meta')"
             )
     return gm
-
-
-_SAFE_ATOM = re.compile(r"^[A-Za-z0-9_]+$")
-
-
-def _check_names(model: torch.nn.Module) -> None:
-    """torch.fx writes attribute names into generated code between quotes without escaping them:
-    a parameter named ``x" ... "`` would run as code. Refuse such names here (emit_source quotes
-    every name and handles them)."""
-    names = [n for n, _ in model.named_modules(remove_duplicate=False)]
-    names += [n for n, _ in model.named_parameters(remove_duplicate=False)]
-    names += [n for n, _ in model.named_buffers(remove_duplicate=False)]
-    for qual in names:
-        bad = [atom for atom in qual.split(".") if qual and not _SAFE_ATOM.match(atom)]
-        if bad:
-            raise HetpartError(
-                f"module or parameter name {qual!r} has characters torch.fx cannot generate code for safely "
-                f"({bad[0]!r}): plan.emit refuses it; plan.emit_source(...) writes a file that quotes every name"
-            )
 
 
 def _match_persistence(gm: torch.fx.GraphModule, model: torch.nn.Module) -> None:

@@ -14,12 +14,14 @@ A subcommand is a module here with ``register(sub, common)``, listed in :data:`C
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from partitioner.cli import check, demo, devices, emit, inspect_model, plan, report
 from partitioner.errors import HetpartError
+from partitioner.terminal import PrintableStream
 
 #: The subcommand modules, in the order ``hetpart --help`` lists them.
 COMMANDS = (devices, inspect_model, plan, report, demo, emit, check)
@@ -30,19 +32,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, format="%(name)s: %(message)s")
+    with _printable_output():  # names from models, plans and profiles never drive the terminal
+        try:
+            return args.func(args)
+        except HetpartError as exc:
+            if args.debug:
+                raise
+            print(f"hetpart: error: {exc}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print("hetpart: interrupted", file=sys.stderr)
+            return 130
+        except BrokenPipeError:  # output piped into head and friends
+            sys.stderr.close()
+            return 0
+
+
+@contextlib.contextmanager
+def _printable_output() -> Iterator[None]:
+    """``sys.stdout`` and ``sys.stderr`` escape control characters while a command runs."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = PrintableStream(sys.stdout), PrintableStream(sys.stderr)
     try:
-        return args.func(args)
-    except HetpartError as exc:
-        if args.debug:
-            raise
-        print(f"hetpart: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("hetpart: interrupted", file=sys.stderr)
-        return 130
-    except BrokenPipeError:  # output piped into head and friends
-        sys.stderr.close()
-        return 0
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved
 
 
 def build_parser() -> argparse.ArgumentParser:

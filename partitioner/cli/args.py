@@ -43,25 +43,30 @@ def one_line_summary(plan, binding: dict[str, str]) -> str:  # noqa: ANN001 - a 
     """``gpt:tiny, 46 ops: cpu 26, cuda:0 20 (bound to cpu); predicted 273 µs per step on h200-host``."""
     from cost_models.units import format_seconds
 
+    from partitioner.terminal import one_line
+
     parts = []
     for device, ops in plan.per_device_ops().items():
         if ops:
-            bound = f" (bound to {binding[device]})" if binding.get(device, device) != device else ""
-            parts.append(f"{device} {len(ops)}{bound}")
+            bound = f" (bound to {one_line(binding[device])})" if binding.get(device, device) != device else ""
+            parts.append(f"{one_line(device)} {len(ops)}{bound}")
     total = plan.predicted["total_s"]
     predicted = format_seconds(total) if total is not None else "n/a"
     streamed = f", {len(plan.weights)} streamed ({plan.stream_mode})" if plan.weights else ""
-    return (f"{plan.model_name}, {plan.op_count} ops: {', '.join(parts)}{streamed}; "
-            f"predicted {predicted} per step on {plan.devices.name}")
+    return (f"{one_line(plan.model_name)}, {plan.op_count} ops: {', '.join(parts)}{streamed}; "
+            f"predicted {predicted} per step on {one_line(plan.devices.name)}")
 
 
 def pairs(items: list[str], flag: str, example: str) -> dict[str, str]:
     """``KEY=VALUE`` flags as a dict; a malformed one is an error naming the flag and an example."""
-    out = {}
+    out: dict[str, str] = {}
     for item in items:
         key, sep, value = item.rpartition("=")
         if not sep or not key or not value:
             raise HetpartError(f"{flag} {item!r}: expected KEY=VALUE, e.g. {flag} {example}")
+        if key in out and out[key] != value:
+            raise HetpartError(f"{flag} {key!r} is given twice ({key}={out[key]} and {key}={value}): "
+                               f"give each {key!r} once")
         out[key] = value
     return out
 
@@ -77,10 +82,11 @@ def print_progress(report) -> None:  # noqa: ANN001 - a solvers.ilp.Progress
           file=sys.stderr)
 
 
-def write_text(path: Path, text: str, *, force: bool) -> None:
-    """Write ``text`` atomically; refuse to replace an existing file unless ``force``."""
-    if path.exists() and not force:
-        raise HetpartError(f"{path} exists: pass --force to overwrite it")
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+def output_path(text: str, flag: str, *, force: bool) -> Path:
+    """The path a command will write, checked before the work starts (see
+    :func:`partitioner.files.check_output`): an empty path, a missing or read-only folder, a path
+    under a regular file, a target that is not a regular file, or an existing one without
+    ``--force`` fail at once."""
+    from partitioner.files import check_output
+
+    return check_output(text, force=force, flag=flag)

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from partitioner.cli.args import add_bind, naming_the_model, one_line_summary, pairs
-from partitioner.errors import HetpartError
+from partitioner.cli.args import add_bind, naming_the_model, one_line_summary, output_path, pairs
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -24,9 +22,7 @@ def _cmd_emit(args: argparse.Namespace) -> int:
     from partitioner.model_source import load_model
     from partitioner.plan import Plan
 
-    output = Path(args.output)
-    if output.exists() and not args.force:
-        raise HetpartError(f"{output} exists: pass --force to overwrite it")
+    output = output_path(args.output, "-o", force=args.force)
     plan = Plan.load(args.plan)
     binding = pairs(args.bind, "--bind", "cuda:0=cpu")
     loaded = load_model(args.model)  # real weights: the file is written for this model

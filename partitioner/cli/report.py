@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from partitioner.cli.args import output_path
+
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     """Add the subcommand to ``hetpart``'s parser."""
@@ -25,7 +27,12 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 def _cmd_report(args: argparse.Namespace) -> int:
     from partitioner.plan import Plan
     from partitioner.report import write_pngs, write_report
+    from partitioner.report.png import check_png_folder
 
+    if args.format == "png":
+        check_png_folder(args.output if args.output is not None else "report-png", force=args.force)
+    else:
+        output_path(args.output if args.output is not None else "report.html", "-o", force=args.force)
     plan = Plan.load(args.plan)
     if args.model:
         from backends.torch.module import capture_for
@@ -34,11 +41,11 @@ def _cmd_report(args: argparse.Namespace) -> int:
         loaded = load_model(args.model, device="meta")
         capture_for(plan, loaded.module, loaded.example_inputs)  # raises PlanMismatch with both fingerprints
     if args.format == "png":
-        folder = Path(args.output or "report-png")
+        folder = Path(args.output if args.output is not None else "report-png")
         for path in write_pngs(plan, folder, force=args.force):
             print(f"wrote {path}")
         return 0
-    path = write_report(plan, args.output or "report.html", force=args.force)
+    path = write_report(plan, args.output if args.output is not None else "report.html", force=args.force)
     print(f"wrote {path}")
     return 0
 

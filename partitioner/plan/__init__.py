@@ -6,7 +6,9 @@ The file (``format_version`` 1) holds these top-level keys, in this order::
     model           {"name", "fingerprint", "op_count", "modules": {op: module path},
                      "param_ops": [ops that own parameters or buffers],
                      optional "capture": "export" | "symbolic_trace",
-                     optional "inputs": [{"shape", "dtype"}, ...] to re-capture the model,
+                     optional "inputs": [{"shape", "dtype", optional "dynamic"} or {"value"}, ...]:
+                     each positional input as passed (None and numbers by value), to
+                     re-capture the model and check calls,
                      optional "edges": [[producer op, consumer op], ...] to draw the graph,
                      optional "param_names": {op: [parameters it owns]} for device maps,
                      optional "op_bytes": {op: [output bytes, parameter bytes]}}
@@ -34,7 +36,8 @@ is a :class:`PlanFormatError` naming the file and the field path (``solver.gap``
 ``placement["linear_3"]``).
 
 Modules: ``record`` (the :class:`Plan` record), ``values`` (its value types and format
-constants), ``reader`` (reading and validating files), ``device_map`` (the accelerate-style
+constants), ``reader`` (reading and validating files), ``consistency`` (the sections agree
+with each other), ``device_map`` (the accelerate-style
 module view), ``summary`` (the text for people), ``from_solve`` (a plan from a solver's solution).
 """
 

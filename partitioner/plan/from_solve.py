@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from partitioner.plan.values import BaselineInfo, SolverInfo, TransferInfo
+from partitioner.plan.values import BaselineInfo, InputSpec, SolverInfo, TransferInfo
 
 if TYPE_CHECKING:
     from partitioner.solvers.problem import Evaluation, Problem, Solution
@@ -28,8 +28,10 @@ def fields_from_solution(
     model_name: str | None = None,
     capture: str = "export",
     constraints: Mapping[str, Any] | None = None,
+    inputs: tuple[InputSpec, ...] | None = None,
 ) -> dict[str, Any]:
-    """The fields of the plan of ``solution`` (see :meth:`Plan.from_solution`)."""
+    """The fields of the plan of ``solution`` (see :meth:`Plan.from_solution`); ``inputs`` are the
+    model's positional inputs as passed (default: the graph's input tensors)."""
     from partitioner.solvers.problem import evaluate
 
     ev = evaluation if evaluation is not None else evaluate(problem, solution.placement)
@@ -40,7 +42,8 @@ def fields_from_solution(
     order = placement.order or problem.nodes
     return dict(
         model_name=model_name or graph.name,
-        inputs=tuple((graph.tensors[t].shape, graph.tensors[t].dtype) for t in graph.inputs),
+        inputs=inputs if inputs is not None else tuple(
+            InputSpec("tensor", graph.tensors[t].shape, graph.tensors[t].dtype) for t in graph.inputs),
         capture=capture,
         edges=tuple((u, v) for u, v in graph.dag.edges),
         param_names={op.name: tuple(n for p in op.owned_params for n in (p, *graph.params[p].aliases))

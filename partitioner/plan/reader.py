@@ -21,8 +21,12 @@ from partitioner.plan.values import (
     _BASELINE_KEYS, _MEMORY_KEYS, _MODEL_KEYS, _OBJECTIVES, _OPTIMIZERS, _PREDICTED_MAPS,
     _PREDICTED_OPTIONAL, _PREDICTED_REQUIRED, _REPLAN, _SOLVER_KEYS, _STREAM_MODES, _TRANSFER_KEYS,
     _TRANSFER_KINDS, FORMAT_VERSION, TOP_LEVEL_KEYS, BaselineInfo, PlanFormatError, SolverInfo,
-    TransferInfo, _finite_or_none,
+    InputSpec, TransferInfo, _finite_or_none,
 )
+
+#: dtypes a plan's tensor inputs may have (torch's names; the same as a profile's)
+_TENSOR_DTYPES = ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8",
+                  "bool", "complex64", "complex128", "float8_e4m3fn", "float8_e5m2")
 
 
 def plan_fields(d: Any, source: str) -> dict[str, Any]:
@@ -92,10 +96,33 @@ def _read_edge(r: FieldReader, value: Any, path: str) -> tuple[str, str]:
     return r.string(pair[0], f"{path}[0]"), r.string(pair[1], f"{path}[1]")
 
 
-def _read_input(r: FieldReader, value: Any, path: str) -> tuple[tuple[int, ...], str]:
-    item = r.keys(value, path, ("shape", "dtype"))
+def _read_input(r: FieldReader, value: Any, path: str) -> InputSpec:
+    item = r.mapping(value, path)
+    if "value" in item:
+        r.keys(item, path, ("value",))
+        v = item["value"]
+        if v is not None and (not isinstance(v, (bool, int, float)) or
+                              (isinstance(v, float) and not math.isfinite(v))):
+            r.expected(_field(path, "value"), "null, true, false or a number", v)
+        kind = "none" if v is None else "bool" if isinstance(v, bool) else type(v).__name__
+        return InputSpec(kind, value=v)
+    item = r.keys(value, path, ("shape", "dtype"), ("dynamic",))
     shape = tuple(r.count(v, f"{path}.shape[{i}]") for i, v in enumerate(r.array(item["shape"], f"{path}.shape")))
-    return shape, r.string(item["dtype"], f"{path}.dtype")
+    dtype = r.string(item["dtype"], f"{path}.dtype")
+    if dtype not in _TENSOR_DTYPES:
+        r.fail(_field(path, "dtype"), f"{_show(dtype)} is not a tensor dtype; expected one of "
+                                      f"{', '.join(_TENSOR_DTYPES)}")
+    dynamic = {}
+    for key, dim in r.mapping(item.get("dynamic", {}), _field(path, "dynamic")).items():
+        q = _key(_field(path, "dynamic"), key)
+        if not key.isdigit() or int(key) >= len(shape):
+            r.fail(q, f"expected a dimension of the shape (0 to {len(shape) - 1})")
+        d = r.keys(dim, q, ("name", "min", "max"))
+        lo, hi = r.count(d["min"], _field(q, "min")), d["max"]
+        if hi is not None and (r.count(hi, _field(q, "max")) < max(lo, 1)):
+            r.fail(_field(q, "max"), f"{hi} is below min {lo}")
+        dynamic[int(key)] = (r.string(d["name"], _field(q, "name")), lo, hi)
+    return InputSpec("tensor", shape, dtype, dynamic=dynamic)
 
 
 def _show(value: Any) -> str:
@@ -203,6 +230,9 @@ def parse_json(text: str, source: str) -> Any:
 
     try:
         return json.loads(text, parse_constant=reject_constant, object_pairs_hook=_no_duplicates(source))
+    except RecursionError:
+        raise PlanFormatError(f"{source}: arrays or objects are nested too deeply (thousands of levels) "
+                              f"for a plan: the file is not a plan; {_REPLAN}") from None
     except json.JSONDecodeError as err:
         if err.pos >= len(text.rstrip()) or err.msg.startswith("Unterminated string"):
             last = text.rstrip().count("\n") + 1
@@ -211,6 +241,13 @@ def parse_json(text: str, source: str) -> Any:
                 f"interrupted copy or write?); restore it or {_REPLAN}") from None
         raise PlanFormatError(f"{source}: line {err.lineno}, column {err.colno}: JSON syntax error: "
                               f"{err.msg}") from None
+    except ValueError as err:  # an integer of more digits than Python converts (4300 by default)
+        raise PlanFormatError(f"{source}: a number in the file is too long to read ({_first(err)}); "
+                              f"no plan field needs one; {_REPLAN}") from None
+
+
+def _first(err: BaseException) -> str:
+    return str(err).split(";")[0].strip()
 
 
 def _no_duplicates(source: str) -> Callable[[list[tuple[str, Any]]], dict[str, Any]]:
@@ -333,6 +370,9 @@ def check_references(plan: Any, r: FieldReader) -> None:
     for op in plan.predicted.get("per_op_s", {}):
         op_ok(op, _key("predicted.per_op_s", op))
     r.number(plan.solver.seconds, "solver.seconds")
+    from partitioner.plan.consistency import check_sections  # after the references: it relies on them
+
+    check_sections(plan, r)
 
 
 def _check_choice(r: FieldReader, value: Any, path: str, choices: Sequence[str]) -> None:

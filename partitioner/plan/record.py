@@ -30,18 +30,21 @@ from typing import TYPE_CHECKING, Any
 
 from cost_models.profiles import DeviceSet
 from partitioner.errors import HetpartError, PlanMismatch
-from partitioner.files import refuse_overwrite, write_atomic
+from partitioner.files import read_text, refuse_overwrite, write_atomic
 from partitioner.plan.reader import FieldReader, check_references, parse_json, plan_fields, read_memory, read_predicted
 from partitioner.plan.values import (
-    _REPLAN, _SOLVER_KEYS, FORMAT_VERSION, BaselineInfo, SolverInfo, TransferInfo, _freeze, _plain,
-    _transfer_dict,
+    _REPLAN, _SOLVER_KEYS, FORMAT_VERSION, BaselineInfo, InputSpec, SolverInfo, TransferInfo, _freeze,
+    _plain, _transfer_dict, input_spec,
 )
 
 if TYPE_CHECKING:  # the solver package is imported only by from_solution, when called
     from partitioner.ir import OpGraph
     from partitioner.solvers.problem import Evaluation, Problem, Solution
 
-__all__ = ["Plan"]
+__all__ = ["MAX_PLAN_BYTES", "Plan"]
+
+#: The largest plan file read (a 100,000-op plan is about 100 MB).
+MAX_PLAN_BYTES = 2**30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +81,7 @@ class Plan:
     predicted: Mapping[str, Any]               # see the module docstring
     solver: SolverInfo
     baselines: Mapping[str, BaselineInfo]
-    inputs: tuple[tuple[tuple[int, ...], str], ...] = ()  # (shape, dtype) of each graph input, for re-capture
+    inputs: tuple[InputSpec, ...] = ()         # each positional input as passed when planning, for re-capture
     capture: str = "export"                    # how the model was captured ("export" | "symbolic_trace")
     edges: tuple[tuple[str, str], ...] = ()    # (producer op, consumer op) of every graph edge, for drawing
     param_names: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)  # op -> its parameters
@@ -95,7 +98,7 @@ class Plan:
             object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name))))
         for name in ("param_ops", "schedule", "transfers"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
-        object.__setattr__(self, "inputs", tuple((tuple(shape), dtype) for shape, dtype in self.inputs))
+        object.__setattr__(self, "inputs", tuple(input_spec(v) for v in self.inputs))
         object.__setattr__(self, "edges", tuple((u, v) for u, v in self.edges))
         object.__setattr__(self, "op_bytes", MappingProxyType({op: tuple(b) for op, b in self.op_bytes.items()}))
         object.__setattr__(self, "constraints", _freeze(dict(self.constraints)))
@@ -122,7 +125,7 @@ class Plan:
             "model": {"name": self.model_name, "fingerprint": self.fingerprint,
                       "op_count": self.op_count, "modules": self.modules,
                       "param_ops": self.param_ops, "capture": self.capture,
-                      "inputs": [{"shape": list(shape), "dtype": dtype} for shape, dtype in self.inputs],
+                      "inputs": [spec.to_dict() for spec in self.inputs],
                       "edges": [list(e) for e in self.edges],
                       "param_names": {op: list(names) for op, names in self.param_names.items()},
                       "op_bytes": {op: list(pair) for op, pair in self.op_bytes.items()}},
@@ -181,11 +184,11 @@ class Plan:
         """
         path = Path(path)
         try:
-            text = path.read_text(encoding="utf-8")
+            text = read_text(path, what="plan file", max_bytes=MAX_PLAN_BYTES)
         except FileNotFoundError:
             raise HetpartError(f"{path}: no such plan file; make one with `hetpart plan MODEL ...`") from None
-        except (OSError, UnicodeDecodeError) as err:
-            raise HetpartError(f"{path}: cannot read the plan file: {err}") from None
+        except OSError as err:
+            raise HetpartError(f"{path}: cannot read the plan file: {err.strerror or err}") from None
         return cls.from_json(text, str(path))
 
     @classmethod
@@ -218,6 +221,7 @@ class Plan:
         """
         found = graph.fingerprint()
         if found == self.fingerprint:
+            self._check_ops(graph)
             return
         lines = [
             f"{self.source} was made for another graph:",
@@ -228,6 +232,25 @@ class Plan:
         lines.append("the model, its input shapes or the capture mode changed since the plan was "
                      f"made; {_REPLAN}")
         raise PlanMismatch("\n".join(lines))
+
+    def _check_ops(self, graph: OpGraph) -> None:
+        """The fingerprint is a string anyone can copy: the ops, their edges and the ops owning
+        parameters must be the graph's too."""
+        lines = _op_difference(self.placement, graph.ops)
+        if not lines:
+            edges = set(graph.dag.edges)
+            if self.edges and set(self.edges) != edges:
+                odd = sorted(set(self.edges) ^ edges)[:3]
+                lines.append(f"  edges differ: {', '.join(f'{u} -> {v}' for u, v in odd)}")
+            owning = [op.name for op in graph.topological_order() if op.owned_params]
+            if set(self.param_ops) != set(owning):
+                odd = sorted(set(self.param_ops) ^ set(owning))[:3]
+                lines.append(f"  ops owning parameters differ: {', '.join(odd)}")
+        if lines:
+            raise PlanMismatch("\n".join([
+                f"{self.source} carries the fingerprint of model {graph.name!r} ({self.fingerprint}), but "
+                f"not its ops (the plan file was edited or copied from another plan):", *lines,
+                f"the plan cannot be run on this model; {_REPLAN}"]))
 
     def check_devices(self, devices: DeviceSet) -> None:
         """Raise PlanMismatch unless ``devices`` equals the device set the plan was made for.
@@ -297,7 +320,8 @@ class Plan:
         """Write one readable Python file that runs this placement, like :meth:`emit` does.
 
         The file defines ``PartitionedModel`` (the model's parameter names, explicit
-        ``.to(device)`` transfers, one commented part per device run) and ``build()``; see
+        ``.to(device)`` transfers, one commented part per device run) and ``build(weights)``, which
+        loads the weights from the original model or a state-dict file; see
         :mod:`backends.torch.source`. It is written atomically and never over an existing
         file unless ``force``.
 

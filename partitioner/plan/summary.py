@@ -1,7 +1,7 @@
 """The plan as a few lines for people: devices with their ops, memory and busy time; solver; baselines.
 
 In: a :class:`~partitioner.plan.record.Plan`. Out: the text ``hetpart plan`` prints and
-``Plan.summary()`` returns.
+``Plan.summary()`` returns; every name from the plan is on one line, control characters escaped.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from typing import Any
 
 from cost_models.units import format_bytes, format_seconds
 from partitioner.plan.values import TransferInfo
+from partitioner.terminal import one_line
 
 
 def summary_text(plan: Any) -> str:
@@ -21,7 +22,7 @@ def summary_text(plan: Any) -> str:
     """
     mode = "training step" if plan.training else "inference"
     total = plan.predicted["total_s"]
-    lines = [f"plan for {plan.model_name!r} ({plan.op_count} ops) on {plan.devices.name}: "
+    lines = [f"plan for '{one_line(plan.model_name)}' ({plan.op_count} ops) on {one_line(plan.devices.name)}: "
              f"{plan.objective}, {mode}, predicted {_seconds(total)} per step"]
     lower = plan.predicted.get("lower_bound_s")
     s = plan.solver
@@ -32,26 +33,26 @@ def summary_text(plan: Any) -> str:
     for device, ops in plan.per_device_ops().items():
         mem = plan.memory.get(device, {})
         used, cap = mem.get("used", 0), mem.get("capacity", plan.devices.device(device).memory)
-        lines.append(f"  {device:<10} {len(ops):>5} ops  busy {_seconds(busy.get(device)):>9}  memory "
+        lines.append(f"  {one_line(device):<10} {len(ops):>5} ops  busy {_seconds(busy.get(device)):>9}  memory "
                      f"{format_bytes(used)} of {format_bytes(cap)} ({used / cap:.0%})")
     for label, seconds in plan.predicted.get("per_link_s", {}).items():
         if seconds:
-            lines.append(f"  link {label:<16} busy {_seconds(seconds)}")
+            lines.append(f"  link {one_line(label):<16} busy {_seconds(seconds)}")
     kinds: dict[str, list[TransferInfo]] = {}
     for t in plan.transfers:
         kinds.setdefault(t.kind, []).append(t)
     for kind, items in kinds.items():
-        lines.append(f"  {kind} transfers: {len(items)} per step, {format_bytes(sum(t.bytes for t in items))}, "
+        lines.append(f"  {one_line(kind)} transfers: {len(items)} per step, {format_bytes(sum(t.bytes for t in items))}, "
                      f"{_seconds(sum(t.seconds for t in items))}")
     if plan.weights:
         lines.append(f"  streamed weights: {len(plan.weights)} ops ({plan.stream_mode})")
     for name, b in plan.baselines.items():
         if b.total_s is None:
-            lines.append(f"  baseline {name:<18} n/a")
+            lines.append(f"  baseline {one_line(name):<18} n/a")
             continue
         speedup = f"  speed-up {b.total_s / total:7.2f}x" if total else ""
-        fits = "" if b.feasible else "  (does not fit: " + (b.note or "over a cap") + ")"
-        lines.append(f"  baseline {name:<18} {_seconds(b.total_s):>9}{speedup}{fits}")
+        fits = "" if b.feasible else "  (does not fit: " + one_line(b.note or "over a cap") + ")"
+        lines.append(f"  baseline {one_line(name):<18} {_seconds(b.total_s):>9}{speedup}{fits}")
     return "\n".join(lines)
 
 

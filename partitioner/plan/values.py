@@ -104,6 +104,73 @@ class BaselineInfo:
         object.__setattr__(self, "total_s", _finite_or_none(self.total_s))
 
 
+#: The kinds of model input a plan records; anything else is passed to ``emit(example_inputs=...)``.
+INPUT_KINDS = ("tensor", "none", "bool", "int", "float")
+
+
+@dataclasses.dataclass(frozen=True)
+class InputSpec:
+    """One positional input of the model as the user passed it when planning.
+
+    A tensor is written ``{"shape", "dtype"}`` (plus ``"dynamic": {"0": {"name": "batch",
+    "min": 0, "max": null}}`` for the dimensions declared dynamic); ``None`` and plain numbers
+    are written ``{"value": ...}``.
+
+    Example:
+        >>> InputSpec("tensor", (2, 16), "int64", dynamic={0: ("batch", 0, None)}).dynamic_names()
+        {0: 'batch'}
+    """
+
+    kind: str                                  # one of INPUT_KINDS
+    shape: tuple[int, ...] = ()                # tensors: the example's shape (what was costed)
+    dtype: str = ""                            # tensors: "float32", "int64", ...
+    value: bool | int | float | None = None    # "none", "bool", "int", "float": the value itself
+    dynamic: Mapping[int, tuple[str, int, int | None]] = dataclasses.field(
+        default_factory=dict)                  # dim -> (name, min, max or None): sizes the plan runs
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
+        object.__setattr__(self, "dynamic", MappingProxyType(
+            {int(d): (str(n), int(lo), None if hi is None else int(hi)) for d, (n, lo, hi) in self.dynamic.items()}))
+
+    # Plans before inputs had kinds held (shape, dtype) pairs; an InputSpec still reads as one.
+    def __iter__(self) -> Any:
+        return iter((self.shape, self.dtype))
+
+    def __getitem__(self, index: int) -> Any:
+        return (self.shape, self.dtype)[index]
+
+    def __len__(self) -> int:
+        return 2
+
+    def dynamic_names(self) -> dict[int, str]:
+        """Dimension → name of the dimensions declared dynamic."""
+        return {d: name for d, (name, _, _) in self.dynamic.items()}
+
+    def describe(self) -> str:
+        """``int64[batch=2, 16]``, ``None``, ``3``: what the plan was made for, for messages."""
+        if self.kind != "tensor":
+            return repr(self.value)
+        dims = [f"{self.dynamic[i][0]}={s}" if i in self.dynamic else str(s) for i, s in enumerate(self.shape)]
+        return f"{self.dtype}[{', '.join(dims)}]"
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.kind != "tensor":
+            return {"value": self.value}
+        out: dict[str, Any] = {"shape": list(self.shape), "dtype": self.dtype}
+        if self.dynamic:
+            out["dynamic"] = {str(d): {"name": n, "min": lo, "max": hi} for d, (n, lo, hi) in self.dynamic.items()}
+        return out
+
+
+def input_spec(value: Any) -> InputSpec:
+    """An :class:`InputSpec` from one, or from a ``(shape, dtype)`` pair (plans before inputs had kinds)."""
+    if isinstance(value, InputSpec):
+        return value
+    shape, dtype = value
+    return InputSpec("tensor", tuple(shape), str(dtype))
+
+
 def _finite_or_none(value: float | None) -> float | None:
     """``None`` for None, inf and nan; otherwise the value as a float."""
     return float(value) if value is not None and math.isfinite(value) else None

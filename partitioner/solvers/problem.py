@@ -202,6 +202,7 @@ class Problem:
     def _resolve_pins(self, pins: Mapping[str, str]) -> dict[str, str]:
         """Pins map op names or globs over op names / module paths to a device; resolved per node."""
         resolved: dict[str, str] = {}
+        by: dict[str, str] = {}  # node -> the pattern that pinned it first
         for pattern, device in pins.items():
             if device not in self.device_names:
                 raise HetpartError(
@@ -216,8 +217,11 @@ class Problem:
                     for op in ops
                 ):
                     if resolved.get(node, device) != device:
-                        raise HetpartError(f"node {node!r} is pinned to both {resolved[node]} and {device}")
+                        raise HetpartError(
+                            f"pins {by[node]!r}={resolved[node]} and {pattern!r}={device} both match "
+                            f"{self._pinned_what(node)}, which must run on one device; drop or narrow one pin")
                     resolved[node] = device
+                    by.setdefault(node, pattern)
                     matched = True
             if not matched:
                 raise HetpartError(
@@ -225,6 +229,20 @@ class Problem:
                     f"module paths look like {', '.join(sorted({o.module_path for o in self.original.ops.values() if o.module_path})[:3])}"
                 )
         return resolved
+
+    def _pinned_what(self, node: str) -> str:
+        """``op 'linear_3'``, or the module a group of ops kept together comes from."""
+        members = self.members[node]
+        if len(members) == 1:
+            return f"op {members[0]!r}"
+        paths = [self.original.ops[m].module_path.split(".") for m in members if self.original.ops[m].module_path]
+        common: list[str] = []
+        for atoms in zip(*paths):
+            if len(set(atoms)) > 1:
+                break
+            common.append(atoms[0])
+        where = f"module {'.'.join(common)!r}" if common and len(paths) == len(members) else "one group"
+        return f"{where} ({len(members)} ops kept together, e.g. {members[0]!r})"
 
     def _allowed(self) -> dict[str, tuple[str, ...]]:
         allowed: dict[str, tuple[str, ...]] = {}

@@ -65,9 +65,7 @@ def _spread_pins(model: nn.Module) -> dict[str, str]:
 
 def _built(model: nn.Module, path: Path) -> nn.Module:
     """The generated module, weights loaded from ``model``."""
-    generated = _load(path).build()
-    generated.load_state_dict(model.state_dict())
-    return generated
+    return _load(path).build(model)
 
 
 class Strict:

@@ -13,7 +13,9 @@ Out: the text of a Python module (:func:`source_text`) or that file written atom
   is the captured aten graph in the plan's issue order, one commented part per device run, with
   an explicit ``.to(DEVICE_...)`` wherever a value crosses logical devices and streamed weights
   fetched through hetpart's :class:`~backends.torch.streaming.WeightStreamer`;
-* ``def build() -> PartitionedModel``.
+* ``def build(weights) -> PartitionedModel``: the module with the model's weights loaded from the
+  original model, its state_dict or a ``torch.save``'d state-dict file (``load_weights``);
+  ``PartitionedModel()`` alone has empty parameters.
 
 It behaves as ``plan.emit(model, device_map)``: same parameter homes, streamed weights, issue
 order and factory devices; transfers are written per *logical* device pair, so a copy between
