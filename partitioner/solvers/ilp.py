@@ -137,12 +137,13 @@ def solve_ilp(
         outcome = _run_cbc(model, time_limit, gap, warm_start is not None)
     seconds = time.perf_counter() - start
     bound = outcome.bound / TS if outcome.bound is not None else None
+    objective = outcome.objective / TS if outcome.objective is not None else None
     if outcome.status is Status.INFEASIBLE:
         return Solution(f"ilp:{name}", Placement({}), Status.INFEASIBLE, None, seconds, outcome.note)
     if not outcome.has_solution:
         note = f"{outcome.note}; no incumbent within {time_limit:g} s".lstrip("; ")
         return Solution(f"ilp:{name}", warm_start or Placement({}), Status.FEASIBLE, bound, seconds, note)
-    return Solution(f"ilp:{name}", model.placement(), outcome.status, bound, seconds, outcome.note)
+    return Solution(f"ilp:{name}", model.placement(), outcome.status, bound, seconds, outcome.note, objective)
 
 
 # --------------------------------------------------------------------------------------------
@@ -187,9 +188,13 @@ class _Model:
 
     def _add(self, name: str, terms: dict, sense: int, rhs: float = 0.0) -> None:
         """Add ``sum(coef * var) (sense) rhs`` named ``name`` (made unique)."""
-        key = name if name not in self.cons else f"{name}_{len(self.cons)}"
+        key = _safe(name)
+        if key in self.cons:  # unique after sanitising: "a.b" and "a_b" must not overwrite each other
+            key = f"{key}_{len(self.cons)}"
+            while key in self.cons:
+                key += "_"
         expr = pulp.LpAffineExpression(terms)
-        self.cons[_safe(key)] = pulp.LpConstraint(expr, sense, rhs=rhs)
+        self.cons[key] = pulp.LpConstraint(expr, sense, rhs=rhs)
 
     def x(self, node: str, device: str) -> pulp.LpVariable | float:
         """The assignment variable, or 1.0 / 0.0 where the node has one allowed device or none here."""
@@ -244,23 +249,35 @@ class _Model:
         self._add(name, row, pulp.LpConstraintGE, const)
 
     def _transfers(self) -> None:
-        """y[t,a,b] >= x[producer,a] + x[consumer,b] - 1 for every consumer on b."""
+        """y[t,a,b] >= x[producer,a] + x[consumer,b] - 1 for every consumer on b.
+
+        A copy whose two ends are fixed (pins, single allowed device, graph inputs on the host)
+        is a constant, and then no variable stands for the same copy: the copy happens once,
+        however many consumers, fixed or free, read the tensor on ``b``.
+        """
         self.yv: dict[tuple[str, str, str], pulp.LpVariable] = {}
         self.y_const: list[tuple[str, str, str]] = []  # transfers forced by fixed placements
         p = self.p
         for t in p.tensors:
             sources = p.allowed[t.producer] if t.producer is not None else (p.host,)
+            forced = set()
             for c in t.consumers:
                 for b in p.allowed[c]:
                     for a in sources:
-                        if a == b:
+                        xa = self.x(t.producer, a) if t.producer is not None else 1.0
+                        if a != b and not isinstance(xa, pulp.LpVariable) and not isinstance(self.x(c, b), pulp.LpVariable) \
+                                and xa + self.x(c, b) >= 2:
+                            forced.add((a, b))
+            self.y_const += [(t.name, a, b) for a, b in sorted(forced)]
+            for c in t.consumers:
+                for b in p.allowed[c]:
+                    for a in sources:
+                        if a == b or (a, b) in forced:
                             continue
                         xa = self.x(t.producer, a) if t.producer is not None else 1.0
                         xb = self.x(c, b)
                         if not isinstance(xa, pulp.LpVariable) and not isinstance(xb, pulp.LpVariable):
-                            if xa + xb >= 2 and (t.name, a, b) not in self.y_const:
-                                self.y_const.append((t.name, a, b))
-                            continue
+                            continue  # 0 + x <= 1: never a copy
                         key = (t.name, a, b)
                         y = self.yv.get(key)
                         if y is None:
@@ -292,7 +309,6 @@ class _Model:
     def _memory(self) -> None:
         """Parameters resident + saved activations + largest working set + stream buffer <= capacity."""
         p = self.p
-        factor = p.buffer_factor(StreamMode.PREFETCH)
         for d in p.device_names:
             pairs: list[tuple[float, object]] = []
             for n in p.nodes:
@@ -309,7 +325,7 @@ class _Model:
                 buffer = self._var(_name("stream_buffer", d))
                 pairs.append((1.0, buffer))
                 for n, s in streamed:
-                    self._ge_sum(_name("buffer", n, d), buffer, [(MS * factor * p.param_bytes[n], s)])
+                    self._ge_sum(_name("buffer", n, d), buffer, [(MS * p.stream_buffer_bytes(n, StreamMode.PREFETCH), s)])
             terms = self._lin(*pairs)
             const = terms.pop(None, 0.0)
             self._add(_name("mem_cap", d), terms, pulp.LpConstraintLE, MS * p.capacity[d] - const)
@@ -330,8 +346,7 @@ class _Model:
         for n, per_d in self.sv.items():
             for d, s in per_d.items():
                 if label in p.hops(p.host, d):
-                    nbytes = p.param_bytes[n]
-                    pairs.append((MS * nbytes if budget else TS * p.hop_s(nbytes, p.host, d, label), s))
+                    pairs.append((MS * p.param_bytes[n] if budget else TS * p.node_stream_hop_s(n, p.host, d, label), s))
         return pairs
 
     def _link_budgets(self) -> None:
@@ -373,8 +388,8 @@ class _Model:
     def _stream_issue_terms(self, device: str | None = None) -> list[tuple[float, object]]:
         """Each prefetched copy's issue latency, charged to the node that waits for it."""
         return [
-            (TS * self.p.stream_issue_s(d), s)
-            for per_d in self.sv.values() for d, s in per_d.items() if device is None or d == device
+            (TS * self.p.node_stream_issue_s(n, d), s)
+            for n, per_d in self.sv.items() for d, s in per_d.items() if device is None or d == device
         ]
 
     def _transfer_terms(self) -> list[tuple[float, object]]:
@@ -416,16 +431,18 @@ class _Model:
                 f"the makespan ILP takes at most {MAKESPAN_MAX_NODES} nodes, {p.graph.name!r} has {len(p.nodes)}: "
                 f"coarsen the graph (partition(..., coarsen=True)) or use objective 'latency'"
             )
-        horizon = TS * sum(max(p.compute[n].values()) for n in p.nodes) + TS * sum(
+        horizon = TS * sum(max(p.compute[n][d] + (p.node_stream_issue_s(n, d) if n in self.sv else 0.0)
+                               for d in p.allowed[n]) for n in p.nodes) + TS * sum(
             max((p.transfer_s(t.bytes, a, b) for a in p.device_names for b in p.device_names if a != b), default=0.0)
             for t in p.tensors
         )
+        horizon = horizon * (1 + 1e-6) + 1.0  # room for rounding in a warm start's times
         self.big_m = horizon * 1.01 + 1e-6
         self.S = {n: self._var(_name("start", n), up=horizon) for n in p.nodes}
         self.F = {n: self._var(_name("finish", n), up=horizon) for n in p.nodes}
         for n in p.nodes:
             pairs = [(TS * p.compute[n][d], self.x(n, d)) for d in p.allowed[n]]
-            pairs += [(TS * p.stream_issue_s(d), s) for d, s in self.sv.get(n, {}).items()]
+            pairs += [(TS * p.node_stream_issue_s(n, d), s) for d, s in self.sv.get(n, {}).items()]
             terms = self._lin(*pairs)
             const = terms.pop(None, 0.0)
             row = {self.F[n]: 1.0, self.S[n]: -1.0}
@@ -566,6 +583,7 @@ class _Outcome:
     has_solution: bool
     bound: float | None
     note: str = ""
+    objective: float | None = None  # the incumbent's objective as the solver computed it (model units)
 
 
 @contextlib.contextmanager
@@ -608,14 +626,15 @@ def _run_highs(model: _Model, time_limit: float, gap: float, warm: bool, progres
     model_status = h.getModelStatus()
     has_solution = info.primal_solution_status == 2  # kSolutionStatusFeasible
     bound = float(info.mip_dual_bound) if math.isfinite(info.mip_dual_bound) else None
+    objective = float(info.objective_function_value) if has_solution else None
     if model_status == highspy.HighsModelStatus.kInfeasible:
         return _Outcome(Status.INFEASIBLE, False, None, "HiGHS proved the model infeasible")
     if model_status == highspy.HighsModelStatus.kOptimal:
         if bound is None:  # an LP (no integers left after fixing): the objective is the bound
             bound = float(info.objective_function_value)
-        return _Outcome(Status.OPTIMAL, has_solution, bound)
+        return _Outcome(Status.OPTIMAL, has_solution, bound, objective=objective)
     note = f"HiGHS stopped: {h.modelStatusToString(model_status)}"
-    return _Outcome(Status.FEASIBLE, has_solution, bound, note)
+    return _Outcome(Status.FEASIBLE, has_solution, bound, note, objective)
 
 
 def _attach_progress(h, progress: ProgressFn) -> None:  # noqa: ANN001 - a highspy.Highs
@@ -671,6 +690,10 @@ def _run_cbc(model: _Model, time_limit: float, gap: float, warm: bool) -> _Outco
         bound = float(bound_match.group(1)) if bound_match else (float(objective) if objective is not None else None)
         if bound is not None and objective is not None:
             bound = min(bound, float(objective))
-        return _Outcome(Status.OPTIMAL, has_solution, bound)
+        return _Outcome(Status.OPTIMAL, has_solution, bound, objective=_float(objective))
     bound = float(bound_match.group(1)) if bound_match else None
-    return _Outcome(Status.FEASIBLE, has_solution, bound, f"CBC: {result_text}")
+    return _Outcome(Status.FEASIBLE, has_solution, bound, f"CBC: {result_text}", _float(objective) if has_solution else None)
+
+
+def _float(value: object) -> float | None:
+    return None if value is None else float(value)
