@@ -33,7 +33,7 @@ from partitioner.errors import HetpartError, PlanMismatch
 from partitioner.files import refuse_overwrite, write_atomic
 from partitioner.plan.reader import FieldReader, check_references, parse_json, plan_fields, read_memory, read_predicted
 from partitioner.plan.values import (
-    _REPLAN, _SOLVER_KEYS, FORMAT_VERSION, BaselineInfo, SolverInfo, TransferInfo, _freeze, _plain,
+    _REPLAN, FORMAT_VERSION, BaselineInfo, SolverInfo, TransferInfo, _freeze, _plain,
     _transfer_dict,
 )
 
@@ -137,7 +137,7 @@ class Plan:
             "transfers": [_transfer_dict(t) for t in self.transfers],
             "memory": self.memory,
             "predicted": self.predicted,
-            "solver": {f: getattr(self.solver, f) for f in _SOLVER_KEYS},
+            "solver": self.solver.to_dict(),
             "baselines": {name: dataclasses.asdict(b) for name, b in self.baselines.items()},
         }
         if self.constraints:

@@ -23,11 +23,7 @@ def summary_text(plan: Any) -> str:
     total = plan.predicted["total_s"]
     lines = [f"plan for {plan.model_name!r} ({plan.op_count} ops) on {plan.devices.name}: "
              f"{plan.objective}, {mode}, predicted {_seconds(total)} per step"]
-    lower = plan.predicted.get("lower_bound_s")
-    s = plan.solver
-    gap = "" if s.gap is None else f", gap {s.gap:.2%}"
-    lines.append(f"  solver     {s.name}: {s.status} in {format_seconds(s.seconds)}, bound "
-                 f"{_seconds(s.bound)}{gap}; physical lower bound {_seconds(lower)}")
+    lines += solver_lines(plan)
     busy = plan.predicted["per_device_s"]
     for device, ops in plan.per_device_ops().items():
         mem = plan.memory.get(device, {})
@@ -53,6 +49,39 @@ def summary_text(plan: Any) -> str:
         fits = "" if b.feasible else "  (does not fit: " + (b.note or "over a cap") + ")"
         lines.append(f"  baseline {name:<18} {_seconds(b.total_s):>9}{speedup}{fits}")
     return "\n".join(lines)
+
+
+def solver_lines(plan: Any) -> list[str]:
+    """The solver's lines: whose placement, what is proven (status, bound, gap, over what), the
+    lower bound every placement obeys, and the ILP's own result when a baseline's placement won.
+
+    Example:
+        >>> solver_lines(plan)[0]                         # doctest: +SKIP
+        '  solver     ilp:highs: within gap (0.42%, asked 1.00%) in 2.10 s, bound 5.55 ms'
+    """
+    s = plan.solver
+    lines = [f"  solver     {s.name}: {proof_text(s)} in {format_seconds(s.seconds)}"]
+    if s.ilp is not None:
+        lines.append(f"  ILP        {s.ilp.name}: {proof_text(s.ilp)}, its placement {_seconds(s.ilp.objective)}; "
+                     f"the plan keeps {s.name}'s, which is faster")
+    lower = plan.predicted.get("lower_bound_s")
+    if lower is not None:
+        lines.append(f"  lower bound {_seconds(lower)} for any placement (memory-aware)")
+    if s.note:
+        lines.append(f"  note       {s.note}")
+    return lines
+
+
+def proof_text(s: Any) -> str:
+    """``within gap (0.42%, asked 1.00%), bound 5.55 ms over 120 groups`` for a SolverInfo."""
+    parts = [s.status]
+    if s.gap is not None:
+        asked = f", asked {s.requested_gap:.2%}" if s.requested_gap is not None else ""
+        parts.append(f" (gap {s.gap:.2%}{asked})")
+    if s.bound is not None:
+        scope = f" over placements keeping {s.nodes} groups whole" if s.nodes else ""
+        parts.append(f", bound {_seconds(s.bound)}{scope}")
+    return "".join(parts)
 
 
 def _seconds(value: float | None) -> str:

@@ -357,6 +357,15 @@ class Problem:
         """Seconds to copy a shared parameter to ``dst``, from the slowest possible source."""
         return max((self.transfer_s(param.bytes, s, dst) for s in self.device_names if s != dst), default=0.0)
 
+    def fits_alone(self, node: str, device: str) -> bool:
+        """Whether ``node`` alone fits on ``device``: its working set, saved activations and its
+        parameters, or its stream buffer where it may stream them there. When it does not, no
+        feasible placement puts it there."""
+        weights = self.param_mem[node]
+        if node in self.streamable and device != self.host:
+            weights = min(weights, self.stream_buffer_bytes(node, StreamMode.PREFETCH))
+        return self.work_mem[node] + self.saved[node] + weights <= self.capacity[device]
+
     def buffer_factor(self, mode: StreamMode) -> int:
         """Reused device buffers for streamed weights: two for double-buffered prefetch, one for sync."""
         return 2 if mode is StreamMode.PREFETCH else 1
@@ -536,12 +545,14 @@ def accelerator_devices(devices: DeviceSet) -> tuple[str, ...]:
 
 
 class Status(str, enum.Enum):
-    """How a solver's answer stands."""
+    """How a solver's answer stands (the words plans, summaries and reports show)."""
 
-    OPTIMAL = "optimal"        # proven optimal within the requested relative gap
-    FEASIBLE = "feasible"      # a feasible incumbent at the time limit; the gap says how far it may be
-    HEURISTIC = "heuristic"    # a constructive baseline: no bound
-    INFEASIBLE = "infeasible"  # the solver proved there is no placement within the limits
+    OPTIMAL = "optimal"          # proven optimal: the relative gap is about 0 (at most 1e-6)
+    WITHIN_GAP = "within gap"    # proven within the requested relative gap; the gap says how far
+    TIME_LIMIT = "time limit"    # stopped by the time limit before reaching the requested gap
+    HEURISTIC = "heuristic"      # a constructive baseline: no bound
+    INFEASIBLE = "infeasible"    # the solver proved there is no placement within the limits
+    FEASIBLE = "time limit"      # the word before "time limit" (an alias, for callers that used it)
 
 
 @dataclasses.dataclass(frozen=True)
