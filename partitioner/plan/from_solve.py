@@ -86,7 +86,7 @@ def _solver_info(problem: Problem, solution: Solution, objective: float, ilp: So
                  requested_gap: float | None) -> SolverInfo:
     nodes = len(problem.nodes) if problem.graph is not problem.original else None
     own = None
-    if ilp is not None and ilp is not solution:
+    if ilp is not None and ilp.solver != solution.solver:  # the plan carries another solver's placement
         own = SolverInfo(ilp.solver, _word(ilp.status), ilp.objective, ilp.bound, _gap(ilp.objective, ilp.bound),
                          ilp.seconds, requested_gap, nodes, ilp.note)
     return SolverInfo(solution.solver, _word(solution.status), objective, solution.bound,
