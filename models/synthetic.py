@@ -13,12 +13,13 @@ _CLASSES = (OpClass.MATMUL, OpClass.ELEMENTWISE, OpClass.NORM, OpClass.GATHER, O
 
 def random_dag(
     seed: int, n_ops: int, *, max_inputs: int = 2, param_prob: float = 0.5, layers: int | None = None,
-    tied_prob: float = 0.0,
+    tied_prob: float = 0.0, param_sizes: tuple[int, ...] = (1 << 16, 1 << 22, 1 << 26),
 ) -> OpGraph:
     """A connected random DAG: op i reads 1..max_inputs earlier ops (or the input), some own parameters.
 
     With ``tied_prob`` > 0, an op that would own a new parameter instead reads (ties) an earlier
     op's parameter with that probability, like a language model's head sharing the embedding.
+    ``param_sizes`` are the sizes a parameter is drawn from.
     """
     rng = random.Random(seed)
     users: dict[str, list[str]] = {}
@@ -48,7 +49,7 @@ def random_dag(
                 users[tied].append(name)
                 read_params = (tied,)
             else:
-                pbytes = rng.choice([1 << 16, 1 << 22, 1 << 26])
+                pbytes = rng.choice(list(param_sizes))
                 owned = read_params = (f"{name}.weight",)
                 users[owned[0]] = [name]
                 params.append(Param(owned[0], (pbytes // 4,), "float32", pbytes, True, name))

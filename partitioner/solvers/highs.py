@@ -182,7 +182,10 @@ def _run_once(milp: Milp, time_limit: float, gap: float, start: Sequence[float] 
         if status == statuses.kOptimal:
             return RunResult("optimal", values, objective, objective)
         return RunResult("error", None, None, None, f"HiGHS stopped the LP: {h.modelStatusToString(status)}")
-    bound = float(info.mip_dual_bound) if math.isfinite(info.mip_dual_bound) else None
+    if not any(milp.integer):  # an LP (every node pinned, say): HiGHS reports no MIP bound, 0 or inf
+        bound = objective if status == statuses.kOptimal else None
+    else:
+        bound = float(info.mip_dual_bound) if math.isfinite(info.mip_dual_bound) else None
     if status == statuses.kOptimal:
         if bound is None and objective is not None:  # no integers left after presolve: an LP
             bound = objective
