@@ -5,7 +5,8 @@ deadline. Out: a :class:`~partitioner.solvers.problem.Solution` named ``<start>+
 whose placement is never worse than the start: fewer bytes over the memory caps first, then a
 lower objective. It is the ILP's warm start: a good incumbent lets the solver prune at once.
 
-Moves, tried in topological order until none improves or the deadline passes: put a run of 1, 2,
+Moves, tried in topological order until none improves (at most ``MAX_SWEEPS`` sweeps, so the
+result does not depend on the machine's speed; the deadline is only a guard): put a run of 1, 2,
 4, ... consecutive nodes (topological order) on another device, with each node's weights resident
 or streamed; stream or stop streaming one node's weights. For ``latency`` and ``throughput`` a
 move is costed incrementally (:class:`_State` keeps every sum and maximum of
@@ -30,6 +31,7 @@ from partitioner.solvers.problem import (
 )
 
 RUN_LENGTHS = (1, 2, 4, 8, 16, 32)
+MAX_SWEEPS = 4  # sweeps over every run and device: a bound on the work, so the result never depends on the clock
 
 
 class _State:
@@ -255,9 +257,9 @@ def _options(p: Problem, n: str) -> list[tuple[str, bool]]:
 def _search(p: Problem, placement: Placement, deadline: float | None) -> Placement:
     state = _State(p, placement)
     best = state.cost()
-    improved = True
-    while improved:
-        improved = False
+    improved, sweeps = True, 0
+    while improved and sweeps < MAX_SWEEPS:
+        improved, sweeps = False, sweeps + 1
         for length in RUN_LENGTHS:
             for i in range(0, len(p.nodes), max(1, length // 2)):
                 if deadline is not None and time.perf_counter() > deadline:
@@ -293,9 +295,9 @@ def _better_than(best: tuple[int, float]) -> tuple[int, float]:
 def _search_makespan(p: Problem, placement: Placement, deadline: float | None) -> Placement:
     current = placement
     best = rank(p, current)
-    improved = True
-    while improved:
-        improved = False
+    improved, sweeps = True, 0
+    while improved and sweeps < MAX_SWEEPS:
+        improved, sweeps = False, sweeps + 1
         for n in p.nodes:
             for device, streamed in _options(p, n):
                 if deadline is not None and time.perf_counter() > deadline:
