@@ -36,7 +36,7 @@ def test_an_ilp_plan_says_within_gap_with_the_gap_asked_and_round_trips(tmp_path
     assert plan.predicted["lower_bound_s"] <= s.objective
     loaded = Plan.load(plan.save(tmp_path / "plan.json"))
     assert loaded.solver == s
-    assert f"{s.status} (gap" in plan.summary() and "asked 1.00%" in plan.summary()
+    assert f"ilp:highs: {s.status} in" in plan.summary() and "asked 1.00%" in plan.summary()
 
 
 def test_a_baseline_asked_for_is_heuristic(gpt_graph) -> None:
