@@ -28,7 +28,7 @@ from partitioner.solvers.problem import Placement, Problem, Solution, StreamMode
 log = logging.getLogger(__name__)
 
 SMALLEST = 40        # stop coarsening at this many nodes
-SHRINK = 3           # each level has about a third of the nodes of the one below
+SHRINK = 2           # each level has at most half the nodes of the one below
 MIN_SHRINK = 0.8     # a coarsening that keeps more than this share of the nodes is not a level
 LEVEL_SHARE = 0.2    # a coarse level may use this share of the time left
 SEARCH_SHARE = 0.05  # local search at a level may use this share of the time left
