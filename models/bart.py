@@ -32,7 +32,7 @@ class BartConfig:
 
 
 CONFIGS: dict[str, BartConfig] = {
-    "tiny": BartConfig(vocab=128, d_model=32, n_heads=4, d_ff=64, n_layers=2, max_positions=32,
+    "tiny": BartConfig(vocab=128, d_model=32, n_heads=4, d_ff=64, n_layers=1, max_positions=32,
                        batch=2, src_len=16, tgt_len=8),
     "small": BartConfig(vocab=8192, d_model=256, n_heads=4, d_ff=1024, n_layers=3, max_positions=256,
                         batch=2, src_len=128, tgt_len=64),

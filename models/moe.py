@@ -42,7 +42,7 @@ class MoEConfig:
 
 
 CONFIGS: dict[str, MoEConfig] = {
-    "tiny": MoEConfig(vocab=128, d_model=32, n_heads=4, n_layers=2, n_experts=4, top_k=2, d_expert=32,
+    "tiny": MoEConfig(vocab=128, d_model=32, n_heads=4, n_layers=1, n_experts=3, top_k=2, d_expert=32,
                       d_shared=64, batch=2, seq=16),
     "small": MoEConfig(vocab=8192, d_model=256, n_heads=4, n_layers=2, n_experts=8, top_k=2, d_expert=256,
                        d_shared=512, batch=2, seq=128),

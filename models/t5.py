@@ -37,7 +37,7 @@ class T5Config:
 
 
 CONFIGS: dict[str, T5Config] = {
-    "tiny": T5Config(vocab=128, d_model=32, d_kv=8, n_heads=4, d_ff=64, n_layers=2, buckets=8,
+    "tiny": T5Config(vocab=128, d_model=32, d_kv=8, n_heads=4, d_ff=64, n_layers=1, buckets=8,
                      max_distance=16, batch=2, src_len=16, tgt_len=8),
     "small": T5Config(vocab=8192, d_model=256, d_kv=32, n_heads=8, d_ff=1024, n_layers=4, buckets=32,
                       max_distance=128, batch=2, src_len=128, tgt_len=64),
