@@ -36,16 +36,21 @@ def _name(kind: str, *parts: str) -> str:
     return kind + "".join(f"[{p}]" for p in parts)
 
 
+def check_size(problem) -> None:  # noqa: ANN001 - a Problem
+    """Refuse a makespan problem too large for the disjunctive model, before any work is done."""
+    if len(problem.nodes) > MAX_NODES:
+        raise SolverUnavailable(
+            f"the makespan ILP takes at most {MAX_NODES} nodes, {problem.graph.name!r} has {len(problem.nodes)}: "
+            f"coarsen the graph (partition(..., coarsen=True)) or use objective 'latency'"
+        )
+
+
 class MakespanRows:
     """Start/finish columns and the rows tying them to the placement (see the module docstring)."""
 
     def __init__(self, f: Formulation) -> None:
         p, tu, m = f.p, f.units.time, f.milp
-        if len(p.nodes) > MAX_NODES:
-            raise SolverUnavailable(
-                f"the makespan ILP takes at most {MAX_NODES} nodes, {p.graph.name!r} has {len(p.nodes)}: "
-                f"coarsen the graph (partition(..., coarsen=True)) or use objective 'latency'"
-            )
+        check_size(p)
         self.f = f
         # a list schedule ends by the sum of all durations and one copy of each tensor (the chain of
         # waits behind the last node meets each node and each tensor at most once)

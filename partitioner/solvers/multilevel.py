@@ -23,7 +23,8 @@ import time
 from partitioner.coarsen import auto_coarsen
 from partitioner.solvers.ilp import ProgressFn, solve_ilp
 from partitioner.solvers.local_search import improve
-from partitioner.solvers.problem import Placement, Problem, Solution, StreamMode, evaluate
+from partitioner.solvers.makespan import check_size
+from partitioner.solvers.problem import Objective, Placement, Problem, Solution, StreamMode, evaluate
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,8 @@ def solve_multilevel(
         >>> sol, warm = solve_multilevel(problem, solve_heft(problem), time_limit=5)   # doctest: +SKIP
         >>> sol.status.value, sol.bound <= evaluate(problem, sol.placement).total_s
     """
+    if problem.options.objective is Objective.MAKESPAN:
+        check_size(problem)  # refuse at once rather than after solving the coarser levels
     began = time.perf_counter()
     deadline = began + time_limit
     levels = coarser_levels(problem)
