@@ -29,9 +29,16 @@ def fields_from_solution(
     capture: str = "export",
     constraints: Mapping[str, Any] | None = None,
     inputs: tuple[InputSpec, ...] | None = None,
+    ilp: Solution | None = None,
+    requested_gap: float | None = None,
 ) -> dict[str, Any]:
-    """The fields of the plan of ``solution`` (see :meth:`Plan.from_solution`); ``inputs`` are the
-    model's positional inputs as passed (default: the graph's input tensors)."""
+    """The fields of the plan of ``solution`` (see :meth:`Plan.from_solution`).
+
+    ``inputs`` are the model's positional inputs as passed (default: the graph's input tensors).
+    ``ilp`` is the ILP's own solution when ``solution`` is another solver's placement that beat
+    it (kept beside it in the plan); ``requested_gap`` the gap the ILP was asked for. The bound is
+    written as the solver proved it (never clamped to the objective), the gap from the two.
+    """
     from partitioner.solvers.problem import evaluate
 
     ev = evaluation if evaluation is not None else evaluate(problem, solution.placement)
@@ -71,18 +78,26 @@ def fields_from_solution(
                    "lower_bound_s": lower_bound if lower_bound is not None else solution.bound,
                    "per_op_s": _per_op_seconds(problem, device),
                    "per_op_device_s": _per_op_device_seconds(problem)},
-        solver=SolverInfo(solution.solver, getattr(solution.status, "value", solution.status),
-                          ev.total_s, _bound(ev.total_s, solution.bound), _gap(ev.total_s, solution.bound),
-                          solution.seconds),
+        solver=_solver_info(problem, solution, ev.total_s, ilp, requested_gap),
         baselines={name: b if isinstance(b, BaselineInfo) else
                    BaselineInfo(b.total_s, b.feasible, "; ".join(b.violations[:1]))
                    for name, b in (baselines or {}).items()},
     )
 
 
-def _bound(objective: float, bound: float | None) -> float | None:
-    """A solver's bound can exceed the evaluated objective by its tolerance: never report it above."""
-    return None if bound is None else min(bound, objective)
+def _solver_info(problem: Problem, solution: Solution, objective: float, ilp: Solution | None,
+                 requested_gap: float | None) -> SolverInfo:
+    nodes = len(problem.nodes) if problem.graph is not problem.original else None
+    own = None
+    if ilp is not None and ilp.solver != solution.solver:  # the plan carries another solver's placement
+        own = SolverInfo(ilp.solver, _word(ilp.status), ilp.objective, ilp.bound, _gap(ilp.objective, ilp.bound),
+                         ilp.seconds, requested_gap, nodes, ilp.note)
+    return SolverInfo(solution.solver, _word(solution.status), objective, solution.bound,
+                      _gap(objective, solution.bound), solution.seconds, requested_gap, nodes, solution.note, own)
+
+
+def _word(status: Any) -> str:
+    return getattr(status, "value", status)
 
 
 def _gap(objective: float | None, bound: float | None) -> float | None:

@@ -19,7 +19,8 @@ from cost_models.profiles import DeviceSet
 from partitioner.errors import ProfileError
 from partitioner.plan.values import (
     _BASELINE_KEYS, _MEMORY_KEYS, _MODEL_KEYS, _OBJECTIVES, _OPTIMIZERS, _PREDICTED_MAPS,
-    _PREDICTED_OPTIONAL, _PREDICTED_REQUIRED, _REPLAN, _SOLVER_KEYS, _STREAM_MODES, _TRANSFER_KEYS,
+    _PREDICTED_OPTIONAL, _PREDICTED_REQUIRED, _REPLAN, _SOLVER_KEYS, _SOLVER_OPTIONAL, _STATUSES, _STREAM_MODES,
+    _TRANSFER_KEYS,
     _TRANSFER_KINDS, FORMAT_VERSION, TOP_LEVEL_KEYS, BaselineInfo, PlanFormatError, SolverInfo,
     InputSpec, TransferInfo, _finite_or_none,
 )
@@ -290,15 +291,25 @@ def _read_transfer(r: FieldReader, value: Any, path: str) -> TransferInfo:
     )
 
 
-def _read_solver(r: FieldReader, value: Any) -> SolverInfo:
-    s = r.keys(value, "solver", _SOLVER_KEYS)
+def _read_solver(r: FieldReader, value: Any, path: str = "solver") -> SolverInfo:
+    optional = _SOLVER_OPTIONAL if path == "solver" else tuple(k for k in _SOLVER_OPTIONAL if k != "ilp")
+    s = r.keys(value, path, _SOLVER_KEYS, optional)
+    status = r.string(s["status"], f"{path}.status")
+    if status not in _STATUSES:
+        r.fail(f"{path}.status", f"unknown status {_show(status)}; a plan's status is one of "
+                                 f"{', '.join(_STATUSES[:-1])}")
+    nodes = s.get("nodes")
     return SolverInfo(
-        name=r.string(s["name"], "solver.name"),
-        status=r.string(s["status"], "solver.status"),
-        objective=r.number_or_null(s["objective"], "solver.objective"),
-        bound=r.number_or_null(s["bound"], "solver.bound"),
-        gap=r.number_or_null(s["gap"], "solver.gap"),
-        seconds=r.number(s["seconds"], "solver.seconds"),
+        name=r.string(s["name"], f"{path}.name"),
+        status=status,
+        objective=r.number_or_null(s["objective"], f"{path}.objective"),
+        bound=r.number_or_null(s["bound"], f"{path}.bound"),
+        gap=r.number_or_null(s["gap"], f"{path}.gap"),
+        seconds=r.number(s["seconds"], f"{path}.seconds"),
+        requested_gap=r.number_or_null(s.get("requested_gap"), f"{path}.requested_gap"),
+        nodes=r.count(nodes, f"{path}.nodes") if nodes is not None else None,
+        note=r.string(s.get("note", ""), f"{path}.note"),
+        ilp=_read_solver(r, s["ilp"], f"{path}.ilp") if s.get("ilp") is not None else None,
     )
 
 

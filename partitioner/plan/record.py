@@ -33,8 +33,8 @@ from partitioner.errors import HetpartError, PlanMismatch
 from partitioner.files import read_text, refuse_overwrite, write_atomic
 from partitioner.plan.reader import FieldReader, check_references, parse_json, plan_fields, read_memory, read_predicted
 from partitioner.plan.values import (
-    _REPLAN, _SOLVER_KEYS, FORMAT_VERSION, BaselineInfo, InputSpec, SolverInfo, TransferInfo, _freeze,
-    _plain, _transfer_dict, input_spec,
+    _REPLAN, FORMAT_VERSION, BaselineInfo, InputSpec, SolverInfo, TransferInfo, _freeze, _plain,
+    _transfer_dict, input_spec,
 )
 
 if TYPE_CHECKING:  # the solver package is imported only by from_solution, when called
@@ -140,7 +140,7 @@ class Plan:
             "transfers": [_transfer_dict(t) for t in self.transfers],
             "memory": self.memory,
             "predicted": self.predicted,
-            "solver": {f: getattr(self.solver, f) for f in _SOLVER_KEYS},
+            "solver": self.solver.to_dict(),
             "baselines": {name: dataclasses.asdict(b) for name, b in self.baselines.items()},
         }
         if self.constraints:

@@ -27,6 +27,8 @@ TOP_LEVEL_KEYS: tuple[str, ...] = (
 _MODEL_KEYS = ("name", "fingerprint", "op_count", "modules", "param_ops")
 _TRANSFER_KEYS = ("tensor", "from", "to", "bytes", "seconds", "kind")
 _SOLVER_KEYS = ("name", "status", "objective", "bound", "gap", "seconds")
+_SOLVER_OPTIONAL = ("requested_gap", "nodes", "note", "ilp")  # written when set
+_STATUSES = ("optimal", "within gap", "time limit", "heuristic", "infeasible", "feasible")  # "feasible": older plans
 _BASELINE_KEYS = ("total_s", "feasible", "note")
 _MEMORY_KEYS = ("used", "capacity")
 _PREDICTED_REQUIRED = ("total_s", "per_device_s", "per_link_s")
@@ -46,24 +48,50 @@ class PlanFormatError(HetpartError, ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class SolverInfo:
-    """Which solver made the plan and what it proved.
+    """Which solver's placement the plan carries and what is proven about it.
+
+    ``name`` is the solver whose placement the plan holds (``"ilp:highs"``, or a baseline such as
+    ``"heft+local-search"`` when it beat the ILP's incumbent; the ILP's own result is then kept in
+    ``ilp``). ``status`` is "optimal" (proven gap about 0), "within gap" (proven within
+    ``requested_gap``), "time limit" (stopped further away), "heuristic" (nothing proven) or
+    "infeasible"; plans written before these words may say "feasible" for "time limit".
+    ``bound`` is the ILP's proven lower bound over every placement of the problem it solved:
+    with ``nodes`` set, the graph was coarsened to that many groups and the bound covers the
+    placements that keep each group on one device.
 
     Example:
         >>> SolverInfo("ilp", "optimal", 0.0123, 0.0121, float("nan"), 2.5).gap is None
         True
     """
 
-    name: str                 # "ilp", "greedy", "heft", "single-device"
-    status: str               # "optimal" | "feasible" | "heuristic" | "infeasible"
+    name: str                 # solver whose placement the plan holds: "ilp:highs", "heft", "single:cuda:0", ...
+    status: str               # "optimal" | "within gap" | "time limit" | "heuristic" | "infeasible"
     objective: float | None   # the placement's predicted objective, seconds
-    bound: float | None       # a proven lower bound on the objective (None: heuristic)
+    bound: float | None       # a proven lower bound on the objective (None: nothing proven)
     gap: float | None         # (objective - bound) / objective, None when unknown
     seconds: float            # wall time of the solve
+    requested_gap: float | None = None  # the relative gap the solver was asked to reach
+    nodes: int | None = None            # coarse groups the ILP placed (None: every op on its own)
+    note: str = ""                      # what the solver said (a time-out, a fallback)
+    ilp: SolverInfo | None = None       # the ILP's own result, when the plan carries another placement
 
     def __post_init__(self) -> None:
-        for name in ("objective", "bound", "gap"):
+        for name in ("objective", "bound", "gap", "requested_gap"):
             object.__setattr__(self, name, _finite_or_none(getattr(self, name)))
         object.__setattr__(self, "seconds", float(self.seconds))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``solver`` object of a plan file: the required keys, then the optional ones set."""
+        out: dict[str, Any] = {f: getattr(self, f) for f in _SOLVER_KEYS}
+        if self.requested_gap is not None:
+            out["requested_gap"] = self.requested_gap
+        if self.nodes is not None:
+            out["nodes"] = self.nodes
+        if self.note:
+            out["note"] = self.note
+        if self.ilp is not None:
+            out["ilp"] = self.ilp.to_dict()
+        return out
 
 
 @dataclasses.dataclass(frozen=True)
