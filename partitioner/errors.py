@@ -53,3 +53,7 @@ class VerificationError(HetpartError):
 
 class SolverUnavailable(HetpartError):
     """The requested solver is not installed or not known."""
+
+
+class OnnxError(HetpartError):
+    """An ONNX model hetpart cannot read or run: names the file, node or input and the fix."""

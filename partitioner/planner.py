@@ -18,9 +18,10 @@ from cost_models.training import parse_optimizer
 from partitioner.coarsen import CoarsenOptions, Coarsening, auto_coarsen, coarsen as coarsen_graph, identity
 from partitioner.errors import HetpartError, InfeasiblePlacement, SolverUnavailable
 from partitioner.frontends.fx import from_module
+from partitioner.frontends.onnx import from_onnx, is_onnx_graph, is_onnx_model
 from partitioner.ir import OpGraph
 from partitioner.plan import Plan
-from partitioner.solvers import BASELINE_NAMES, run_baseline
+from partitioner.solvers import BASELINE_NAMES, ONNX_BASELINE_NAMES, run_baseline
 from partitioner.solvers.bounds import physical_lower_bound
 from partitioner.solvers.ilp import ProgressFn, solve_ilp
 from partitioner.solvers.problem import (
@@ -92,6 +93,7 @@ def partition_outcome(
     capture: str = "export",
     model_name: str | None = None,
     progress: ProgressFn | None = None,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
 ) -> Outcome:
     """Place every op of a model on the devices of a profile: the plan and how it was reached.
 
@@ -99,7 +101,12 @@ def partition_outcome(
     :func:`partition` returns its plan.
 
     Parameters:
-        model_or_graph: an ``nn.Module`` (captured with ``capture``) or an OpGraph.
+        model_or_graph: an ``nn.Module`` (captured with ``capture``), an ONNX model (a ``.onnx`` path
+            or ``ModelProto``, imported with :func:`~partitioner.frontends.onnx.from_onnx`), or an OpGraph.
+        input_shapes: ONNX models: static shapes of inputs with symbolic dimensions,
+            ``{"input": (1, 3, 224, 224)}``. ONNX plans are for inference, without weight streaming
+            (onnxruntime sessions hold their weights), and list the ``ort-fallback`` and
+            ``openvino-pipeline`` baselines too.
         devices: a built-in profile name, a TOML path, or a DeviceSet.
         objective: ``"latency"``, ``"throughput"`` or ``"makespan"``.
         memory: caps below the profile, e.g. ``{"cuda:0": "2GB"}``.
@@ -124,8 +131,13 @@ def partition_outcome(
         >>> out.evaluation.feasible
         True
     """
-    graph = _capture(model_or_graph, example_inputs, capture, model_name)
+    graph = _capture(model_or_graph, example_inputs, capture, model_name, input_shapes)
     verify_graph(graph)
+    onnx_graph = is_onnx_graph(graph)
+    if onnx_graph and training:
+        raise HetpartError(f"{graph.name!r} is an ONNX graph: ONNX models are planned for inference (onnxruntime "
+                           "runs them forward only); drop training=True (CLI: --training)")
+    streaming = streaming and not onnx_graph
     profile = _profile(devices, memory)
     options = Options(
         objective=_objective(objective), training=training, optimizer=parse_optimizer(optimizer),
@@ -140,7 +152,7 @@ def partition_outcome(
         problem, solution, evaluation,
         baselines={name: ev for name, (_, ev) in baselines.items()},
         lower_bound=physical_lower_bound(problem), model_name=model_name or graph.name,
-        capture=capture if not isinstance(model_or_graph, OpGraph) else "export",
+        capture="onnx" if onnx_graph else capture if not isinstance(model_or_graph, OpGraph) else "export",
         constraints={
             "pins": dict(problem.pins) and {op: problem.pins[n] for n in problem.pins for op in coarse.members[n]},
             "memory_caps": {d: profile.device(d).memory for d in (memory or {})},
@@ -156,9 +168,12 @@ def partition_outcome(
 # --------------------------------------------------------------------------------------------
 
 
-def _capture(model_or_graph: Any, example_inputs: Any, capture: str, name: str | None) -> OpGraph:
+def _capture(model_or_graph: Any, example_inputs: Any, capture: str, name: str | None,
+             input_shapes: Mapping[str, Sequence[int]] | None) -> OpGraph:
     if isinstance(model_or_graph, OpGraph):
         return model_or_graph
+    if is_onnx_model(model_or_graph):
+        return from_onnx(model_or_graph, input_shapes, name=name)
     if example_inputs is None:
         raise HetpartError("partition(model, example_inputs, ...) needs example inputs to capture an nn.Module")
     return from_module(model_or_graph, example_inputs, capture=capture, name=name)
@@ -233,7 +248,8 @@ def _pinned_ops(graph: OpGraph, pins: Mapping[str, str]) -> set[str]:
 
 
 def _baseline_names(problem: Problem) -> list[str]:
-    return [f"single:{d}" for d in problem.device_names] + list(BASELINE_NAMES)
+    onnx = ONNX_BASELINE_NAMES if is_onnx_graph(problem.original) else ()
+    return [f"single:{d}" for d in problem.device_names] + list(BASELINE_NAMES) + list(onnx)
 
 
 def _evaluated(problem: Problem, solution: Solution) -> tuple[Solution, Evaluation]:
@@ -262,7 +278,7 @@ def _solve(
         if not ev.feasible:
             raise InfeasiblePlacement(f"the {solver} baseline does not fit: {'; '.join(ev.violations[:3])}")
         return sol, ev
-    if solver.startswith("single:") or solver in BASELINE_NAMES:
+    if solver.startswith("single:") or solver in BASELINE_NAMES + ONNX_BASELINE_NAMES:
         raise SolverUnavailable(f"baseline {solver!r} is not available for this profile: "
                                 f"use one of {', '.join(baselines)}")
     best = _best_feasible(baselines)
