@@ -43,8 +43,11 @@ class LoadedOnnx:
 
 
 def load_onnx(source: str | os.PathLike[str] | onnx.ModelProto,
-              input_shapes: Mapping[str, Sequence[int]] | None = None) -> LoadedOnnx:
+              input_shapes: Mapping[str, Sequence[int]] | Sequence[Sequence[int]] | None = None) -> LoadedOnnx:
     """Read, check and bind an ONNX model (see the module docstring).
+
+    ``input_shapes`` maps input names to shapes, or lists one shape per input (initializers
+    excluded) in the model's order, as a plan records them.
 
     Example:
         >>> loaded = load_onnx("model.onnx", {"input": (1, 3, 224, 224)})   # doctest: +SKIP
@@ -66,7 +69,7 @@ def load_onnx(source: str | os.PathLike[str] | onnx.ModelProto,
     order = _topological_order(model.graph, where)
     constant = _constant_initializers(model)
     inputs = tuple(i.name for i in model.graph.input if i.name not in constant)
-    _bind_shapes(model.graph, inputs, dict(input_shapes or {}), where)
+    _bind_shapes(model.graph, inputs, _named(input_shapes, inputs, where), where)
     name = path.stem if path is not None else (model.graph.name or "onnx-model")
     return LoadedOnnx(model, name, path, base_dir, order, inputs, constant)
 
@@ -263,6 +266,19 @@ def _free_names(graph: onnx.GraphProto) -> list[str]:
 # --------------------------------------------------------------------------------------------
 # Binding the input shapes
 # --------------------------------------------------------------------------------------------
+
+
+def _named(shapes: Mapping[str, Sequence[int]] | Sequence[Sequence[int]] | None, inputs: tuple[str, ...],
+           where: str) -> dict[str, Sequence[int]]:
+    if shapes is None:
+        return {}
+    if isinstance(shapes, Mapping):
+        return dict(shapes)
+    shapes = list(shapes)
+    if len(shapes) != len(inputs):
+        raise OnnxError(f"{where}: {len(shapes)} input shapes given for {len(inputs)} inputs "
+                        f"({', '.join(map(repr, inputs))}): give one per input, or name them")
+    return dict(zip(inputs, shapes))
 
 
 def _bind_shapes(graph: onnx.GraphProto, inputs: tuple[str, ...], shapes: dict[str, Sequence[int]],
