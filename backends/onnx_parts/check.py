@@ -106,7 +106,7 @@ def _compare(name: str, got: Any, want: Any) -> list[TensorError]:
         return [e for i, (g, w) in enumerate(zip(got, want)) for e in _compare(f"{name}[{i}]", g, w)]
     want, got = np.asarray(want), np.asarray(got)
     try:
-        return [compare(name, torch.from_numpy(np.ascontiguousarray(got)), torch.from_numpy(np.ascontiguousarray(want)))]
+        return [compare(name, torch.from_numpy(got.copy(order="C")), torch.from_numpy(want.copy(order="C")))]
     except TypeError:  # strings and dtypes torch has no type for: must be equal
         same = got.shape == want.shape and got.dtype == want.dtype and bool(np.all(got == want))
         return [TensorError(name, str(want.dtype), tuple(want.shape), 0.0 if same else float("inf"),

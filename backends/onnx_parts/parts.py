@@ -17,9 +17,10 @@ Each part's model (:func:`part_model`) holds its nodes, in the original model's 
   the plan puts its readers on two devices or in two runs of a device); external data is read from
   beside the original file, and written again beside the parts;
 * the constants they read that the front end folded (``ConstantOfShape`` / ``Identity`` chains,
-  ``Shape`` arithmetic): small ones as initializers holding their values, the others as the
-  nodes that make them, down to initializers, so onnxruntime folds them once when the part's
-  session starts, as it does for the whole model. A part never receives a weight as an input;
+  ``Shape`` arithmetic) as the nodes that make them, down to initializers, so onnxruntime folds
+  them once when the part's session starts, as it does for the whole model; a ``Shape`` or
+  ``Size`` of a tensor the part does not hold becomes an initializer holding its (static) value.
+  A part never receives a weight as an input;
 * initializers are never listed as graph inputs, and the IR version is at least 4, so onnxruntime
   treats them as constants even when the original model (IR version 3) listed them as inputs;
 * its inputs and outputs typed with the shapes the plan was made for, the model's opsets and
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import logging
 from collections.abc import Iterable, Mapping
 
 import onnx
@@ -38,8 +40,11 @@ from onnx.external_data_helper import load_external_data_for_tensor, uses_extern
 
 from partitioner.errors import OnnxError
 from partitioner.frontends.onnx import OnnxSource
+from partitioner.frontends.onnx_fold import SKELETON_BYTES
 from partitioner.frontends.onnx_load import outer_references
 from partitioner.ir import OpGraph
+
+log = logging.getLogger(__name__)
 
 #: the lowest IR version whose initializers are constants without being listed as graph inputs
 MIN_IR_VERSION = 4
@@ -121,6 +126,7 @@ def part_model(source: OnnxSource, part: Part, name: str) -> onnx.ModelProto:
     producer = {o: i for i in analysis.folded for o in graph.node[i].output if o}
     initializers = {t.name: t for t in graph.initializer}
     sparse = {t.values.name: t for t in graph.sparse_initializer}
+    held = set(part.inputs) | {o for i in nodes for o in graph.node[i].output}
     made: dict[str, onnx.TensorProto] = {}
     made_sparse: dict[str, onnx.SparseTensorProto] = {}
     pending = [n for i in sorted(nodes) for n in [*graph.node[i].input, *outer_references(graph.node[i])]
@@ -129,17 +135,19 @@ def part_model(source: OnnxSource, part: Part, name: str) -> onnx.ModelProto:
         name = pending.pop()
         if name in made or name in made_sparse:
             continue
-        if name in analysis.values and name not in initializers:
-            made[name] = numpy_helper.from_array(analysis.values[name], name)
-        elif name in initializers:
+        if name in initializers:
             made[name] = _loaded(initializers[name], source)
         elif name in sparse:
             made_sparse[name] = sparse[name]
+        elif name in producer and graph.node[producer[name]].op_type in ("Shape", "Size") \
+                and graph.node[producer[name]].input[0] not in held:
+            made[name] = numpy_helper.from_array(analysis.values[name], name)  # of a tensor the part does not hold
         elif name in producer:
             i = producer[name]
             if i not in nodes:
                 nodes.add(i)
-                pending.extend(n for n in [*graph.node[i].input, *outer_references(graph.node[i])] if n)
+                pending.extend(n for n in [*graph.node[i].input, *outer_references(graph.node[i])]
+                               if n and n in analysis.constant)  # a Shape's input is held, not constant
         else:
             raise OnnxError(f"part {part.index}: constant {name!r} has no initializer or producer")
     out = onnx.helper.make_graph(
@@ -154,7 +162,33 @@ def part_model(source: OnnxSource, part: Part, name: str) -> onnx.ModelProto:
                                    producer_name="hetpart", doc_string=f"part {part.index} of {name}")
     model.ir_version = max(original.ir_version, MIN_IR_VERSION)
     model.functions.extend(original.functions)
+    if not _infers(model):
+        # onnx's (and onnxruntime's) inference can be stricter on a declared shape than the kernel is at
+        # run time (a Range reading a [1]-shaped tensor made by an If); the whole model never declared it
+        log.info("part %d of %s: inputs declared without shapes (shape inference rejects them)", part.index, name)
+        for value in model.graph.input:
+            if value.type.HasField("tensor_type"):
+                value.type.tensor_type.ClearField("shape")
     return model
+
+
+def _infers(model: onnx.ModelProto) -> bool:
+    """Whether strict shape inference accepts the part (checked on a copy without large initializers)."""
+    graph = model.graph
+    small = [t for t in graph.initializer if t.ByteSize() <= SKELETON_BYTES]
+    large = [onnx.helper.make_tensor_value_info(t.name, t.data_type, t.dims)
+             for t in graph.initializer if t.ByteSize() > SKELETON_BYTES]
+    skeleton = onnx.helper.make_model(
+        onnx.helper.make_graph(graph.node, graph.name, [*graph.input, *large], graph.output, small,
+                               sparse_initializer=graph.sparse_initializer),
+        opset_imports=model.opset_import)
+    skeleton.ir_version = model.ir_version
+    skeleton.functions.extend(model.functions)
+    try:
+        onnx.shape_inference.infer_shapes(skeleton, check_type=True, strict_mode=True)
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError):
+        return False
+    return True
 
 
 def _value_info(source: OnnxSource, tensor: str, part: Part) -> onnx.ValueInfoProto:

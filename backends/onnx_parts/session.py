@@ -118,7 +118,9 @@ class PartitionedSession:
             if at == target:
                 return value
             value = value.numpy()
-        array = np.ascontiguousarray(value)
+        array = np.asarray(value)
+        if not array.flags["C_CONTIGUOUS"]:  # (np.ascontiguousarray would make a scalar 1-d)
+            array = array.copy(order="C")
         onnx_type = _onnx_type(self._dtypes.get(name))
         if onnx_type is not None and onnx.helper.tensor_dtype_to_np_dtype(onnx_type) != array.dtype:
             return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(array, onnx_type)
