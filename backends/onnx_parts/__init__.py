@@ -57,9 +57,8 @@ class OnnxBackend:
 
     def bind(self, plan: Any, device_map: Mapping[str, str] | None = None) -> dict[str, str]:
         """Logical device -> the execution provider its parts run on (``CUDAExecutionProvider:0``)."""
-        used = dict.fromkeys(plan.placement.values())
-        providers = bind_providers({d: (plan.devices.device(d).kind.value, plan.devices.device(d).onnx_provider)
-                                    for d in used}, device_map)
+        providers = bind_providers({d.name: (d.kind.value, d.onnx_provider) for d in plan.devices.devices},
+                                   plan.placement.values(), device_map)
         return {d: p.name + (f":{p.device_id}" if p.device_type == "cuda" else "") for d, p in providers.items()}
 
     def build(self, plan: Any, model: Any, device_map: Mapping[str, str] | None = None,

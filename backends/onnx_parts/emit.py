@@ -41,9 +41,10 @@ log = logging.getLogger(__name__)
 EXTERNAL_ABOVE = 1 << 30
 
 
-def graph_for(plan: Any, model: str | os.PathLike[str] | onnx.ModelProto,
+def graph_for(plan: Any, model: str | os.PathLike[str] | onnx.ModelProto | OpGraph,
               input_shapes: Mapping[str, Sequence[int]] | None = None) -> OpGraph:
-    """Import ``model`` with the plan's input shapes and check it is the model the plan was made for.
+    """Import ``model`` with the plan's input shapes and check it is the model the plan was made for
+    (an OpGraph from :func:`~partitioner.frontends.onnx.from_onnx` is checked as it is).
 
     Raises:
         PlanMismatch: the model (or its input shapes) differs from the plan's.
@@ -55,13 +56,18 @@ def graph_for(plan: Any, model: str | os.PathLike[str] | onnx.ModelProto,
     if plan.capture != "onnx":
         raise OnnxError(f"{plan.source} was made for a torch model ({plan.capture} capture), not an ONNX model: "
                         "run it with plan.emit(module) / `hetpart emit MODEL.py`, or plan the .onnx file")
-    shapes: Any = input_shapes if input_shapes is not None else [shape for shape, _ in plan.inputs]
-    graph = from_onnx(model, shapes, name=plan.model_name)
+    if isinstance(model, OpGraph):
+        if not is_onnx_graph(model):
+            raise OnnxError(f"graph {model.name!r} was not imported from ONNX: give the .onnx model")
+        graph = model
+    else:
+        shapes: Any = input_shapes if input_shapes is not None else [shape for shape, _ in plan.inputs]
+        graph = from_onnx(model, shapes, name=plan.model_name)
     plan.check_graph(graph)
     return graph
 
 
-def build_parts(plan: Any, model: str | os.PathLike[str] | onnx.ModelProto,
+def build_parts(plan: Any, model: str | os.PathLike[str] | onnx.ModelProto | OpGraph,
                 device_map: Mapping[str, str] | None = None, *,
                 input_shapes: Mapping[str, Sequence[int]] | None = None) -> PartitionedSession:
     """The plan's parts as chained onnxruntime sessions, built in memory.
@@ -88,7 +94,7 @@ def build_parts(plan: Any, model: str | os.PathLike[str] | onnx.ModelProto,
     return PartitionedSession(manifest, blobs, device_map, where=f"parts of {plan.model_name}")
 
 
-def emit_onnx(plan: Any, model: str | os.PathLike[str] | onnx.ModelProto, folder: str | os.PathLike[str], *,
+def emit_onnx(plan: Any, model: str | os.PathLike[str] | onnx.ModelProto | OpGraph, folder: str | os.PathLike[str], *,
               input_shapes: Mapping[str, Sequence[int]] | None = None, force: bool = False) -> Path:
     """Write the plan's parts and their manifest into ``folder`` (see the module docstring).
 
@@ -133,8 +139,7 @@ def _parts(plan: Any, graph: OpGraph) -> tuple[list[Part], list[onnx.ModelProto]
     parts = split(plan.placement, plan.schedule, graph)
     models = [part_model(source, part, plan.model_name) for part in parts]
     types = source.analysis.types
-    devices = {d: (plan.devices.device(d).kind.value, plan.devices.device(d).onnx_provider)
-               for d in dict.fromkeys(p.device for p in parts)}
+    devices = {d.name: (d.kind.value, d.onnx_provider) for d in plan.devices.devices}
     manifest = Manifest(
         name=plan.model_name, fingerprint=plan.fingerprint, predicted_s=plan.predicted.get("total_s"),
         devices=devices,

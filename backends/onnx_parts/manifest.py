@@ -9,7 +9,8 @@ manifest a one-line :class:`~partitioner.errors.OnnxError` naming the file and f
     format          "hetpart-onnx-parts"
     format_version  1
     model           {"name", "fingerprint": the OpGraph's, "plan_predicted_s": the plan's prediction}
-    devices         {logical device: {"kind": "cpu" | "gpu" | "npu", "onnx_provider": name or null}}
+    devices         {logical device: {"kind": "cpu" | "gpu" | "npu", "onnx_provider": name or null}}, every
+                    device of the plan's profile (a binding may name any of them)
     inputs          [{"name", "dtype", "shape"}, ...]   the graph inputs, in the model's order
     outputs         [name, ...]                         the graph outputs, in the model's order
     parts           [{"file": "part_0.onnx", "device", "ops": count, "inputs": [...], "outputs": [...],

@@ -19,7 +19,7 @@ beside two idle-spinning ones, 32 ms without spinning). A session alone runs as 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import onnxruntime as ort
 
@@ -75,22 +75,24 @@ def provider_for(logical: str, kind: str, profile_provider: str | None, physical
     return provider
 
 
-def bind_providers(devices: Mapping[str, tuple[str, str | None]], device_map: Mapping[str, str] | None) -> dict[str, Provider]:
-    """Logical device -> :class:`Provider`, for ``devices`` = {logical: (kind, profile provider)}.
+def bind_providers(devices: Mapping[str, tuple[str, str | None]], used: Iterable[str],
+                   device_map: Mapping[str, str] | None) -> dict[str, Provider]:
+    """Logical device -> :class:`Provider` for each ``used`` device, given every device of the
+    profile as ``devices`` = {logical: (kind, profile's onnx_provider)}.
 
     Raises:
-        OnnxError: ``device_map`` names a device the plan does not use, or a provider is missing.
+        OnnxError: ``device_map`` names a device the profile does not have, or a provider is missing.
 
     Example:
-        >>> bind_providers({"cpu": ("cpu", None), "cuda:0": ("gpu", None)}, {"cuda:0": "cpu"})["cuda:0"].name
+        >>> bind_providers({"cpu": ("cpu", None), "cuda:0": ("gpu", None)}, ["cuda:0"], {"cuda:0": "cpu"})["cuda:0"].name
         'CPUExecutionProvider'
     """
     device_map = dict(device_map or {})
     unknown = [d for d in device_map if d not in devices]
     if unknown:
-        raise OnnxError(f"device_map names {', '.join(unknown)}, which the parts do not use "
+        raise OnnxError(f"device_map names {', '.join(unknown)}, which the plan's profile does not have "
                         f"({', '.join(devices)})")
-    return {d: provider_for(d, kind, named, str(device_map.get(d, d))) for d, (kind, named) in devices.items()}
+    return {d: provider_for(d, *devices[d], str(device_map.get(d, d))) for d in dict.fromkeys(used)}
 
 
 def session_options() -> ort.SessionOptions:

@@ -45,9 +45,8 @@ class PartitionedSession:
     def __init__(self, manifest: Manifest, models: Sequence[bytes | str], device_map: Mapping[str, str] | None = None,
                  *, where: str = "<parts>") -> None:
         self.manifest = manifest
-        used = {p.device for p in manifest.parts}
         self.providers: dict[str, Provider] = bind_providers(
-            {d: manifest.devices[d] for d in manifest.devices if d in used}, device_map)
+            manifest.devices, [p.device for p in manifest.parts], device_map)
         self.sessions = [_session(model, self.providers[part.device], f"{where}: part {k} ({part.file})")
                          for k, (part, model) in enumerate(zip(manifest.parts, models))]
         self._bindings = [s.io_binding() if self.providers[p.device].name != CPU and not p.python_io else None
