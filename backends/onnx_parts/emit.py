@@ -9,7 +9,7 @@ In: a :class:`~partitioner.plan.Plan` made for an ONNX model (``capture == "onnx
 The model is imported again with the input shapes the plan records and checked against the plan's
 fingerprint, so parts are never cut from a model the plan was not made for. The folder appears
 whole or not at all: the parts are built in memory, written to a temporary folder beside the target
-and renamed into place; an existing folder is replaced only with ``force``. A part whose original
+and renamed into place (:func:`~partitioner.files.write_folder`); an existing folder is replaced only with ``force``. A part whose original
 initializers lived in external data files (or that is larger than :data:`EXTERNAL_ABOVE`) keeps its
 weights in ``part_K.onnx.data`` beside it.
 """
@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,8 +28,8 @@ from onnx.external_data_helper import uses_external_data
 from backends.onnx_parts.manifest import Manifest, PartEntry
 from backends.onnx_parts.parts import Part, part_model, split
 from backends.onnx_parts.session import PartitionedSession
-from partitioner.errors import HetpartError, OnnxError
-from partitioner.files import refuse_overwrite
+from partitioner.errors import OnnxError
+from partitioner.files import refuse_overwrite, write_folder
 from partitioner.frontends.onnx import OnnxSource, from_onnx, is_onnx_graph
 from partitioner.ir import OpGraph
 
@@ -107,27 +105,19 @@ def emit_onnx(plan: Any, model: str | os.PathLike[str] | onnx.ModelProto | OpGra
         PosixPath('parts')
     """
     folder = Path(folder)
-    refuse_overwrite([folder], force=force)
-    if folder.exists() and not folder.is_dir():
-        raise HetpartError(f"{folder} exists and is not a folder: give a folder path for the parts")
+    refuse_overwrite([folder], force=force)  # before the work: a refusal costs nothing
     graph = graph_for(plan, model, input_shapes)
     parts, models, manifest = _parts(plan, graph)
     source = graph.source
-    tmp = folder.with_name(f".{folder.name}.{uuid.uuid4().hex[:12]}.tmp")
-    try:
-        tmp.mkdir(parents=False)
+
+    def fill(tmp: Path) -> None:
         for entry, proto in zip(manifest.parts, models):
             external = _had_external_data(source, proto) or proto.ByteSize() > EXTERNAL_ABOVE
             onnx.save_model(proto, str(tmp / entry.file), save_as_external_data=external,
                             all_tensors_to_one_file=True, location=f"{entry.file}.data", size_threshold=1024)
         manifest.save(tmp)
-        _replace_folder(tmp, folder)
-    except OSError as err:
-        raise HetpartError(f"cannot write {folder}: {err.strerror or err}; check that the parent folder "
-                           "exists and is writable") from err
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+
+    write_folder(folder, fill, force=force)
     log.info("wrote %d parts of %s to %s", len(parts), plan.model_name, folder)
     return folder
 
@@ -161,17 +151,6 @@ def _not_plain(t: onnx.TypeProto | None) -> bool:
 def _had_external_data(source: OnnxSource, proto: onnx.ModelProto) -> bool:
     external = {t.name for t in source.model.graph.initializer if uses_external_data(t)}
     return any(t.name in external for t in proto.graph.initializer)
-
-
-def _replace_folder(tmp: Path, folder: Path) -> None:
-    """Rename ``tmp`` to ``folder``; an existing folder (``force``) is moved aside first, then removed."""
-    old = None
-    if folder.exists():
-        old = folder.with_name(f".{folder.name}.{uuid.uuid4().hex[:12]}.old")
-        os.replace(folder, old)
-    os.replace(tmp, folder)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 __all__ = ["EXTERNAL_ABOVE", "build_parts", "emit_onnx", "graph_for"]

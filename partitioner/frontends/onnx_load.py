@@ -300,7 +300,8 @@ def _bind_shapes(graph: onnx.GraphProto, inputs: tuple[str, ...], shapes: dict[s
         if not value.type.HasField("tensor_type"):
             continue  # sequences, maps, optionals: shapes are those of the values fed at run time
         tensor = value.type.tensor_type
-        flag = f"input_shapes={{{name!r}: (...)}} (CLI: --input-shape {name}=AxBxC)"
+        template = "x".join(str(d.dim_value) if d.HasField("dim_value") else "N" for d in tensor.shape.dim)
+        flag = f"input_shapes={{{name!r}: (...)}} (CLI: --input-shape {name}={template or 'AxBxC'})"
         if name in shapes:
             given = tuple(int(d) for d in shapes[name])
             if any(d < 0 for d in given):
