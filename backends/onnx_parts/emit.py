@@ -28,7 +28,7 @@ from onnx.external_data_helper import uses_external_data
 from backends.onnx_parts.manifest import Manifest, PartEntry
 from backends.onnx_parts.parts import Part, part_model, split
 from backends.onnx_parts.session import PartitionedSession
-from partitioner.errors import OnnxError
+from partitioner.errors import InputShapeError, OnnxError, PlanMismatch
 from partitioner.files import refuse_overwrite, write_folder
 from partitioner.frontends.onnx import OnnxSource, from_onnx, is_onnx_graph
 from partitioner.ir import OpGraph
@@ -60,7 +60,14 @@ def graph_for(plan: Any, model: str | os.PathLike[str] | onnx.ModelProto | OpGra
         graph = model
     else:
         shapes: Any = input_shapes if input_shapes is not None else [shape for shape, _ in plan.inputs]
-        graph = from_onnx(model, shapes, name=plan.model_name)
+        try:
+            graph = from_onnx(model, shapes, name=plan.model_name)
+        except InputShapeError as exc:
+            if input_shapes is not None:
+                raise
+            recorded = ", ".join("x".join(map(str, s)) or "scalar" for s in shapes)
+            raise PlanMismatch(f"{plan.source} was made for inputs of shapes {recorded}, which do not fit this "
+                               f"model ({exc}); make the plan again for it") from None
     plan.check_graph(graph)
     return graph
 

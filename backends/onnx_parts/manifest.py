@@ -83,7 +83,8 @@ class Manifest:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
-            cut = " (the file looks cut off)" if exc.pos >= len(text.rstrip()) else ""
+            cut = " (the file is cut off)" if exc.pos >= len(text.rstrip()) or exc.msg.startswith("Unterminated") \
+                else ""
             raise OnnxError(f"{where}: not valid JSON at line {exc.lineno}{cut}: write the parts again "
                             "with `hetpart emit MODEL.onnx --plan PLAN -o DIR --force`") from None
         r = _Reader(where)

@@ -133,6 +133,7 @@ def node_flops(node: NodeShapes, cls: OpClass) -> int:
         2048
     """
     t = node.op_type
+    cls = op_class(t, node.domain) if cls is OpClass.ATTENTION and t == "MatMul" else cls  # a Q·Kᵀ is a product
     out = numel(node.outputs[0]) if node.outputs else 0
     first = numel(node.inputs[0]) if node.inputs else 0
     if t in ("Gemm", "FusedGemm"):

@@ -24,7 +24,7 @@ import onnx.defs
 from google.protobuf.message import DecodeError
 from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
-from partitioner.errors import OnnxError
+from partitioner.errors import InputShapeError, OnnxError
 
 #: domains onnxruntime implements beyond onnx's own (contrib and internal ops)
 ORT_DOMAINS = frozenset({"com.microsoft", "com.microsoft.nchwc", "com.ms.internal.nhwc", "com.microsoft.dml"})
@@ -282,7 +282,7 @@ def _named(shapes: Mapping[str, Sequence[int]] | Sequence[Sequence[int]] | None,
         return dict(shapes)
     shapes = list(shapes)
     if len(shapes) != len(inputs):
-        raise OnnxError(f"{where}: {len(shapes)} input shapes given for {len(inputs)} inputs "
+        raise InputShapeError(f"{where}: {len(shapes)} input shapes given for {len(inputs)} inputs "
                         f"({', '.join(map(repr, inputs))}): give one per input, or name them")
     return dict(zip(inputs, shapes))
 
@@ -292,7 +292,7 @@ def _bind_shapes(graph: onnx.GraphProto, inputs: tuple[str, ...], shapes: dict[s
     """Write ``shapes`` into the graph inputs' types; every tensor input must end fully static."""
     unknown = [name for name in shapes if name not in inputs]
     if unknown:
-        raise OnnxError(f"{where}: input shape given for {unknown[0]!r}, which is not an input of the model; "
+        raise InputShapeError(f"{where}: input shape given for {unknown[0]!r}, which is not an input of the model; "
                         f"its inputs are: {', '.join(map(repr, inputs)) or 'none'}")
     by_name = {i.name: i for i in graph.input}
     for name in inputs:
@@ -305,28 +305,29 @@ def _bind_shapes(graph: onnx.GraphProto, inputs: tuple[str, ...], shapes: dict[s
         if name in shapes:
             given = tuple(int(d) for d in shapes[name])
             if any(d < 0 for d in given):
-                raise OnnxError(f"{where}: input {name!r}: shape {given} has a negative dimension")
+                raise InputShapeError(f"{where}: input {name!r}: shape {given} has a negative dimension")
             if tensor.HasField("shape") and len(tensor.shape.dim) != len(given):
-                raise OnnxError(f"{where}: input {name!r} has rank {len(tensor.shape.dim)} "
+                raise InputShapeError(f"{where}: input {name!r} has rank {len(tensor.shape.dim)} "
                                 f"({_shape_text(tensor.shape)}), but the given shape {_dims(given)} has rank "
                                 f"{len(given)}: give {len(tensor.shape.dim)} dimensions")
             if not tensor.HasField("shape"):
                 tensor.shape.SetInParent()
                 tensor.shape.dim.extend(onnx.TensorShapeProto.Dimension() for _ in given)
+            declared = _shape_text(tensor.shape)
             for axis, (dim, size) in enumerate(zip(tensor.shape.dim, given)):
                 if dim.HasField("dim_value") and dim.dim_value != size:
-                    raise OnnxError(f"{where}: input {name!r} is {_shape_text(tensor.shape)} in the model, but "
+                    raise InputShapeError(f"{where}: input {name!r} is {declared} in the model, but "
                                     f"the given shape is {_dims(given)} (dimension {axis}: {dim.dim_value} vs "
                                     f"{size}): give a shape the model accepts")
                 dim.Clear()
                 dim.dim_value = size
             continue
         if not tensor.HasField("shape"):
-            raise OnnxError(f"{where}: input {name!r} has no shape in the model: give it with {flag}")
+            raise InputShapeError(f"{where}: input {name!r} has no shape in the model: give it with {flag}")
         for axis, dim in enumerate(tensor.shape.dim):
             if not dim.HasField("dim_value"):
                 label = f" ({dim.dim_param!r})" if dim.dim_param else ""
-                raise OnnxError(f"{where}: input {name!r} ({_shape_text(tensor.shape)}) has dimension {axis}"
+                raise InputShapeError(f"{where}: input {name!r} ({_shape_text(tensor.shape)}) has dimension {axis}"
                                 f"{label} unknown: give it with {flag}")
 
 
