@@ -122,7 +122,7 @@ def part_model(source: OnnxSource, part: Part, name: str) -> onnx.ModelProto:
     graph = original.graph
     analysis = source.analysis
     position = {i: k for k, i in enumerate(source.loaded.order)}
-    nodes = {source.op_nodes[op] for op in part.ops}
+    nodes = {i for op in part.ops for i in source.op_nodes[op]}
     producer = {o: i for i in analysis.folded for o in graph.node[i].output if o}
     initializers = {t.name: t for t in graph.initializer}
     sparse = {t.values.name: t for t in graph.sparse_initializer}

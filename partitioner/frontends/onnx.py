@@ -11,8 +11,10 @@ The passes, in order:
    its files are checked), check domains, order the nodes, bind the input shapes;
 2. :func:`~partitioner.frontends.onnx_fold.analyse`: shape inference iterated with constant
    folding, as onnxruntime folds when a session starts;
-3. here: one op per node that is not folded. Its cost class and FLOPs come from
-   :mod:`partitioner.frontends.onnx_costs`; it reads activations (graph inputs, other ops' outputs,
+3. here: one op per node that is not folded, or per chain onnxruntime fuses into one kernel
+   (:mod:`partitioner.frontends.onnx_fusion`: Conv + BatchNormalization + Relu, ...; the op is named
+   after the chain's first node and lists the chain's op types in ``Op.aten_ops``). Its cost class
+   and FLOPs come from :mod:`partitioner.frontends.onnx_costs`; it reads activations (graph inputs, other ops' outputs,
    and the names its If/Loop/Scan bodies take from the enclosing graph) and parameters (initializers
    and folded constants, counted once: an ``Identity`` of a weight is the same weight; the first
    reader owns it). Bytes moved are those of the tensors it reads and writes (0 for views; the rows
@@ -37,6 +39,7 @@ import onnx
 
 from partitioner.frontends.onnx_costs import CONTROL_FLOW, NodeShapes, has_entry, node_flops, op_class
 from partitioner.frontends.onnx_fold import Analysis, analyse, static_shape
+from partitioner.frontends.onnx_fusion import fusion_groups
 from partitioner.frontends.onnx_load import LoadedOnnx, load_onnx, outer_references
 from partitioner.ir import NOT_A_TENSOR, Op, OpClass, OpGraph, Param, Tensor
 
@@ -49,7 +52,7 @@ class OnnxSource:
 
     loaded: LoadedOnnx                      # the model (inputs bound), its file and node order
     analysis: Analysis                      # types, constants, folded nodes, small constant values
-    op_nodes: Mapping[str, int]             # op name -> index of its node in the model's graph
+    op_nodes: Mapping[str, tuple[int, ...]]  # op name -> its nodes' indices in the model's graph (a fused chain)
     input_shapes: Mapping[str, tuple[int, ...]]  # the static shape of every tensor graph input
     fallback_ops: tuple[str, ...]           # op types without a cost entry (bytes at memory bandwidth)
 
@@ -108,57 +111,64 @@ class _Builder:
         self.alias = _aliases(self.graph, analysis)
 
     def build(self) -> OpGraph:
-        reads = {i: _dedup(n for n in [*self.graph.node[i].input, *outer_references(self.graph.node[i])] if n)
-                 for i in self.kept}
+        outputs = [o.name for o in self.graph.output]
+        groups = fusion_groups(self.graph, self.kept, self.analysis.constant, set(outputs))
         attention = attention_matmuls(self.graph, self.kept, self.analysis.constant)
-        ops, consumers, param_users = [], {}, {}
-        for index, i in enumerate(self.kept):
-            name = self.op_names[i]
-            acts = [t for t in reads[i] if t not in self.analysis.constant]
-            params = _dedup(self.alias.get(t, t) for t in reads[i] if t in self.analysis.constant)
+        units, consumers, param_users = [], {}, {}
+        for index, (head, members) in enumerate(groups.items()):
+            name = self.op_names[head]
+            inside = {o for i in members[:-1] for o in self.graph.node[i].output}
+            reads = _dedup(n for i in members for n in [*self.graph.node[i].input,
+                                                         *outer_references(self.graph.node[i])]
+                           if n and n not in inside)
+            acts = [t for t in reads if t not in self.analysis.constant]
+            params = _dedup(self.alias.get(t, t) for t in reads if t in self.analysis.constant)
             for t in acts:
                 consumers.setdefault(t, []).append(name)
             for p in params:
                 param_users.setdefault(p, []).append(name)
-            ops.append((index, i, name, acts, params))
-        built = [self._op(index, i, name, acts, params, param_users, i in attention)
-                 for index, i, name, acts, params in ops]
-        tensors = self._tensors(consumers)
+            units.append((index, members, name, acts, params))
+        built = [self._op(index, members, name, acts, params, param_users, members[0] in attention)
+                 for index, members, name, acts, params in units]
+        tensors = self._tensors(built, consumers)
         params = [self._param(p, users) for p, users in param_users.items()]
-        outputs = [o.name for o in self.graph.output]
         module_types = {"": self.name, **{op.module_path: "" for op in built if op.module_path}}
         fallback = sorted({op.kind for op in built if not has_entry(*_type_and_domain(op.kind))})
         if fallback:
             log.warning("%s: no cost entry for op types %s: costed by the bytes they move", self.name,
                         ", ".join(fallback))
-        source = OnnxSource(self.loaded, self.analysis, MappingProxyType({self.op_names[i]: i for i in self.kept}),
+        source = OnnxSource(self.loaded, self.analysis,
+                            MappingProxyType({self.op_names[head]: members for head, members in groups.items()}),
                             MappingProxyType(self._input_shapes()), tuple(fallback))
         return OpGraph(self.name, built, tensors, params, self.loaded.inputs, outputs, source=source,
                        module_types=module_types)
 
     # -- records -------------------------------------------------------------------------------
 
-    def _op(self, index: int, i: int, name: str, acts: list[str], params: list[str],
+    def _op(self, index: int, members: tuple[int, ...], name: str, acts: list[str], params: list[str],
             param_users: dict[str, list[str]], attention: bool) -> Op:
-        node = self.graph.node[i]
-        domain = "" if node.domain == "ai.onnx" else node.domain
-        cls = OpClass.ATTENTION if attention else op_class(node.op_type, domain)
-        outputs = [o for o in node.output if o]
-        if node.op_type in CONTROL_FLOW and not domain:
-            flops, read, written = _body_cost(self.analysis.inferred.node[i], self.types, self.analysis.values)
+        head = self.graph.node[members[0]]
+        domain = "" if head.domain == "ai.onnx" else head.domain
+        cls = OpClass.ATTENTION if attention else op_class(head.op_type, domain)
+        outputs = [o for o in self.graph.node[members[-1]].output if o]
+        if head.op_type in CONTROL_FLOW and not domain:
+            flops, read, written = _body_cost(self.analysis.inferred.node[members[0]], self.types,
+                                              self.analysis.values)
         else:
-            flops = node_flops(self._shapes(node), cls)
+            flops = sum(node_flops(self._shapes(self.graph.node[i]), cls if i == members[0] else
+                                   op_class(self.graph.node[i].op_type)) for i in members)
             read, written = self._bytes(cls, acts, params, outputs)
         owned = [p for p in params if param_users[p][0] == name]
-        param_bytes = sum(self._nbytes(p) for p in owned)
-        kind = node.op_type if not domain else f"{domain}.{node.op_type}"
-        return Op(name=name, kind=kind, op_class=cls, index=index, module_path=module_path(node.name),
+        kind = head.op_type if not domain else f"{domain}.{head.op_type}"
+        return Op(name=name, kind=kind, op_class=cls, index=index, module_path=module_path(head.name),
                   module_type="", dtype=self._dtype(outputs + acts), inputs=tuple(acts), outputs=tuple(outputs),
                   params=tuple(params), owned_params=tuple(owned), flops=int(flops), bytes_read=int(read),
-                  bytes_written=int(written), param_bytes=param_bytes, trainable_param_bytes=0)
+                  bytes_written=int(written), param_bytes=sum(self._nbytes(p) for p in owned),
+                  trainable_param_bytes=0,
+                  aten_ops=tuple(self.graph.node[i].op_type for i in members) if len(members) > 1 else ())
 
-    def _tensors(self, consumers: dict[str, list[str]]) -> list[Tensor]:
-        producers = {o: self.op_names[i] for i in self.kept for o in self.graph.node[i].output if o}
+    def _tensors(self, ops: list[Op], consumers: dict[str, list[str]]) -> list[Tensor]:
+        producers = {t: op.name for op in ops for t in op.outputs}
         names = [*self.loaded.inputs, *producers]
         extra = [o.name for o in self.graph.output if o.name not in producers and o.name not in self.loaded.inputs]
         out = []

@@ -65,9 +65,12 @@ def test_flops_and_bytes_of_common_ops_by_hand() -> None:
     g = from_onnx(model(nodes, [vi("x", [1, 3, 8, 8])], [vi("out", None), vi("emb", None)],
                         [w, b, c, shape, table, idx, *consts]))
     op = g.ops
-    assert op["conv"].op_class is OpClass.CONV and op["conv"].flops == 2 * (4 * 8 * 8) * 3 * 9
+    # the Relu is fused into the Conv (as onnxruntime runs it): one op, the Relu's 256 FLOPs added,
+    # and no bytes for the tensor between them
+    assert "relu" not in op and op["conv"].aten_ops == ("Conv", "Relu") and op["conv"].outputs == ("r",)
+    assert op["conv"].op_class is OpClass.CONV and op["conv"].flops == 2 * (4 * 8 * 8) * 3 * 9 + 256
     assert op["conv"].bytes_read == (3 * 64 + 4 * 27) * 4 and op["conv"].bytes_written == 4 * 64 * 4
-    assert op["relu"].flops == 256 and op["reshape"].op_class is OpClass.VIEW and op["reshape"].bytes_read == 0
+    assert op["reshape"].op_class is OpClass.VIEW and op["reshape"].bytes_read == 0
     assert op["gemm"].op_class is OpClass.MATMUL and op["gemm"].flops == 2 * 2 * 8 * 16 + 2 * 8
     assert op["softmax"].flops == 5 * 16
     assert op["slice"].op_class is OpClass.DATA_MOVEMENT and op["slice"].bytes_written == 2 * 16 * 4
@@ -90,6 +93,21 @@ def test_matmul_of_two_activations_next_to_a_softmax_is_attention() -> None:
     assert g.ops["scores"].op_class is OpClass.ATTENTION and g.ops["weighted"].op_class is OpClass.ATTENTION
     assert g.ops["proj"].op_class is OpClass.MATMUL
     assert g.ops["scores"].flops == 2 * (2 * 4 * 8 * 8) * 16
+
+
+def test_chains_onnxruntime_fuses_are_one_op() -> None:
+    """Conv -> BatchNormalization [-> Relu] (every conv of ResNet-50) is one op, as onnxruntime runs it;
+    the Relu after a residual Sum stays an op; a Conv whose output has a second reader, and a Relu
+    after a Relu, are not fused."""
+    g = from_onnx(light_model("resnet50"))
+    kinds = [op.kind for op in g.ops.values()]
+    assert len(g) == 90 and kinds.count("Conv") == 53 and kinds.count("Relu") == 16 == kinds.count("Sum")
+    assert sum(op.aten_ops == ("Conv", "BatchNormalization", "Relu") for op in g.ops.values()) == 33
+    assert sum(op.aten_ops == ("Conv", "BatchNormalization") for op in g.ops.values()) == 20
+    nodes = [helper.make_node("Conv", ["x", "w"], ["y"], name="conv"), helper.make_node("Relu", ["y"], ["r"], name="r1"),
+             helper.make_node("Relu", ["r"], ["r2"], name="r2"), helper.make_node("Add", ["y", "r2"], ["z"], name="add")]
+    g = from_onnx(model(nodes, [vi("x", [1, 3, 4, 4])], [vi("z", None)], [init("w", np.ones((3, 3, 1, 1), np.float32))]))
+    assert sorted(g.ops) == ["add", "conv", "r1", "r2"]
 
 
 def test_an_op_without_a_cost_entry_is_costed_by_its_bytes_and_listed() -> None:
