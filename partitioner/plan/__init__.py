@@ -5,7 +5,7 @@ The file (``format_version`` 1) holds these top-level keys, in this order::
     format_version  1
     model           {"name", "fingerprint", "op_count", "modules": {op: module path},
                      "param_ops": [ops that own parameters or buffers],
-                     optional "capture": "export" | "symbolic_trace",
+                     optional "capture": "export" | "symbolic_trace" | "onnx" (imported ONNX),
                      optional "inputs": [{"shape", "dtype"}, ...] to re-capture the model,
                      optional "edges": [[producer op, consumer op], ...] to draw the graph,
                      optional "param_names": {op: [parameters it owns]} for device maps,

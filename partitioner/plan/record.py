@@ -79,7 +79,7 @@ class Plan:
     solver: SolverInfo
     baselines: Mapping[str, BaselineInfo]
     inputs: tuple[tuple[tuple[int, ...], str], ...] = ()  # (shape, dtype) of each graph input, for re-capture
-    capture: str = "export"                    # how the model was captured ("export" | "symbolic_trace")
+    capture: str = "export"                    # how the model was captured ("export" | "symbolic_trace" | "onnx")
     edges: tuple[tuple[str, str], ...] = ()    # (producer op, consumer op) of every graph edge, for drawing
     param_names: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)  # op -> its parameters
     op_bytes: Mapping[str, tuple[int, int]] = dataclasses.field(default_factory=dict)  # op -> (output, parameter) bytes
