@@ -8,12 +8,13 @@ physical lower bound, the ILP's gap and its solve seconds, then the seed case (e
 everywhere and its speed-up over ``greedy`` on the capped seed case (target ≥ 10×).
 
 ONNX rows (``--onnx-models``): zoo models exported with ``torch.onnx.export`` (and the light
-ResNet-50 / DenseNet-121 the onnx wheel ships) imported with ``from_onnx``, on each profile under the
-same two caps, latency objective, with the baselines ONNX users get today: ``ort-fallback``
+ResNet-50 / DenseNet-121 the onnx wheel ships) imported with ``from_onnx``, on every built-in profile
+(``--onnx-profiles``) under the same two caps, latency objective, with the baselines ONNX users get today: ``ort-fallback``
 (onnxruntime's provider order) and ``openvino-pipeline`` (OpenVINO HETERO's split by weight bytes).
 
     python bench/plan_quality.py [--models gpt,bert] [--objectives latency] [--time-limit 20]
-                                 [--onnx-models gpt,resnet50 | --onnx-models ''] [--skip-seed]
+                                 [--onnx-models gpt,resnet50 | --onnx-models ''] [--onnx-profiles cpu-gpu-npu]
+                                 [--skip-seed]
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import time
 
 import models
 from cost_models.calibration import measured_anchors
+from cost_models.profiles import builtin_profiles
 from cost_models.units import format_seconds
 from partitioner import from_module, load_profile, partition_outcome
 from partitioner.errors import InfeasiblePlacement
@@ -76,6 +78,7 @@ def main() -> int:
     parser.add_argument("--time-limit", type=float, default=30.0)
     parser.add_argument("--onnx-models", default=",".join([*models.names(), *LIGHT]),
                         help=f"ONNX rows: zoo names and/or {', '.join(LIGHT)} ('' for none)")
+    parser.add_argument("--onnx-profiles", default=",".join(builtin_profiles()), help="profiles of the ONNX rows")
     parser.add_argument("--skip-seed", action="store_true", help="leave out the seed case rows")
     args = parser.parse_args()
     rows: list[list[str]] = []
@@ -104,7 +107,7 @@ def main() -> int:
         print("(* = the baseline does not fit the caps; its time is shown for comparison)")
     onnx_names = [n for n in args.onnx_models.split(",") if n]
     if onnx_names:
-        onnx_rows, ok = onnx_table(onnx_names, args.size, args.profiles.split(","), args.time_limit)
+        onnx_rows, ok = onnx_table(onnx_names, args.size, args.onnx_profiles.split(","), args.time_limit)
         all_ok &= ok
         print("\nONNX models (torch.onnx.export of the zoo; the onnx wheel's light models), latency:")
         print_table(onnx_rows, ONNX_BASELINES)
