@@ -27,6 +27,8 @@ backend        what it runs
                on their devices, streamed weights prefetched) or as one readable Python file
 ``compile``    a model under ``torch.compile(model, backend="hetpart")``: every graph dynamo hands
                over is planned (plans cached per graph, shapes and options) and runs placed
+``onnx``       the plan for an ONNX model as ONNX parts, one onnxruntime session per part with its
+               device's execution provider, chained (``backends.onnx_parts``)
 =============  ================================================================================
 
 Example:
@@ -46,6 +48,7 @@ from partitioner.errors import HetpartError
 BACKENDS: dict[str, str] = {
     "torch": "backends.torch",
     "compile": "backends.compile",
+    "onnx": "backends.onnx_parts",
 }
 
 

@@ -31,7 +31,9 @@ Nothing here prints.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -41,7 +43,8 @@ from cost_models.units import format_seconds
 if TYPE_CHECKING:
     from backends.strict_report import DeviceReport
 
-__all__ = ["Tolerance", "TOLERANCES", "EXACT", "tolerance_for", "TensorError", "CheckReport", "MISSING", "compare"]
+__all__ = ["Tolerance", "TOLERANCES", "EXACT", "tolerance_for", "TensorError", "CheckReport", "MISSING", "compare",
+           "interleaved_medians"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,6 +197,29 @@ def compare(name: str, emitted: Any, original: torch.Tensor | None, *, summed: b
         passed = bool(torch.all(diff <= atol + tol.rtol * b.abs()).item())  # NaN compares False: a failure
     note = "NaN" if not passed and diff.isnan().any().item() else ""
     return TensorError(name, dtype, shape, max_abs, max_rel, tol, passed, note)
+
+
+def interleaved_medians(fns: Sequence[Callable[[], Any]], repeat: int,
+                        sync: Callable[[], None] = lambda: None) -> list[float]:
+    """Median wall time of each function, run ABAB... ``repeat`` times after one warm-up each;
+    ``sync`` waits for asynchronous devices after each run.
+
+    Example:
+        >>> a, b = interleaved_medians([lambda: sum(range(100)), lambda: sum(range(1000))], 3)
+        >>> a < b
+        True
+    """
+    times: list[list[float]] = [[] for _ in fns]
+    for fn in fns:
+        fn()
+    sync()
+    for _ in range(repeat):
+        for i, fn in enumerate(fns):
+            start = time.perf_counter()
+            fn()
+            sync()
+            times[i].append(time.perf_counter() - start)
+    return [statistics.median(t) for t in times]
 
 
 def _structural_mismatch(emitted: Any, original: torch.Tensor) -> str:

@@ -29,7 +29,10 @@ Cases, on ``emb-transformer`` (at ``base``: a 1,048,576 x 1024 fp32 embedding, 8
     the GPU once, streamed ones prefetched from pinned host copies); forward only;
 (f) ``two-branch``: a ``makespan`` plan with the two branches pinned to different devices (the
     better of the two orientations by predicted makespan); the emitted module (overlapped) against
-    the two branches each run alone and one after the other (sequential).
+    the two branches each run alone and one after the other (sequential);
+(g) ``onnx``: the model exported to ONNX, placed under the "embedding + half the layers" cap and run
+    as onnxruntime parts, the GPU's on the CUDA provider where onnxruntime has it, against one
+    whole-model CPU session and the plan's prediction (``bench/gpu_check_onnx.py``; ``--skip-onnx``).
 
 For each: the plan's predicted time (the h200-host profile's prediction, also on CPU runs), the
 forward time (wall time with ``torch.cuda.synchronize``, median of ``--repeat`` runs after
@@ -38,7 +41,7 @@ step (forward, loss = sum of outputs, backward, SGD step) where it makes sense, 
 memory of the forward runs (``torch.cuda.max_memory_allocated``, resident weights included),
 the largest output difference from (a), and the calibration measurement beside it.
 
-    python bench/gpu_check.py [--size small|base] [--repeat 20] [--skip-accelerate] [--skip-tests]
+    python bench/gpu_check.py [--size small|base] [--repeat 20] [--skip-accelerate] [--skip-tests] [--skip-onnx]
 
 The exit status is 1 when a GPU test failed (the measurements still run), else 0.
 """
@@ -487,6 +490,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=20, help="timed runs per measurement (fewer when slow)")
     parser.add_argument("--skip-accelerate", action="store_true", help="do not run accelerate's dispatch_model")
     parser.add_argument("--skip-tests", action="store_true", help="do not run the GPU tests first")
+    parser.add_argument("--skip-onnx", action="store_true", help="leave out the ONNX case (g)")
     args = parser.parse_args(argv)
     cuda = torch.cuda.is_available()
     size = args.size or ("base" if cuda else "small")
@@ -501,7 +505,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         tb_rows, tb = run_two_branch(env)
     except Exception as exc:  # noqa: BLE001 - a benchmark reports every case it can
         tb_rows, tb = [failed_row("two-branch", exc)], {}
-    print_table([*rows.values(), *tb_rows])
+    onnx = [] if args.skip_onnx else onnx_case(env, cap["emb+half"])
+    print_table([*rows.values(), *tb_rows, *onnx])
     print("targets:")
     for target in targets(rows, cap, tb, calib, env):
         print(target.line())
@@ -574,6 +579,16 @@ def emb_transformer_cases(env: Env, calib: dict[str, float],
     calibration = f"{format_seconds(calib['all_cpu'])} (train {format_seconds(calib['all_cpu_train'])})"
     rows["all-CPU"], _ = run_eager("all-CPU", model, inputs, env, ref, predicted["single:cpu"], calibration)
     return rows, cap
+
+
+def onnx_case(env: Env, cap: int) -> list[Row]:
+    """Case (g), in its own module; a failure becomes a row that says why."""
+    from gpu_check_onnx import onnx_rows
+
+    try:
+        return onnx_rows(env, cap, Row, timed)
+    except Exception as exc:  # noqa: BLE001 - a benchmark reports every case it can
+        return [failed_row("onnx", exc)]
 
 
 def failed_row(case: str, exc: Exception) -> Row:

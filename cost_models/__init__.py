@@ -1,5 +1,8 @@
-"""Device profiles, cost models, training costs and calibration (see the README's Layout table)."""
+"""Device profiles, cost models and calibration (see the README's layout table).
 
-# cost_models and partitioner import each other (profiles raise partitioner.errors; partitioner
-# exports load_profile): importing partitioner first lets either package be imported first.
-import partitioner  # noqa: F401  isort: skip
+``partitioner`` is imported first: ``cost_models.units`` raises ``partitioner.errors`` exceptions, and
+importing ``partitioner`` from inside ``cost_models.profiles`` (as ``from cost_models.profiles import
+...`` in a fresh interpreter would) finds ``profiles`` half-initialised.
+"""
+
+import partitioner  # noqa: F401 - see the docstring

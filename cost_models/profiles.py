@@ -20,6 +20,8 @@ The TOML shape (see DESIGN.md, "Devices and costs")::
     fixed_latency = { matmul = "17us" }      # optional, seconds beyond launch_overhead
     supported_ops = ["matmul", "aten.conv*"] # optional: op classes or globs over op kinds
     host = "host0"                           # optional
+    onnx_provider = "OpenVINOExecutionProvider"  # optional: the onnxruntime provider of its ONNX parts
+                                             # (default: CPU for cpu devices, CUDA for cuda:N)
 
     [[links]]
     between = ["cpu", "cuda:0"]              # links are bidirectional
@@ -297,7 +299,7 @@ _DEVICE_REQUIRED = {
     "mem_bandwidth": 'mem_bandwidth = "4.1TB/s"', "launch_overhead": 'launch_overhead = "8us"',
 }
 _DEVICE_FIELDS = (*_DEVICE_REQUIRED, "efficiency", "mem_efficiency", "fixed_latency",
-                  "supported_ops", "host", "cache_size", "cache_bandwidth")
+                  "supported_ops", "host", "cache_size", "cache_bandwidth", "onnx_provider")
 _LINK_REQUIRED = {"between": 'between = ["cpu", "cuda:0"]', "bandwidth": 'bandwidth = "55GB/s"',
                   "latency": 'latency = "17us"'}
 _LINK_FIELDS = (*_LINK_REQUIRED, "pageable_bandwidth", "kind")
@@ -332,6 +334,10 @@ def _device_fields(name: str, raw: Mapping[str, Any], where: Where) -> dict[str,
     if cache_bandwidth:
         _in_range(cache_bandwidth, where("cache_bandwidth"), "bandwidth", 'cache_bandwidth = "250GB/s"',
                   raw.get("cache_bandwidth"))
+    provider = raw.get("onnx_provider")
+    if provider is not None and (not isinstance(provider, str) or not provider.endswith("ExecutionProvider")):
+        raise ProfileError(f"{where('onnx_provider')}: {provider!r} is not an onnxruntime execution provider "
+                           f"name; e.g. onnx_provider = \"OpenVINOExecutionProvider\"")
     return dict(
         kind=kind,
         memory=memory,
@@ -353,6 +359,7 @@ def _device_fields(name: str, raw: Mapping[str, Any], where: Where) -> dict[str,
         host=host,
         cache_size=cache_size,
         cache_bandwidth=cache_bandwidth,
+        onnx_provider=provider,
     )
 
 
@@ -423,6 +430,7 @@ class Device:
     host: str = "host0"                          # the machine the device sits in
     cache_size: int = 0                          # bytes an op may move at cache_bandwidth (0: none)
     cache_bandwidth: float = 0.0                 # bytes/s for ops whose traffic fits in cache_size
+    onnx_provider: str | None = None             # onnxruntime provider of its ONNX parts (None: by kind)
 
     def __post_init__(self) -> None:
         name = _device_name(self.name, "Device.name")
@@ -753,6 +761,8 @@ class DeviceSet:
             if d.supported_ops is not None:
                 out.append(f"supported_ops = [{', '.join(json.dumps(s) for s in d.supported_ops)}]")
             out.append(f"host = {json.dumps(d.host)}")
+            if d.onnx_provider is not None:
+                out.append(f"onnx_provider = {json.dumps(d.onnx_provider)}")
             if d.cache_size:
                 out += [f"cache_size = {d.cache_size}  # {format_bytes(d.cache_size)}",
                         f"cache_bandwidth = {_toml_num(d.cache_bandwidth)}  # {format_rate(d.cache_bandwidth)}"]

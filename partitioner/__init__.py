@@ -22,11 +22,14 @@ The API (everything else is a documented module: ``partitioner.solvers``, ``part
 ``from_graph_module``      the graph a ``torch.compile`` backend is handed -> OpGraph
 ``compile_backend``        ``torch.compile(model, backend=compile_backend)``: hetpart as a torch.compile
                            backend, also found by name (``backend="hetpart"``); :mod:`backends.compile`
+``from_onnx``              an ONNX model (``.onnx`` path or ``ModelProto``) -> OpGraph; ``partition``
+                           takes the path or ``ModelProto`` too, and ``Plan.emit_onnx`` writes its parts
 ``OpGraph``, ``Op``, ...   the IR (:mod:`partitioner.ir`)
 ``HetpartError``, ...      the error family (:mod:`partitioner.errors`)
 =========================  ==============================================================
 
-Where a plan runs is :mod:`backends` (``backends.torch``: the emitted module and source file).
+Where a plan runs is :mod:`backends` (``backends.torch``: the emitted module and source file;
+``backends.onnx_parts``: ONNX parts on onnxruntime execution providers).
 """
 
 from cost_models.profiles import DeviceSet, load_profile
@@ -34,6 +37,7 @@ from partitioner.errors import (
     CaptureError,
     HetpartError,
     InfeasiblePlacement,
+    OnnxError,
     PlanMismatch,
     ProfileError,
     SolverUnavailable,
@@ -41,6 +45,7 @@ from partitioner.errors import (
     UnsupportedOp,
 )
 from partitioner.frontends.fx import Capture, from_graph_module, from_module
+from partitioner.frontends.onnx import from_onnx
 from partitioner.ir import Op, OpClass, OpGraph, Param, Tensor
 from partitioner.plan import Plan, PlanFormatError
 from partitioner.planner import Outcome, partition, partition_outcome
@@ -58,6 +63,7 @@ __all__ = [
     # capture and the IR
     "from_module",
     "from_graph_module",
+    "from_onnx",
     "Capture",
     "Op",
     "OpClass",
@@ -68,6 +74,7 @@ __all__ = [
     "HetpartError",
     "CaptureError",
     "InfeasiblePlacement",
+    "OnnxError",
     "PlanMismatch",
     "ProfileError",
     "SolverUnavailable",

@@ -57,3 +57,11 @@ class SolverUnavailable(HetpartError):
 
 class DeviceMismatch(VerificationError):
     """A placed program read a tensor on another device than the op's (strict-devices check)."""
+
+
+class OnnxError(HetpartError):
+    """An ONNX model hetpart cannot read or run: names the file, node or input and the fix."""
+
+
+class InputShapeError(OnnxError):
+    """Input shapes that do not fit an ONNX model (unknown input, wrong rank, a fixed dimension contradicted)."""

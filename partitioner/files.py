@@ -25,14 +25,16 @@ Example:
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import tempfile
-from collections.abc import Iterable
+import uuid
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from partitioner.errors import HetpartError
 
-__all__ = ["check_output", "read_text", "refuse_overwrite", "write_atomic"]
+__all__ = ["check_output", "read_text", "refuse_overwrite", "write_atomic", "write_folder"]
 
 
 def check_output(path: str | os.PathLike[str], *, force: bool, replace_special: bool = False,
@@ -203,6 +205,42 @@ def _umask() -> int:
     mask = os.umask(0o022)  # elsewhere: read it by setting it, and put it back at once
     os.umask(mask)
     return mask
+
+
+def write_folder(folder: Path, fill: Callable[[Path], None], *, force: bool = False) -> Path:
+    """Make ``folder`` whole or not at all: ``fill`` writes into a temporary folder beside it, which is
+    then renamed to ``folder`` (an existing folder, with ``force``, is moved aside first, then removed).
+
+    Raises:
+        HetpartError: ``folder`` exists and ``force`` is false, it is not a folder, or it cannot be
+            written; nothing is left behind.
+
+    Example:
+        >>> write_folder(Path("parts"), lambda tmp: (tmp / "a.txt").write_text("a"))   # doctest: +SKIP
+        PosixPath('parts')
+    """
+    refuse_overwrite([folder], force=force)
+    if folder.exists() and not folder.is_dir():
+        raise HetpartError(f"{folder} exists and is not a folder: give a folder path")
+    tmp = folder.with_name(f".{folder.name}.{uuid.uuid4().hex[:12]}.tmp")
+    try:
+        tmp.mkdir()
+        fill(tmp)
+        old = None
+        if folder.exists():
+            old = folder.with_name(f".{folder.name}.{uuid.uuid4().hex[:12]}.old")
+            os.replace(folder, old)
+        os.replace(tmp, folder)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except OSError as err:
+        raise HetpartError(f"cannot write {folder}: {err.strerror or err}; check that the parent folder "
+                           "exists and is writable") from err
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    _fsync_folder(folder.parent)
+    return folder
 
 
 def _fsync_folder(folder: Path) -> None:

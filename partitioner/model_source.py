@@ -1,7 +1,9 @@
 """Resolve a MODEL argument to a module and example inputs.
 
-In: ``"gpt"``, ``"gpt:small"`` (a zoo name and size) or ``"path/to/file.py:factory"`` (a Python
-file and a function in it returning ``(module, example_inputs)``). Out: a :class:`LoadedModel`.
+In: ``"gpt"``, ``"gpt:small"`` (a zoo name and size), ``"path/to/file.py:factory"`` (a Python
+file and a function in it returning ``(module, example_inputs)``) or ``"path/to/model.onnx"`` (an
+ONNX model, imported by :func:`~partitioner.frontends.onnx.from_onnx`; symbolic input dimensions are
+bound from ``input_shapes``). Out: a :class:`LoadedModel`.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import dataclasses
 import importlib.util
 import sys
 import traceback
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,22 +23,41 @@ from partitioner.errors import UnknownModel
 
 @dataclasses.dataclass(frozen=True)
 class LoadedModel:
-    """A model ready to capture: its display name, the module and its example inputs."""
+    """A model ready to capture: its display name, the module and its example inputs.
+
+    For an ONNX model, ``module`` is the ``.onnx`` path, ``example_inputs`` is empty and
+    ``input_shapes`` binds its symbolic dimensions (``partition`` and ``from_onnx`` take both).
+    """
 
     name: str
-    module: torch.nn.Module
+    module: torch.nn.Module | Path
     example_inputs: tuple
     no_split: tuple[str, ...] = ()  # module classes a device-map fill keeps whole (zoo models declare them)
+    input_shapes: Mapping[str, tuple[int, ...]] | None = None  # ONNX models: shapes of symbolic inputs
+
+    @property
+    def is_onnx(self) -> bool:
+        """Whether this is an ONNX model (``module`` is its path)."""
+        return isinstance(self.module, Path)
 
 
-def load_model(spec: str, *, device: str | None = None) -> LoadedModel:
+def load_model(spec: str, *, device: str | None = None,
+               input_shapes: Mapping[str, tuple[int, ...]] | None = None) -> LoadedModel:
     """Build the model named by ``spec``; zoo models are built on ``device`` (``"meta"``: shapes
-    only, which is all planning needs). A user's factory builds where it likes.
+    only, which is all planning needs). A user's factory builds where it likes. A ``.onnx`` path is
+    checked to exist; it is read when it is imported.
 
     Example:
         >>> load_model("mlp:tiny").name
         'mlp:tiny'
     """
+    if spec.lower().endswith(".onnx"):
+        path = Path(spec)
+        if not path.is_file():
+            raise UnknownModel(f"ONNX model {spec!r} does not exist; give the path of a .onnx file")
+        return LoadedModel(path.stem, path, (), input_shapes=dict(input_shapes) if input_shapes else None)
+    if input_shapes:
+        raise UnknownModel(f"--input-shape binds the inputs of ONNX models; {spec!r} is not a .onnx file")
     path, sep, factory = spec.rpartition(":")
     if sep and (path.endswith(".py") or "/" in path):
         return _from_file(Path(path), factory, spec)

@@ -20,10 +20,11 @@ from partitioner.coarsen import CoarsenOptions, Coarsening, auto_coarsen, coarse
 from partitioner.errors import CaptureError, HetpartError, InfeasiblePlacement, SolverUnavailable
 from partitioner.frontends.fx import capture_mode, from_module
 from partitioner.frontends.inputs import dynamic_dims, input_specs
+from partitioner.frontends.onnx import from_onnx, is_onnx_graph, is_onnx_model
 from partitioner.ir import OpGraph
 from partitioner.plan import Plan
 from partitioner.plan.values import InputSpec
-from partitioner.solvers import BASELINE_NAMES, run_baseline
+from partitioner.solvers import BASELINE_NAMES, ONNX_BASELINE_NAMES, run_baseline
 from partitioner.solvers.bounds import memory_aware_lower_bound, physical_lower_bound
 from partitioner.solvers.ilp import ProgressFn, relative_gap, status_for_gap
 from partitioner.solvers.multilevel import solve_multilevel
@@ -99,6 +100,7 @@ def partition_outcome(
     model_name: str | None = None,
     progress: ProgressFn | None = None,
     dynamic_shapes: Any = None,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
 ) -> Outcome:
     """Place every op of a model on the devices of a profile: the plan and how it was reached.
 
@@ -106,7 +108,12 @@ def partition_outcome(
     :func:`partition` returns its plan.
 
     Parameters:
-        model_or_graph: an ``nn.Module`` (captured with ``capture``) or an OpGraph.
+        model_or_graph: an ``nn.Module`` (captured with ``capture``), an ONNX model (a ``.onnx`` path
+            or ``ModelProto``, imported with :func:`~partitioner.frontends.onnx.from_onnx`), or an OpGraph.
+        input_shapes: ONNX models: static shapes of inputs with symbolic dimensions,
+            ``{"input": (1, 3, 224, 224)}``. ONNX plans are for inference, without weight streaming
+            (onnxruntime sessions hold their weights), and list the ``ort-fallback`` and
+            ``openvino-pipeline`` baselines too.
         devices: a built-in profile name, a TOML path, or a DeviceSet.
         objective: ``"latency"``, ``"throughput"`` or ``"makespan"``.
         memory: caps below the profile, e.g. ``{"cuda:0": "2GB"}``.
@@ -140,12 +147,18 @@ def partition_outcome(
     """
     check_limits(time_limit, gap)
     profile = _profile(devices, memory)  # a bad profile or cap fails before the capture
-    graph, inputs = _capture(model_or_graph, example_inputs, capture, model_name, dynamic_shapes, training)
+    graph, inputs = _capture(model_or_graph, example_inputs, capture, model_name, dynamic_shapes, training,
+                             input_shapes)
     started = time.perf_counter()  # time_limit covers everything from here (capture excluded)
     verify_graph(graph)
     if len(graph) == 0:
         raise CaptureError(f"{graph.name!r} has no operations to place: its forward returns its inputs or "
                            f"constants without computing anything, so there is nothing to partition")
+    onnx_graph = is_onnx_graph(graph)
+    if onnx_graph and training:
+        raise HetpartError(f"{graph.name!r} is an ONNX graph: ONNX models are planned for inference (onnxruntime "
+                           "runs them forward only); drop training=True (CLI: --training)")
+    streaming = streaming and not onnx_graph
     options = Options(
         objective=_objective(objective), training=training, optimizer=parse_optimizer(optimizer),
         streaming=streaming, link_budget=dict(link_budget or {}), contiguous_stages=contiguous_stages,
@@ -164,7 +177,7 @@ def partition_outcome(
         baselines={name: ev for name, (_, ev) in baselines.items()},
         lower_bound=lower_bound, model_name=model_name or graph.name, inputs=inputs,
         ilp=ilp, requested_gap=gap if ilp is not None else None,
-        capture=capture if not isinstance(model_or_graph, OpGraph) else "export",
+        capture="onnx" if onnx_graph else capture if not isinstance(model_or_graph, OpGraph) else "export",
         constraints={
             "pins": dict(problem.pins) and {op: problem.pins[n] for n in problem.pins for op in coarse.members[n]},
             "memory_caps": {d: profile.device(d).memory for d in (memory or {})},
@@ -181,13 +194,18 @@ def partition_outcome(
 
 
 def _capture(model_or_graph: Any, example_inputs: Any, capture: str, name: str | None,
-             dynamic_shapes: Any, training: bool) -> tuple[OpGraph, tuple[InputSpec, ...] | None]:
+             dynamic_shapes: Any, training: bool,
+             input_shapes: Mapping[str, Sequence[int]] | None) -> tuple[OpGraph, tuple[InputSpec, ...] | None]:
     """The graph (a training plan's model captured in train mode), and the model's inputs as
     passed (None for a graph given as is)."""
     if isinstance(model_or_graph, OpGraph):
         if dynamic_shapes is not None:
             raise HetpartError("dynamic_shapes applies when partition captures a model, not to an OpGraph")
         return model_or_graph, None
+    if is_onnx_model(model_or_graph):
+        if dynamic_shapes is not None:
+            raise HetpartError("dynamic_shapes applies to torch models; an ONNX model's shapes come from input_shapes")
+        return from_onnx(model_or_graph, input_shapes, name=name), None
     if example_inputs is None:
         raise HetpartError("partition(model, example_inputs, ...) needs example inputs to capture an nn.Module")
     args = example_inputs if isinstance(example_inputs, tuple) else tuple(example_inputs) \
@@ -318,7 +336,8 @@ def _pinned_ops(graph: OpGraph, pins: Mapping[str, str]) -> set[str]:
 
 
 def _baseline_names(problem: Problem) -> list[str]:
-    return [f"single:{d}" for d in problem.device_names] + list(BASELINE_NAMES)
+    onnx = ONNX_BASELINE_NAMES if is_onnx_graph(problem.original) else ()
+    return [f"single:{d}" for d in problem.device_names] + list(BASELINE_NAMES) + list(onnx)
 
 
 def _evaluated(problem: Problem, solution: Solution) -> tuple[Solution, Evaluation]:
@@ -351,7 +370,7 @@ def _solve(
         if not ev.feasible:
             raise InfeasiblePlacement(f"the {solver} baseline does not fit: {'; '.join(ev.violations[:3])}")
         return sol, ev, None
-    if solver.startswith("single:") or solver in BASELINE_NAMES:
+    if solver.startswith("single:") or solver in BASELINE_NAMES + ONNX_BASELINE_NAMES:
         raise SolverUnavailable(f"baseline {solver!r} is not available for this profile: "
                                 f"use one of {', '.join(baselines)}")
     _check_ilp_size(problem)

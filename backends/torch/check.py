@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import statistics
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -31,7 +29,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from backends.binding import bind_devices
-from backends.compare import MISSING, CheckReport, compare
+from backends.compare import MISSING, CheckReport, compare, interleaved_medians
 from backends.torch.strict import StrictRun
 from partitioner.errors import DeviceMismatch, HetpartError, PlanMismatch
 
@@ -113,7 +111,7 @@ def check_plan(
             loss = compare("loss", _loss(list(emit_outs.values())), _loss(list(ref_outs.values())), summed=True)
             grads = tuple(compare(name, emit_grads.get(name, MISSING), ref, summed=True)
                           for name, ref in ref_grads.items() if ref is not None or emit_grads.get(name) is not None)
-        original_s, emitted_s = _interleaved_medians(
+        original_s, emitted_s = interleaved_medians(
             [lambda: run(reference, args, keep=False), lambda: run(emitted, args, keep=False)], repeat, sync)
     errors = [*outputs, *([loss] if loss else []), *(grads or ())]
     return CheckReport(
@@ -194,21 +192,6 @@ def _synchronizer(devices: Sequence[str]) -> Callable[[], None]:
             torch.cuda.synchronize(dev)
 
     return sync
-
-
-def _interleaved_medians(fns: Sequence[Callable[[], Any]], repeat: int, sync: Callable[[], None]) -> list[float]:
-    """Median wall time of each function, run ABAB... ``repeat`` times after one warm-up each."""
-    times: list[list[float]] = [[] for _ in fns]
-    for fn in fns:
-        fn()
-    sync()
-    for _ in range(repeat):
-        for i, fn in enumerate(fns):
-            start = time.perf_counter()
-            fn()
-            sync()
-            times[i].append(time.perf_counter() - start)
-    return [statistics.median(t) for t in times]
 
 
 @contextlib.contextmanager

@@ -90,3 +90,46 @@ def output_path(text: str, flag: str, *, force: bool) -> Path:
     from partitioner.files import check_output
 
     return check_output(text, force=force, flag=flag)
+
+
+def add_input_shape(sub: argparse.ArgumentParser) -> None:
+    """``--input-shape NAME=AxBxC`` (repeatable): static shapes for an ONNX model's symbolic inputs."""
+    sub.add_argument("--input-shape", action="append", default=[], metavar="NAME=AxBxC",
+                     help="ONNX models: the shape of an input with symbolic dimensions, e.g. input=1x3x224x224 "
+                          "(repeatable)")
+
+
+def input_shapes(items: list[str]) -> dict[str, tuple[int, ...]] | None:
+    """``--input-shape`` flags as ``{name: shape}``; an error names the flag and shows the form."""
+    if not items:
+        return None
+    out = {}
+    for name, text in pairs(items, "--input-shape", "input=1x3x224x224").items():
+        dims = text.lower().split("x") if text.lower() not in ("scalar", "") else []
+        if not all(d.strip().isdigit() for d in dims):
+            raise HetpartError(f"--input-shape {name}={text}: expected dimensions joined by x, e.g. "
+                               f"--input-shape {name}=1x3x224x224")
+        out[name] = tuple(int(d) for d in dims)
+    return out
+
+
+def add_inputs(sub: argparse.ArgumentParser) -> None:
+    """``--input NAME=FILE.npy`` (repeatable): an input of an ONNX model as a numpy file."""
+    sub.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
+                     help="an input of the model as a .npy file (repeatable)")
+
+
+def read_inputs(items: list[str]) -> dict[str, object]:
+    """``--input`` flags as ``{name: numpy array}``; an unreadable file is an error naming it."""
+    import numpy as np
+
+    out: dict[str, object] = {}
+    for name, file in pairs(items, "--input", "x=x.npy").items():
+        try:
+            out[name] = np.load(file, allow_pickle=False)
+        except FileNotFoundError:
+            raise HetpartError(f"--input {name}={file}: no such file") from None
+        except (OSError, ValueError) as err:
+            raise HetpartError(f"--input {name}={file}: not a numpy .npy file ({err}); save it with "
+                               f"numpy.save") from None
+    return out

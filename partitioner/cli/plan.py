@@ -5,14 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from partitioner.cli.args import output_path, pairs, print_progress
+from partitioner.cli.args import add_input_shape, input_shapes, output_path, pairs, print_progress
 from partitioner.errors import HetpartError
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     """Add the subcommand to ``hetpart``'s parser."""
     pl = sub.add_parser("plan", parents=[common], help="place a model's ops on the devices of a profile")
-    pl.add_argument("model", help="zoo name (gpt, gpt:small) or path/to/file.py:factory")
+    pl.add_argument("model", help="zoo name (gpt, gpt:small), path/to/file.py:factory or model.onnx")
     pl.add_argument("--devices", default="h200-host", metavar="PROFILE", help="built-in profile or TOML file")
     pl.add_argument("--objective", default="latency", choices=["latency", "throughput", "makespan"])
     pl.add_argument("--memory", action="append", default=[], metavar="DEVICE=SIZE",
@@ -37,6 +37,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     pl.add_argument("--format", default="json", choices=["json", "device-map", "csv"],
                     help="json: the plan file; device-map: accelerate's device_map; csv: op, module, device, seconds")
     pl.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
+    add_input_shape(pl)
     pl.set_defaults(func=_cmd_plan)
 
 
@@ -53,17 +54,18 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if args.format != "json" and args.output is None:
         raise HetpartError(f"--format {args.format} writes a file: give it with -o FILE")
     profile = load_profile(args.devices)  # a bad profile fails before the model is built and captured
-    loaded = load_model(args.model, device="meta")  # zoo models: shapes only, no memory for weights
+    # zoo models: shapes only, no memory for weights; ONNX models: the path, imported by partition
+    loaded = load_model(args.model, device="meta", input_shapes=input_shapes(args.input_shape))
     memory = pairs(args.memory, "--memory", "cuda:0=2GB")
     pins = pairs(args.pin, "--pin", "'emb*=cpu'")
-    print(f"capturing {loaded.name} ({args.capture}) ...", file=sys.stderr)
+    print(f"capturing {loaded.name} ({'onnx' if loaded.is_onnx else args.capture}) ...", file=sys.stderr)
     plan = partition(
         loaded.module, loaded.example_inputs, profile,
         objective=args.objective, memory=memory, training=args.training, optimizer=args.optimizer,
         pins=pins, solver=args.solver, time_limit=args.time_limit, gap=args.gap,
         streaming=not args.no_streaming, coarsen={"on": True, "off": False}.get(args.coarsen, "auto"),
         no_split=loaded.no_split, capture=args.capture, model_name=loaded.name, progress=print_progress,
-        align_modules=args.align_modules, dynamic_shapes=_dynamic(args.dynamic),
+        align_modules=args.align_modules, dynamic_shapes=_dynamic(args.dynamic), input_shapes=loaded.input_shapes,
     )
     print(plan.summary())
     if args.output:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from partitioner.cli.args import output_path
+from partitioner.cli.args import add_input_shape, input_shapes, output_path
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -14,7 +14,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     rp.add_argument("plan", metavar="PLAN.json")
     rp.add_argument("-o", "--output", metavar="FILE", help="report.html, or a folder for --format png")
     rp.add_argument("--format", default="html", choices=["html", "png"])
-    rp.add_argument("--model", help="check the plan belongs to this model first (zoo name or file.py:factory)")
+    rp.add_argument("--model", help="check the plan belongs to this model first (zoo name, file.py:factory "
+                                    "or model.onnx)")
+    add_input_shape(rp)
     rp.add_argument("--force", action="store_true", help="overwrite existing files")
     rp.set_defaults(func=_cmd_report)
 
@@ -38,8 +40,13 @@ def _cmd_report(args: argparse.Namespace) -> int:
         from backends.torch.module import capture_for
         from partitioner.model_source import load_model
 
-        loaded = load_model(args.model, device="meta")
-        capture_for(plan, loaded.module, loaded.example_inputs)  # raises PlanMismatch with both fingerprints
+        loaded = load_model(args.model, device="meta", input_shapes=input_shapes(args.input_shape))
+        if loaded.is_onnx:
+            from backends.onnx_parts import graph_for
+
+            graph_for(plan, loaded.module, loaded.input_shapes)  # raises PlanMismatch with both fingerprints
+        else:
+            capture_for(plan, loaded.module, loaded.example_inputs)
     if args.format == "png":
         folder = Path(args.output if args.output is not None else "report-png")
         for path in write_pngs(plan, folder, force=args.force):

@@ -5,7 +5,7 @@ The file (``format_version`` 1) holds these top-level keys, in this order::
     format_version  1
     model           {"name", "fingerprint", "op_count", "modules": {op: module path},
                      "param_ops": [ops that own parameters or buffers],
-                     optional "capture": "export" | "symbolic_trace",
+                     optional "capture": "export" | "symbolic_trace" | "onnx" (imported ONNX),
                      optional "inputs": [{"shape", "dtype", optional "dynamic"} or {"value"}, ...]:
                      each positional input as passed (None and numbers by value), to
                      re-capture the model and check calls,

@@ -14,7 +14,7 @@ and the views users call); reading and validating files is :mod:`partitioner.pla
 module-level view :mod:`partitioner.plan.device_map`, the text summary
 :mod:`partitioner.plan.summary`, and building from a solve :mod:`partitioner.plan.from_solve`.
 Running a plan is a backend's job (:mod:`backends`): :meth:`Plan.emit` and :meth:`Plan.emit_source`
-delegate to :mod:`backends.torch`.
+delegate to :mod:`backends.torch`, :meth:`Plan.emit_onnx` to :mod:`backends.onnx_parts`.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ class Plan:
     solver: SolverInfo
     baselines: Mapping[str, BaselineInfo]
     inputs: tuple[InputSpec, ...] = ()         # each positional input as passed when planning, for re-capture
-    capture: str = "export"                    # how the model was captured ("export" | "symbolic_trace")
+    capture: str = "export"                    # how the model was captured ("export" | "symbolic_trace" | "onnx")
     edges: tuple[tuple[str, str], ...] = ()    # (producer op, consumer op) of every graph edge, for drawing
     param_names: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)  # op -> its parameters
     op_bytes: Mapping[str, tuple[int, int]] = dataclasses.field(default_factory=dict)  # op -> (output, parameter) bytes
@@ -336,6 +336,34 @@ class Plan:
         from backends.torch.source import emit_source
 
         return emit_source(self, model, path, device_map, example_inputs=example_inputs, force=force)
+
+    def emit_onnx(
+        self,
+        directory: str | os.PathLike[str],
+        model: Any,
+        *,
+        input_shapes: Mapping[str, Any] | None = None,
+        force: bool = False,
+    ) -> Path:
+        """Write this plan for an ONNX model as one ONNX model per part plus ``manifest.json``.
+
+        ``model`` is the ``.onnx`` path (or ``ModelProto``) the plan was made for; each part runs in
+        an onnxruntime session with its device's provider (:mod:`backends.onnx_parts`; open the
+        folder with ``backends.onnx_parts.load_parts(directory, device_map)`` or
+        ``hetpart run DIR``). The folder appears whole or not at all; an existing one is replaced
+        only with ``force``.
+
+        Raises:
+            HetpartError: ``directory`` exists and ``force`` is false.
+            PlanMismatch: the model is not the one the plan was made for.
+
+        Example:
+            >>> plan.emit_onnx("parts", "model.onnx")        # doctest: +SKIP
+            PosixPath('parts')
+        """
+        from backends.onnx_parts import emit_onnx
+
+        return emit_onnx(self, model, directory, input_shapes=input_shapes, force=force)
 
     def per_device_ops(self) -> dict[str, list[str]]:
         """Ops computed on each device (every device of the set, in profile order).

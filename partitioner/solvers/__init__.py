@@ -3,8 +3,9 @@
 The ILP (``ilp.py``, the default) and the baselines it is compared with and warm-started from:
 ``single:<device>`` (everything on one device), ``greedy`` (accelerate's ``infer_auto_device_map``
 fill with ``dispatch_model``'s run-time semantics), ``sequential-fill`` (the same fill, computing
-where placed), ``heft`` (list scheduling by upward rank). All are costed by
-:func:`~partitioner.solvers.problem.evaluate`.
+where placed), ``heft`` (list scheduling by upward rank); for ONNX graphs also ``ort-fallback``
+(onnxruntime's provider order) and ``openvino-pipeline`` (OpenVINO HETERO's split by weight bytes).
+All are costed by :func:`~partitioner.solvers.problem.evaluate`.
 """
 
 from __future__ import annotations
@@ -14,11 +15,15 @@ from collections.abc import Sequence
 from partitioner.errors import SolverUnavailable
 from partitioner.solvers.greedy import solve_greedy, solve_sequential_fill
 from partitioner.solvers.heft import solve_heft
+from partitioner.solvers.openvino_pipeline import solve_openvino_pipeline
+from partitioner.solvers.ort_fallback import solve_ort_fallback
 from partitioner.solvers.problem import Problem, Solution
 from partitioner.solvers.single import solve_single
 
 #: Baselines besides ``single:<device>``, in the order plans list them.
 BASELINE_NAMES: tuple[str, ...] = ("greedy", "sequential-fill", "heft")
+#: Baselines of the placements ONNX users get today, listed after the others in ONNX plans.
+ONNX_BASELINE_NAMES: tuple[str, ...] = ("ort-fallback", "openvino-pipeline")
 
 
 def run_baseline(name: str, problem: Problem, *, no_split: Sequence[str] = ()) -> Solution:
@@ -35,7 +40,12 @@ def run_baseline(name: str, problem: Problem, *, no_split: Sequence[str] = ()) -
         return solve_sequential_fill(problem, no_split=no_split)
     if name == "heft":
         return solve_heft(problem)
+    if name == "ort-fallback":
+        return solve_ort_fallback(problem)
+    if name == "openvino-pipeline":
+        return solve_openvino_pipeline(problem)
     raise SolverUnavailable(
-        f"unknown solver {name!r}: use 'auto', 'highs', 'cbc', {', '.join(repr(b) for b in BASELINE_NAMES)} "
+        f"unknown solver {name!r}: use 'auto', 'highs', 'cbc', "
+        f"{', '.join(repr(b) for b in BASELINE_NAMES + ONNX_BASELINE_NAMES)} "
         f"or 'single:<device>'"
     )
