@@ -16,6 +16,7 @@ In: a zoo name and size, or a DenseNet-style size, and a path. Out: a ``.onnx`` 
 
 from __future__ import annotations
 
+import copy
 import os
 import warnings
 from pathlib import Path
@@ -118,7 +119,35 @@ def light_model(name: str) -> Path:
     return path
 
 
+class _RMSNormFormula(nn.Module):
+    """``nn.RMSNorm`` written as its formula, with the same weight: the TorchScript exporter has no
+    ``aten::rms_norm`` below opset 23, so t5 and moe export their norms as Pow, ReduceMean, Add, Sqrt, Div, Mul."""
+
+    def __init__(self, norm: nn.RMSNorm) -> None:
+        super().__init__()
+        self.weight = norm.weight
+        self.eps = norm.eps if norm.eps is not None else torch.finfo(torch.float32).eps
+        self.dims = tuple(range(-len(norm.normalized_shape), 0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x / torch.sqrt(x.pow(2).mean(self.dims, keepdim=True) + self.eps)
+        return y * self.weight if self.weight is not None else y
+
+
+def _exportable(module: nn.Module) -> nn.Module:
+    """``module``, or a copy whose RMSNorms are written as their formula (see :class:`_RMSNormFormula`)."""
+    if not any(isinstance(m, nn.RMSNorm) for m in module.modules()):
+        return module
+    module = copy.deepcopy(module)
+    for name, child in list(module.named_modules()):
+        if isinstance(child, nn.RMSNorm):
+            owner, _, attr = name.rpartition(".")
+            setattr(module.get_submodule(owner) if owner else module, attr, _RMSNormFormula(child))
+    return module
+
+
 def _export(module: nn.Module, inputs: tuple, path: Path, dynamic_batch: bool) -> Path:
+    module = _exportable(module)
     names = ["input"] + [f"input_{i}" for i in range(1, len(inputs))]
     axes = {n: {0: "batch"} for n in names} if dynamic_batch else None
     with warnings.catch_warnings():

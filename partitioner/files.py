@@ -219,9 +219,9 @@ def write_folder(folder: Path, fill: Callable[[Path], None], *, force: bool = Fa
         >>> write_folder(Path("parts"), lambda tmp: (tmp / "a.txt").write_text("a"))   # doctest: +SKIP
         PosixPath('parts')
     """
-    refuse_overwrite([folder], force=force)
-    if folder.exists() and not folder.is_dir():
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
         raise HetpartError(f"{folder} exists and is not a folder: give a folder path")
+    check_output(folder, force=force, replace_special=True)  # a folder is what it replaces
     tmp = folder.with_name(f".{folder.name}.{uuid.uuid4().hex[:12]}.tmp")
     try:
         tmp.mkdir()

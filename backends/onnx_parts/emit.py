@@ -29,7 +29,7 @@ from backends.onnx_parts.manifest import Manifest, PartEntry
 from backends.onnx_parts.parts import Part, part_model, split
 from backends.onnx_parts.session import PartitionedSession
 from partitioner.errors import InputShapeError, OnnxError, PlanMismatch
-from partitioner.files import refuse_overwrite, write_folder
+from partitioner.files import check_output, write_folder
 from partitioner.frontends.onnx import OnnxSource, from_onnx, is_onnx_graph
 from partitioner.ir import OpGraph
 
@@ -112,7 +112,7 @@ def emit_onnx(plan: Any, model: str | os.PathLike[str] | onnx.ModelProto | OpGra
         PosixPath('parts')
     """
     folder = Path(folder)
-    refuse_overwrite([folder], force=force)  # before the work: a refusal costs nothing
+    check_output(folder, force=force, replace_special=folder.is_dir() and not folder.is_symlink())  # before the work
     graph = graph_for(plan, model, input_shapes)
     parts, models, manifest = _parts(plan, graph)
     source = graph.source
