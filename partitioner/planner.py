@@ -13,6 +13,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from cost_models.profiled import resolve_costs
 from cost_models.profiles import DeviceSet, load_profile
 from cost_models.training import parse_optimizer
 from partitioner.coarsen import CoarsenOptions, Coarsening, auto_coarsen, coarsen as coarsen_graph, identity
@@ -92,6 +93,7 @@ def partition_outcome(
     capture: str = "export",
     model_name: str | None = None,
     progress: ProgressFn | None = None,
+    costs: Any = "analytic",
 ) -> Outcome:
     """Place every op of a model on the devices of a profile: the plan and how it was reached.
 
@@ -112,6 +114,9 @@ def partition_outcome(
         no_split: module classes the ``greedy`` fill keeps whole (accelerate's no_split_module_classes).
         align_modules: module classes every solver must keep whole (each instance on one device),
             so the plan exports as an accelerate ``device_map``.
+        costs: ``"analytic"`` (the profile's roofline), ``"profiled"`` (measure the model's ops on
+            the devices present here, cached), the path of a costs file from ``hetpart profile``,
+            or a :class:`cost_models.costs.CostModel`; recorded in the plan (``plan.costs``).
 
     Raises:
         InfeasiblePlacement: no placement fits the caps and pins; the message names the device,
@@ -132,7 +137,9 @@ def partition_outcome(
         streaming=streaming, link_budget=dict(link_budget or {}), contiguous_stages=contiguous_stages,
     )
     coarse = _coarsen(graph, options, coarsen, pins, align_modules)
-    problem = Problem(coarse.graph, profile, options, pins=pins, members=coarse.members, original=graph)
+    cost_model = resolve_costs(costs, graph, profile, example_inputs, training=training, optimizer=optimizer)
+    problem = Problem(coarse.graph, profile, options, pins=pins, members=coarse.members, original=graph,
+                      costs=cost_model)
     baselines = {name: _evaluated(problem, run_baseline(name, problem, no_split=no_split)) for name in _baseline_names(problem)}
     solution, evaluation = _solve(problem, solver, baselines, time_limit, gap, progress, no_split)
     verify_placement(problem, solution.placement, evaluation)

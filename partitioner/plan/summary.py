@@ -28,6 +28,7 @@ def summary_text(plan: Any) -> str:
     gap = "" if s.gap is None else f", gap {s.gap:.2%}"
     lines.append(f"  solver     {s.name}: {s.status} in {format_seconds(s.seconds)}, bound "
                  f"{_seconds(s.bound)}{gap}; physical lower bound {_seconds(lower)}")
+    lines.append(f"  costs      {costs_text(plan)}")
     busy = plan.predicted["per_device_s"]
     for device, ops in plan.per_device_ops().items():
         mem = plan.memory.get(device, {})
@@ -53,6 +54,35 @@ def summary_text(plan: Any) -> str:
         fits = "" if b.feasible else "  (does not fit: " + (b.note or "over a cap") + ")"
         lines.append(f"  baseline {name:<18} {_seconds(b.total_s):>9}{speedup}{fits}")
     return "\n".join(lines)
+
+
+def costs_text(plan: Any, shown: int = 3) -> str:
+    """Which cost model priced the plan: ``analytic (roofline of the profile)``, or for a measured
+    one ``profiled (costs.json): cpu 150 ops measured, 12 priced analytically (a, b, c, ...)``.
+
+    Example:
+        >>> costs_text(plan)                               # doctest: +SKIP
+        'analytic (roofline of the profile)'
+    """
+    costs = plan.costs or {"model": "analytic"}
+    if costs["model"] == "analytic":
+        return "analytic (roofline of the profile)"
+    source = f" ({costs['source']})" if costs.get("source") else ""
+    measured, fell_back = costs.get("measured", {}), costs.get("fell_back", {})
+    parts = []
+    for device in plan.devices.names():
+        n, analytic = measured.get(device, 0), fell_back.get(device, ())
+        if not n and not analytic:
+            continue
+        text = f"{device} {n} ops measured" if n else f"{device} not measured"
+        if analytic:
+            more = ", ..." if len(analytic) > shown else ""
+            text += f", {len(analytic)} priced analytically ({', '.join(analytic[:shown])}{more})"
+        parts.append(text)
+    unsupported = costs.get("unsupported", {})
+    if unsupported:
+        parts.append(f"{len(unsupported)} ops failed on a device when measured and are not placed there")
+    return f"{costs['model']}{source}: " + ("; ".join(parts) or "nothing measured")
 
 
 def _seconds(value: float | None) -> str:

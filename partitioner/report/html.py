@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from cost_models.units import format_bytes, format_seconds
 from partitioner.report.layout import GraphLayout, graph_layout
 from partitioner.files import refuse_overwrite, write_atomic
+from partitioner.plan.summary import costs_text
 from partitioner.report.svg import ZOOM_SCRIPT, device_colours, gantt_svg, graph_svg, memory_svg
 from partitioner.report.timeline import timeline
 
@@ -193,7 +194,7 @@ def _solver(plan: Plan) -> str:
         status = f'<span class="bad">{status}</span>'
     return _kv([("solver", _e(s.name)), ("status", status), ("objective", _e(_s(s.objective))),
                 ("bound", _e(_s(s.bound))), ("gap", "unknown" if s.gap is None else f"{s.gap:.2%}"),
-                ("solve time", _e(format_seconds(s.seconds)))])
+                ("solve time", _e(format_seconds(s.seconds))), ("cost model", _e(costs_text(plan)))])
 
 
 def _baselines(plan: Plan) -> str:
