@@ -35,24 +35,28 @@ def op_time(op: Op, device: Device) -> Estimate:
     """
     # a gather reads rows scattered over its whole table: the cache helps only if the table fits
     footprint = op.param_bytes if op.op_class is OpClass.GATHER else 0
-    return kernel_time(op.op_class, op.dtype, op.flops, op.bytes_read + op.bytes_written, device, footprint)
+    return kernel_time(op.op_class, op.dtype, op.flops, op.bytes_read + op.bytes_written, device, footprint,
+                       fresh=op.bytes_written)
 
 
 def kernel_time(
-    op_class: OpClass, dtype: str, flops: float, nbytes: float, device: Device, footprint: float = 0.0
+    op_class: OpClass, dtype: str, flops: float, nbytes: float, device: Device, footprint: float = 0.0,
+    *, fresh: float = 0.0,
 ) -> Estimate:
     """Roofline time of one kernel of class ``op_class`` doing ``flops`` and moving ``nbytes``.
 
     ``footprint`` is the memory the kernel touches beyond the bytes it moves (a gather's table);
-    the cache bandwidth applies only when both fit in the device's cache.
+    the cache bandwidth applies only when both fit in the device's cache. ``fresh`` is the size of
+    the output it allocates: at or above the device's ``alloc_threshold`` it pays the first touch.
+    A view launches no kernel and moves nothing: it costs the call alone (``fixed_latency.view``).
     """
-    if op_class is OpClass.VIEW:
-        return Estimate()
     key = op_class.value
+    if op_class is OpClass.VIEW:
+        return Estimate(device.fixed(key, dtype))
     compute = flops / (device.peak(dtype) * device.eff(key, dtype)) if flops else 0.0
     bandwidth = device.stream_bandwidth(max(nbytes, footprint))
     memory = nbytes / (bandwidth * device.mem_eff(key, dtype)) if nbytes else 0.0
-    seconds = max(compute, memory) + device.launch_overhead + device.fixed(key, dtype)
+    seconds = max(compute, memory) + device.launch_overhead + device.fixed(key, dtype) + device.first_touch(fresh)
     return Estimate(seconds, float(flops), float(nbytes))
 
 

@@ -91,7 +91,8 @@ class DeviceMeasurements:
     unsupported: dict[str, str]                 # op -> why it failed on this device
     optimizer_s_per_byte: dict[str, float]      # optimizer name -> step seconds per trainable byte
     passes: int = 0                             # timed passes run (all modes)
-    cached: int = 0                             # measurements answered by the cache
+    cached: int = 0                             # (kind, signature) answered by the cache alone
+    stale: int = 0                              # lookups that found only another torch version / thread count
     interrupted: bool = False
 
 
@@ -299,6 +300,8 @@ class _Run:
         self.failed: dict[str, str] = {}
         self.signatures: dict[str, str] = {}
         self.pending: dict[tuple[str, str], list[float]] = {}   # (kind, signature) -> new samples
+        self.sampled: set[tuple[str, str]] = set()               # (kind, signature) measured in this run
+        self.stale_before = cache.stale
         self.result = DeviceMeasurements(str(dev), env, {}, self.failed, {})
         self.kept = 0
         self.last_save = time.perf_counter()
@@ -320,13 +323,8 @@ class _Run:
 
     def _missing(self, kind: str) -> bool:
         """Whether some op's signature lacks ``min_repeats`` samples of ``kind`` in the cache."""
-        for op, sig in self.signatures.items():
-            if op in self.failed:
-                continue
-            entry = self.cache.get(self.env, kind, sig)
-            if entry is None or len(entry.samples) < self.options.min_repeats:
-                return True
-        return False
+        entries = [self.cache.get(self.env, kind, sig) for op, sig in self.signatures.items() if op not in self.failed]
+        return any(e is None or len(e.samples) < self.options.min_repeats for e in entries)
 
     def _count(self, wanted: int, one_pass_s: float) -> int:
         """Timed passes to run once one took ``one_pass_s``: fewer when slow, never below min_repeats."""
@@ -422,6 +420,7 @@ class _Run:
     def flush(self) -> None:
         """Move pending samples (and failures) into the cache."""
         for (kind, sig), samples in self.pending.items():
+            self.sampled.add((kind, sig))
             self.cache.put(self.env, kind, sig, samples)
             self.kept += len(samples)
         self.pending.clear()
@@ -433,14 +432,18 @@ class _Run:
     def _collect(self, kinds: tuple[str, ...]) -> None:
         self.flush()
         field = {"forward": "forward_s", "train_forward": "train_forward_s", "backward": "backward_s"}
+        from_cache: set[tuple[str, str]] = set()
         for op, sig in self.signatures.items():
             times = OpTimes(sig)
             for kind in kinds:
                 entry = self.cache.get(self.env, kind, sig)
                 if entry is not None and entry.seconds is not None and op not in self.failed:
                     setattr(times, field[kind], entry.seconds)
+                    if (kind, sig) not in self.sampled:
+                        from_cache.add((kind, sig))
             self.result.ops[op] = times
-        self.result.cached = self.cache.hits
+        self.result.cached = len(from_cache)
+        self.result.stale = self.cache.stale - self.stale_before
 
     def _report(self, done: int, total: int, what: str) -> None:
         if self.progress is not None:

@@ -85,8 +85,7 @@ class MeasurementCache:
         self._other_env: dict[str, set[str]] = {}   # device|kind|signature -> env keys seen
         for key in self._entries:
             self._index(key)
-        self.stale = 0         # lookups that found only entries of another torch version / thread count
-        self.hits = 0
+        self._stale: set[str] = set()   # keys looked up that only another torch version / thread count has
         self.dirty = False
 
     # -- file -----------------------------------------------------------------------------------
@@ -146,15 +145,18 @@ class MeasurementCache:
         self._other_env.setdefault(f"{device}|{rest}", set()).add(f"{torch_part}|{threads}")
 
     def get(self, env: Environment, kind: str, signature: str) -> CacheEntry | None:
-        """The entry for this key, or None (counted in :attr:`stale` when only other versions have it)."""
-        entry = self._entries.get(self.key(env, kind, signature))
-        if entry is not None:
-            self.hits += 1
-            return entry
-        seen = self._other_env.get(f"{env.device}|{kind}|{signature}", set())
-        if seen:
-            self.stale += 1
-        return None
+        """The entry for this key, or None (counted in :attr:`stale` when only other environments have it)."""
+        key = self.key(env, kind, signature)
+        entry = self._entries.get(key)
+        if entry is None and self._other_env.get(f"{env.device}|{kind}|{signature}"):
+            self._stale.add(key)
+        return entry
+
+    @property
+    def stale(self) -> int:
+        """Distinct keys looked up and missing whose op was measured under another torch version
+        or thread count (those entries are not used)."""
+        return len(self._stale)
 
     def put(self, env: Environment, kind: str, signature: str, samples: list[float] | tuple[float, ...] = (),
             unsupported: str | None = None) -> CacheEntry:

@@ -43,7 +43,7 @@ class Profile:
 
     table: CostTable
     interrupted: bool = False   # stopped by KeyboardInterrupt: the table (and the cache) hold what was measured
-    cached: int = 0             # measurements answered by the cache
+    cached: int = 0             # op measurements (kind, signature, device) answered by the cache alone
     stale: int = 0              # lookups that found only entries of another torch version or thread count
     passes: int = 0             # timed passes over the graph
 
@@ -132,10 +132,10 @@ def profile_graph(
     times: dict[str, dict[str, dict[str, float | None]]] = {}
     unsupported: dict[str, dict[str, str]] = {}
     optimizer: dict[str, dict[str, float]] = {}
-    interrupted, passes, hits_before, stale_before = False, 0, cache.hits, cache.stale
+    interrupted, passes, cached, stale = False, 0, 0, 0
     for physical in dict.fromkeys(binding.values()):
         measured = measure_ops(gm, args, physical, options=options, cache=cache, progress=progress)
-        passes += measured.passes
+        passes, cached, stale = passes + measured.passes, cached + measured.cached, stale + measured.stale
         for op, t in measured.ops.items():
             if op not in graph.ops:
                 continue   # export's guard module and other nodes that are not ops of the graph
@@ -153,7 +153,8 @@ def profile_graph(
     copies = ()
     if not interrupted:
         try:
-            copies = tuple(measure_copies(_cut_sizes(graph), _pairs(binding), cache=cache, progress=progress))
+            copies = tuple(measure_copies(_cut_sizes(graph), _pairs(binding), cache=cache, progress=progress,
+                                          repeats=options.repeats))
         except KeyboardInterrupt:
             interrupted = True
         finally:
@@ -164,7 +165,7 @@ def profile_graph(
         threads=env_threads, bind=binding, signatures=signatures, times=times, unsupported=unsupported,
         optimizer=optimizer, copies=copies,
     )
-    return Profile(table, interrupted, cache.hits - hits_before, cache.stale - stale_before, passes)
+    return Profile(table, interrupted, cached, stale, passes)
 
 
 def _cut_sizes(graph: OpGraph) -> list[int]:

@@ -13,7 +13,6 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from cost_models.profiled import resolve_costs
 from cost_models.profiles import DeviceSet, load_profile
 from cost_models.training import parse_optimizer
 from partitioner.coarsen import CoarsenOptions, Coarsening, auto_coarsen, coarsen as coarsen_graph, identity
@@ -137,6 +136,8 @@ def partition_outcome(
         streaming=streaming, link_budget=dict(link_budget or {}), contiguous_stages=contiguous_stages,
     )
     coarse = _coarsen(graph, options, coarsen, pins, align_modules)
+    from cost_models.profiled import resolve_costs  # here: cost_models.profiled imports partitioner's errors
+
     cost_model = resolve_costs(costs, graph, profile, example_inputs, training=training, optimizer=optimizer)
     problem = Problem(coarse.graph, profile, options, pins=pins, members=coarse.members, original=graph,
                       costs=cost_model)

@@ -4,7 +4,9 @@ Subcommands: ``devices`` (built-in and detected device profiles), ``inspect`` (a
 their predicted cost on each device), ``plan`` (place a model's ops, write the plan file),
 ``report`` and ``explain`` (draw a plan; why an op sits where it does), ``demo`` (the seed case end
 to end), ``emit`` (write a plan as a runnable Python file) and ``check`` (run the emitted plan
-beside the original model and compare outputs, gradients and time; exit 1 when they differ).
+beside the original model and compare outputs, gradients and time; exit 1 when they differ),
+``profile`` (measure a model's ops on this machine, cached; write a costs file for ``plan --costs``) and
+``calibrate`` (fit a device profile of this machine to micro-benchmarks; exit 1 when the fit is poor).
 Errors from hetpart print as one message and exit 2; ``--debug`` shows the traceback instead.
 
 A subcommand is a module here with ``register(sub, common)``, listed in :data:`COMMANDS`;
@@ -18,11 +20,11 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from partitioner.cli import check, demo, devices, emit, inspect_model, plan, report
+from partitioner.cli import calibrate, check, demo, devices, emit, inspect_model, plan, profile, report
 from partitioner.errors import HetpartError
 
 #: The subcommand modules, in the order ``hetpart --help`` lists them.
-COMMANDS = (devices, inspect_model, plan, report, demo, emit, check)
+COMMANDS = (devices, inspect_model, plan, report, demo, emit, check, profile, calibrate)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

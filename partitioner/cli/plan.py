@@ -31,6 +31,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     pl.add_argument("--capture", default="export", choices=["export", "symbolic_trace"])
     pl.add_argument("--align-modules", action="append", default=[], metavar="CLASS",
                     help="keep every instance of a module class on one device, e.g. Block (repeatable)")
+    pl.add_argument("--costs", default="analytic", metavar="analytic|profiled|COSTS.json",
+                    help="op times: the profile's roofline, measured now on this machine, or a costs file "
+                         "from `hetpart profile`")
     pl.add_argument("-o", "--output", metavar="FILE", help="write the plan (see --format)")
     pl.add_argument("--format", default="json", choices=["json", "device-map", "csv"],
                     help="json: the plan file; device-map: accelerate's device_map; csv: op, module, device, seconds")
@@ -46,7 +49,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         raise HetpartError(f"{args.output} exists: pass --force to overwrite it")
     if args.format != "json" and not args.output:
         raise HetpartError(f"--format {args.format} writes a file: give it with -o FILE")
-    loaded = load_model(args.model, device="meta")  # zoo models: shapes only, no memory for weights
+    # zoo models: shapes only, no memory for weights (measuring ops needs real ones)
+    loaded = load_model(args.model, device=None if args.costs == "profiled" else "meta")
     memory = pairs(args.memory, "--memory", "cuda:0=2GB")
     pins = pairs(args.pin, "--pin", "'emb*=cpu'")
     print(f"capturing {loaded.name} ({args.capture}) ...", file=sys.stderr)
@@ -56,7 +60,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         pins=pins, solver=args.solver, time_limit=args.time_limit, gap=args.gap,
         streaming=not args.no_streaming, coarsen={"on": True, "off": False}.get(args.coarsen, "auto"),
         no_split=loaded.no_split, capture=args.capture, model_name=loaded.name, progress=print_progress,
-        align_modules=args.align_modules,
+        align_modules=args.align_modules, costs=args.costs,
     )
     print(plan.summary())
     if args.output:
