@@ -11,9 +11,9 @@ What is fitted, in order (each from the rows that measure it, the rest held fixe
 * ``launch_overhead``: the median time of one-element elementwise ops (the cost of a call);
 * ``fixed_latency.view``: the median time of view ops (they move nothing but are still calls);
 * ``peak_flops[dtype]``: the best matmul rate of each dtype measured;
-* ``mem_bandwidth``, ``cache_size``, ``cache_bandwidth``: from the elementwise size sweep, the best
-  rate of the largest working sets (DRAM) and the rate and largest size of the working sets that
-  stream at least 1.5x faster (cache);
+* ``mem_bandwidth``, ``cache_size``, ``cache_bandwidth``: from the copy size sweep, the best rate
+  of the largest working sets (DRAM), and the best rate of the working sets that stream at least
+  1.5x faster (cache) up to the geometric mean of the largest of them and the next size;
 * ``alloc_threshold`` and ``first_touch_bandwidth``: taken from the first-touch measurement;
 * per op class (and dtype for matmul, conv and attention rows that are not float32): the compute
   efficiency, memory efficiency and fixed latency minimising the mean absolute log error of
@@ -173,8 +173,12 @@ def fit_device(name: str, kind: DeviceKind, memory: int, rows: Sequence[Row], *,
     largest = rates[-1][0]
     dram = max(rate for size, rate in rates if size >= largest / 4)
     cached = [(size, rate) for size, rate in rates if rate >= CACHE_SPEED_UP * dram]
-    cache_size = max((size for size, _ in cached), default=0)
-    cache_bw = statistics.median(rate for _, rate in cached) if cached else 0.0
+    cache_size = 0
+    if cached:   # between the largest working set that streams fast and the next one measured
+        fast = max(size for size, _ in cached)
+        slow = min((size for size, _ in rates if size > fast), default=fast)
+        cache_size = int(math.sqrt(fast * slow))
+    cache_bw = max((rate for _, rate in cached), default=0.0)
     base = Device(name, kind, memory, _round(peaks), _round1(dram), _round1(launch), host=host,
                   cache_size=int(cache_size), cache_bandwidth=_round1(cache_bw),
                   alloc_threshold=int(threshold), first_touch_bandwidth=_round1(touch_bw),

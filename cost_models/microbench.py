@@ -7,8 +7,8 @@ profile to.
 
 The suites cover every op class the analytic model prices: matmuls of several shapes (fp32, and
 bf16 where the device runs it), convolutions with batch norm and pooling, attention (causal and
-not), a size sweep of an elementwise add from a few KiB to well past any cache (it finds the
-cache tier and the DRAM bandwidth), compute-heavy elementwise ops (GELU, SiLU, exp), norms,
+not), a size sweep of a copy from a few KiB to well past any cache (it finds the cache tier and
+the DRAM bandwidth), compute-heavy elementwise ops (GELU, SiLU, exp), norms,
 softmax, reductions, gathers from a small and a large table, data movement (cat, contiguous
 copies), views and one-element ops (the per-op overhead). Each suite is one module captured with
 ``torch.export`` and measured in place by :func:`cost_models.measure.measure_ops` — the way a whole
@@ -142,8 +142,8 @@ def suites(kind: str = "cpu", *, quick: bool = False, bf16: bool = True) -> list
     out.append(_suite("attention", att_items))
 
     sweep = [2**12, 2**16, 2**18, 2**20, 2**22, 2**24] if not quick else [2**12, 2**18, 2**22]
-    add_items = [(lambda m, a, b: a + b, (_r(n * e), _r(n * e))) for n in sweep]
-    out.append(_suite("stream", add_items))
+    copies = [(lambda m, x: x.clone(), (_r(n * e),)) for n in sweep]   # no arithmetic: bandwidth alone
+    out.append(_suite("stream", copies))
 
     big, mid = (2**24 if not quick else 2**22) * e, 2**20 * e
     pointwise = [(lambda m, x: F.gelu(x), (_r(big),)), (lambda m, x: F.silu(x), (_r(big),)),
