@@ -26,7 +26,12 @@ Cases, on ``emb-transformer`` (at ``base``: a 1,048,576 x 1024 fp32 embedding, 8
     the GPU once, streamed ones prefetched from pinned host copies); forward only;
 (f) ``two-branch``: a ``makespan`` plan with the two branches pinned to different devices (the
     better of the two orientations by predicted makespan); the emitted module (overlapped) against
-    the two branches each run alone and one after the other (sequential).
+    the two branches each run alone and one after the other (sequential);
+(g) cost fidelity (``bench/gpu_fidelity.py``): ``hetpart calibrate`` of this host, the seed case
+    profiled in place, planned under the "embedding + half the layers" cap with the calibrated
+    profile and with the profiled model, and the ILP plan and every baseline emitted and measured:
+    predicted against measured for each (``--skip-fidelity`` leaves it out, ``--fidelity-only``
+    runs it alone).
 
 For each: the plan's predicted time (the h200-host profile's prediction, also on CPU runs), the
 forward time (wall time with ``torch.cuda.synchronize``, median of ``--repeat`` runs after
@@ -35,7 +40,7 @@ step (forward, loss = sum of outputs, backward, SGD step) where it makes sense, 
 memory of the forward runs (``torch.cuda.max_memory_allocated``, resident weights included),
 the largest output difference from (a), and the calibration measurement beside it.
 
-    python bench/gpu_check.py [--size small|base] [--repeat 20] [--skip-accelerate]
+    python bench/gpu_check.py [--size small|base] [--repeat 20] [--skip-accelerate] [--skip-fidelity | --fidelity-only]
 """
 
 from __future__ import annotations
@@ -476,12 +481,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--size", choices=models.SIZES, help="model size (default: base with CUDA, small without)")
     parser.add_argument("--repeat", type=int, default=20, help="timed runs per measurement (fewer when slow)")
     parser.add_argument("--skip-accelerate", action="store_true", help="do not run accelerate's dispatch_model")
+    parser.add_argument("--skip-fidelity", action="store_true", help="leave out case (g), the cost fidelity")
+    parser.add_argument("--fidelity-only", action="store_true", help="run case (g) alone")
     args = parser.parse_args(argv)
     cuda = torch.cuda.is_available()
     size = args.size or ("base" if cuda else "small")
     env = Env(cuda, size, max(1, args.repeat), None if cuda else {"cuda:0": "cpu"})
     started = time.perf_counter()
     print(first_line(env, forced=args.size is not None))
+    if args.fidelity_only:
+        fidelity(env)
+        print(f"done in {time.perf_counter() - started:.0f} s")
+        return 0
     calib = calibration_numbers()
     rows, cap = emb_transformer_cases(env, calib, args.skip_accelerate)
     try:
@@ -492,8 +503,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("targets:")
     for target in targets(rows, cap, tb, calib, env):
         print(target.line())
+    if not args.skip_fidelity:
+        fidelity(env)
     print(f"done in {time.perf_counter() - started:.0f} s")
     return 0
+
+
+def fidelity(env: Env) -> None:
+    """Case (g): predicted against measured with both cost models (bench/gpu_fidelity.py)."""
+    from gpu_fidelity import run_fidelity   # bench/ is on the path when this runs as a script
+
+    try:
+        lines = run_fidelity(env.size, lambda model: caps(model)["emb+half"], env.binding,
+                             lambda fn: timed(fn, env))
+    except Exception as exc:  # noqa: BLE001 - a benchmark reports every case it can
+        lines = [f"(g) cost fidelity FAILED: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:160]}"]
+    for line in lines:
+        print(line)
 
 
 def emb_transformer_cases(env: Env, calib: dict[str, float],

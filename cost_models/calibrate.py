@@ -103,7 +103,7 @@ def calibrate(
         fitted = fit_link(a, b, copies, link.kind or "pcie")
         links[link.label] = dataclasses.replace(
             fitted, link=dataclasses.replace(fitted.link, between=link.between))
-    out_devices = tuple(dataclasses.replace(fits[binding[d.name]].device, name=d.name, memory=d.memory,
+    out_devices = tuple(dataclasses.replace(fits[binding[d.name]].device, name=d.name, kind=d.kind, memory=d.memory,
                                             host=d.host, supported_ops=d.supported_ops)
                         for d in logical.devices)
     out_links = tuple(links[link.label].link if link.label in links else link for link in logical.links)
