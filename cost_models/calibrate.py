@@ -9,7 +9,9 @@ Out: a :class:`Calibration`: the fitted :class:`~cost_models.profiles.DeviceSet`
 For each physical device: the micro-benchmark suites (:mod:`cost_models.microbench`) measured in
 place, the first-touch measurement on the host, and a fit (:func:`cost_models.fit.fit_device`).
 For each host-accelerator pair: copies from 4 KiB to 256 MiB, pinned and pageable, fitted
-(:func:`cost_models.fit.fit_link`). Measurements are not taken from the measurement cache: a
+(:func:`cost_models.fit.fit_link`). For the host: its CPU limits (affinity, cgroup quota, torch's
+threads) and a matmul's rate in bursts against its sustained rate, with a warning when sustained
+work runs slower (:mod:`cost_models.cpu_limits`). Measurements are not taken from the measurement cache: a
 calibration measures the machine as it is now. The profile holds for the torch version and the
 intra-op thread count it was measured with; both are in its comments.
 """
@@ -24,6 +26,7 @@ from collections.abc import Mapping
 import torch
 
 from cost_models.copies import measure_copies
+from cost_models.cpu_limits import burst_and_sustained, cpu_limits
 from cost_models.fit import DeviceFit, LinkFit, fit_device, fit_link
 from cost_models.measure import MeasureOptions, ProgressFn
 from cost_models.measure_cache import MeasurementCache
@@ -31,6 +34,8 @@ from cost_models.microbench import first_touch, run_suites, suites
 from cost_models.profiles import DeviceKind, DeviceSet
 
 __all__ = ["Calibration", "calibrate", "LINK_SIZES"]
+
+SUSTAINED_FLOOR = 0.8   # sustained / burst matmul rate below which the calibration warns
 
 #: Copy sizes measured for each link: 4 KiB to 256 MiB.
 LINK_SIZES = tuple(4096 * 4**i for i in range(9))
@@ -112,6 +117,8 @@ def calibrate(
              f"profile holds for this torch version and thread count",
              "devices bound for measuring: " + ", ".join(f"{d}->{p}" for d, p in binding.items())]
     verdicts = [f.notes[0] for f in (*fits.values(), *links.values())]
+    if any(torch.device(p).type == "cpu" for p in binding.values()):
+        verdicts += _host_limits(quick)
     if any(f.poor for f in (*fits.values(), *links.values())):
         notes.append("POOR FIT: at least one fit below is poor; re-run `hetpart calibrate` on an idle machine")
     notes += verdicts
@@ -127,6 +134,21 @@ def _raise_missing(missing: list[str], logical: DeviceSet) -> None:
 
     raise HetpartError(f"cannot calibrate {', '.join(missing)} of profile {logical.name!r}: not present on this "
                        f"machine; bind each to a present device (--bind {missing[0]}=cpu) or use --devices detect")
+
+
+def _host_limits(quick: bool) -> list[str]:
+    """The host's CPU limits, and a warning when sustained work runs slower than bursts."""
+    limits = cpu_limits()
+    burst, sustained = burst_and_sustained(sustained_s=0.3 if quick else 1.0)
+    ratio = sustained / burst
+    lines = [limits.line(), *limits.warnings(),
+             f"host matmul 512^3 fp32: {burst / 1e9:.3g} GFLOP/s in bursts, {sustained / 1e9:.3g} GFLOP/s sustained "
+             f"({ratio:.2f}x)"]
+    if ratio < SUSTAINED_FLOOR:
+        lines.append(f"SUSTAINED WORK RUNS AT {ratio:.2f}x THE RATE OF BURSTS (a CPU quota below torch's threads, or "
+                     f"other processes on this machine): whole models will run slower than this profile predicts; "
+                     f"use the profiled model (hetpart profile), or fewer threads")
+    return lines
 
 
 def _bf16_ok(device: str) -> bool:

@@ -6,7 +6,7 @@ their predicted cost on each device), ``plan`` (place a model's ops, write the p
 to end), ``emit`` (write a plan as a runnable Python file) and ``check`` (run the emitted plan
 beside the original model and compare outputs, gradients and time; exit 1 when they differ),
 ``profile`` (measure a model's ops on this machine, cached; write a costs file for ``plan --costs``) and
-``calibrate`` (fit a device profile of this machine to micro-benchmarks; exit 1 when the fit is poor).
+``calibrate`` (fit a device profile of this machine to micro-benchmarks; a poor fit says so).
 Errors from hetpart print as one message and exit 2; ``--debug`` shows the traceback instead.
 
 A subcommand is a module here with ``register(sub, common)``, listed in :data:`COMMANDS`;

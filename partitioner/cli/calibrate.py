@@ -23,6 +23,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     ca.add_argument("--quick", action="store_true", help="fewer shapes (a rough profile in seconds)")
     ca.add_argument("--repeats", type=positive_int, default=7, metavar="N", help="timed passes at most (median)")
     ca.add_argument("--threads", type=positive_int, metavar="N", help="torch intra-op threads while measuring")
+    ca.add_argument("--strict", action="store_true", help="exit 1 when the fit is poor (the file is written anyway)")
     ca.set_defaults(func=_cmd_calibrate)
 
 
@@ -48,7 +49,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         write_atomic(output, text.encode("utf-8"))
         print(f"wrote {output} (residuals are comments in it; use it: hetpart plan MODEL --devices {output})")
     if cal.poor:
-        print("hetpart: the fit is poor (see POOR FIT above): the profile's predictions will be off; re-run "
-              "`hetpart calibrate` when nothing else runs on this machine", file=sys.stderr)
-        return 1
+        print("hetpart: warning: the fit is poor (see POOR FIT above): the profile's predictions will be off; "
+              "re-run `hetpart calibrate` when nothing else runs on this machine", file=sys.stderr)
+        return 1 if args.strict else 0
     return 0
