@@ -99,3 +99,16 @@ def test_cli_profile_writes_costs_that_plan_reads(tmp_path: Path, capsys: pytest
     assert "costs      profiled (" in capsys.readouterr().out
     assert main(["profile", "mlp:tiny", "--devices", "cpu", "--bind", "gpu=cpu"]) == 2
     assert "has no device 'gpu'" in capsys.readouterr().err
+
+
+def test_views_cost_their_call_and_large_outputs_their_first_touch() -> None:
+    from cost_models.analytic import kernel_time
+    from partitioner.ir import OpClass
+
+    assert kernel_time(OpClass.VIEW, "float32", 0, 0, TRUE).seconds == 1.5e-6
+    small = kernel_time(OpClass.DATA_MOVEMENT, "float32", 0, 2 * 2**24, TRUE, fresh=2**24)      # 16 MiB out
+    large = kernel_time(OpClass.DATA_MOVEMENT, "float32", 0, 2 * 2**26, TRUE, fresh=2**26)     # 64 MiB out
+    assert small.seconds == pytest.approx(2e-6 + 2 * 2**24 / 40e9)                     # below the threshold
+    assert large.seconds == pytest.approx(2e-6 + 2 * 2**26 / 40e9 + 2**26 / 5e9)      # fresh pages: faulted in
+    with pytest.raises(Exception, match="go together"):
+        dataclasses.replace(TRUE, first_touch_bandwidth=0.0)
