@@ -6,8 +6,8 @@ The end-to-end part of ``bench/cost_fidelity.py`` (run it through that script):
 2. for every zoo model at each size that fits the memory limit (the rest are listed as skipped,
    with what they would need): the model's ops profiled in place (inference and training, SGD by
    default), then a single-CPU plan priced by the calibrated profile and by the profiled model,
-   inference and training step; the emitted module of that plan measured (median of interleaved
-   forward and training steps, after warm-up); the signed error of each prediction;
+   inference and training step; the emitted module of that plan measured (median of forwards, then
+   of training steps, each after warm-up); the signed error of each prediction;
 3. the targets: median |error| <= 10 % (profiled) and <= 20 % (calibrated), no row beyond 35 %,
    Kendall tau >= 0.9 between the predicted and the measured order of the rows;
 4. one model planned on two logical devices bound to this CPU (``cpu`` and ``npu:0``, both the
@@ -108,8 +108,9 @@ def model_rows(name: str, size: str, profile: DeviceSet, args: object) -> list[R
     emitted = plans[runnable[0]][0].emit(module, example_inputs=inputs)
     del module, graph, measured
     gc.collect()
-    fns = [step_fn(emitted, inputs, training=m == "training", optimizer=args.optimizer) for m in runnable]
-    seconds = step_seconds(fns, repeat=args.repeat, budget_s=args.budget * 2)
+    # each mode timed in its own loop: a training step between forwards would leave them cold caches
+    seconds = [step_seconds([step_fn(emitted, inputs, training=m == "training", optimizer=args.optimizer)],
+                            repeat=args.repeat, budget_s=args.budget)[0] for m in runnable]
     for mode, s in zip(runnable, seconds):
         analytic, profiled = plans[mode]
         rows[mode] = Row(label, mode, s, analytic.predicted["total_s"], profiled.predicted["total_s"])

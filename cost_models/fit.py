@@ -10,9 +10,10 @@ What is fitted, in order (each from the rows that measure it, the rest held fixe
 
 * ``launch_overhead``: the median time of one-element elementwise ops (the cost of a call);
 * ``fixed_latency.view``: the median time of view ops (they move nothing but are still calls);
-* ``peak_flops[dtype]``: the best matmul rate of each dtype measured;
-* ``mem_bandwidth``, ``cache_size``, ``cache_bandwidth``: from the copy size sweep, the best rate
-  of the largest working sets (DRAM), and the best rate of the working sets that stream at least
+* ``peak_flops[dtype]``: the best rate of each dtype measured among matmuls, convolutions and
+  attention (a convolution library can beat the matmul path: 2x on the 2-core test machine);
+* ``mem_bandwidth``, ``cache_size``, ``cache_bandwidth``: from the copy size sweep (the copies whose
+  output pays no first touch), the best rate of the largest working sets (DRAM), and the best rate of the working sets that stream at least
   1.5x faster (cache) up to the geometric mean of the largest of them and the next size;
 * ``alloc_threshold`` and ``first_touch_bandwidth``: taken from the first-touch measurement;
 * per op class (and dtype for matmul, conv and attention rows that are not float32): the compute
@@ -46,8 +47,11 @@ __all__ = ["DeviceFit", "LinkFit", "Residual", "fit_device", "fit_link", "grid_f
 POOR_MEDIAN = 0.25   # a fit whose median |relative error| is above this is poor
 POOR_WORST = 1.0     # and so is one with a row off by more than this (2x)
 CACHE_SPEED_UP = 1.5
-EFF_GRID = torch.logspace(math.log10(0.002), 0.0, 80, dtype=torch.float64)
-MEM_GRID = torch.logspace(math.log10(0.05), 0.0, 60, dtype=torch.float64)
+# Descending efficiencies and ascending fixed latencies: where rows leave a parameter free (a class
+# that is compute-bound in every row says nothing of its memory efficiency), the first minimum, the
+# optimistic value, is taken rather than the worst one.
+EFF_GRID = torch.logspace(0.0, math.log10(0.002), 80, dtype=torch.float64)
+MEM_GRID = torch.logspace(0.0, math.log10(0.05), 60, dtype=torch.float64)
 FIXED_GRID = torch.cat([torch.zeros(1, dtype=torch.float64),          # up to 300 µs: an op class's extra
                         torch.logspace(-7, math.log10(3e-4), 40, dtype=torch.float64)])  # setup, not its work
 
@@ -163,13 +167,15 @@ def fit_device(name: str, kind: DeviceKind, memory: int, rows: Sequence[Row], *,
         return nbytes / touch_bw if threshold and nbytes >= threshold else 0.0
 
     peaks: dict[str, float] = {}
-    for r in rows:
-        if r.op.op_class is OpClass.MATMUL and r.op.flops:
+    for r in rows:   # the best rate of any compute-bound class: convolutions can beat the matmul path
+        if r.op.op_class in (OpClass.MATMUL, OpClass.CONV, OpClass.ATTENTION) and r.op.flops:
             rate = r.op.flops / max(r.seconds - launch - first(r.op.bytes_written), 1e-9)
             peaks[r.op.dtype] = max(peaks.get(r.op.dtype, 0.0), rate)
+    # rates of copies that pay no first touch (subtracting an estimate of it would add its noise)
+    plain = [r for r in sweep if not first(r.op.bytes_written)] or sweep
     rates = [((r.op.bytes_read + r.op.bytes_written),
               (r.op.bytes_read + r.op.bytes_written) / max(r.seconds - launch - first(r.op.bytes_written), 1e-9))
-             for r in sweep]
+             for r in plain]
     largest = rates[-1][0]
     dram = max(rate for size, rate in rates if size >= largest / 4)
     cached = [(size, rate) for size, rate in rates if rate >= CACHE_SPEED_UP * dram]

@@ -9,7 +9,8 @@ and how many answers came from the cache.
 
 How it measures: the whole graph runs through an fx interpreter that times each op where it sits
 (its inputs are the real values the previous ops produced, its output is allocated as in a real
-run, the caches hold what the previous op left) — one untimed warm-up pass, then timed passes
+run, the caches hold what the previous op left; releasing its output after its last use counts
+to it too) — one untimed warm-up pass, then timed passes
 (at least ``min_repeats``, at most ``repeats``, fewer when one pass is slow), and each distinct
 op signature (:func:`~cost_models.signature.node_signature`) keeps the median of every sample of
 every op sharing it. Timing an op alone in a loop misses what a whole model pays: a tensor larger
@@ -143,9 +144,11 @@ class _Pass(torch.fx.Interpreter):
 
     def __init__(self, gm: torch.fx.GraphModule, clock: _Clock, device: torch.device,
                  failed: dict[str, str], *, training: bool) -> None:
-        super().__init__(gm, garbage_collect_values=True)
+        super().__init__(gm, garbage_collect_values=False)   # values are freed (and timed) by run_node
         self.clock, self.device, self.failed, self.training = clock, device, failed, training
+        self.last_uses = _last_uses(gm.graph)
         self.marks: dict[str, tuple[Any, Any]] = {}
+        self.frees: dict[str, list[tuple[Any, Any]]] = {}
         self.signatures: dict[str, str] = {}
         self.owner: dict[int, str] = {}           # id(autograd node) -> op name
         self.keep: list[Any] = []                 # autograd nodes kept alive while their ids are keys
@@ -169,7 +172,20 @@ class _Pass(torch.fx.Interpreter):
         self.marks[n.name] = (start, self.clock.mark())
         if self.training:
             self._claim(n.name, result)
+        del args, kwargs
+        self._free_inputs(n)
         return result
+
+    def _free_inputs(self, n: torch.fx.Node) -> None:
+        """Drop the values ``n`` used last, timing each release: freeing a large tensor returns its
+        pages to the OS, part of what producing it costs (charged to the op that produced it)."""
+        for used in self.last_uses.get(n, ()):
+            value = self.env.pop(used, None)
+            if used.op not in _CALLS:
+                continue
+            start = self.clock.mark()
+            del value
+            self.frees.setdefault(used.name, []).append((start, self.clock.mark()))
 
     def _claim(self, op: str, result: Any) -> None:
         stack = [t.grad_fn for t in tree_leaves(result) if isinstance(t, torch.Tensor) and t.grad_fn is not None]
@@ -197,8 +213,25 @@ class _Pass(torch.fx.Interpreter):
                         if isinstance(v, torch.Tensor) else v, val)
 
     def forward_seconds(self) -> dict[str, float]:
+        """Each op's call, plus the release of its output when the pass dropped it."""
         self.clock.sync()
-        return {op: self.clock.seconds(a, b) for op, (a, b) in self.marks.items()}
+        out = {op: self.clock.seconds(a, b) for op, (a, b) in self.marks.items()}
+        for op, spans in self.frees.items():
+            if op in out:
+                out[op] += sum(self.clock.seconds(a, b) for a, b in spans)
+        return out
+
+
+def _last_uses(graph: torch.fx.Graph) -> dict[torch.fx.Node, list[torch.fx.Node]]:
+    """Node -> the values whose last use it is (as ``torch.fx.Interpreter`` computes them)."""
+    seen: set[torch.fx.Node] = set()
+    out: dict[torch.fx.Node, list[torch.fx.Node]] = {}
+    for node in reversed(graph.nodes):
+        for used in node.all_input_nodes:
+            if used not in seen:
+                seen.add(used)
+                out.setdefault(node, []).append(used)
+    return out
 
 
 class _PassStopped(Exception):

@@ -115,15 +115,20 @@ def suites(kind: str = "cpu", *, quick: bool = False, bf16: bool = True) -> list
             mm_params[key] = _r(n * g, k * g, dtype=dtype) * 0.02
             mm_items.append((lambda s, x, key=key: F.linear(x, getattr(s, key)), (_r(m * g, k * g, dtype=dtype),)))
     mm_items.append((lambda s, a, b: torch.bmm(a, b), (_r(16, 256 * g, 64), _r(16, 64, 256 * g))))
+    mm_items.append((lambda s, a, b: torch.mm(a, b), (_r(16, 64), _r(64, 64))))     # a call, nearly no work
     out = [_suite("matmul", mm_items, mm_params)]
 
-    convs = [(8, 64, 56, 64, 3, 1), (8, 3, 112, 64, 7, 2)] + ([] if quick else [(8, 128, 28, 128, 3, 1)])
+    # a ResNet's stages: a 7x7 stem, then 3x3 convolutions from wide-and-shallow to narrow-and-deep
+    convs = [(8, 64, 56, 64, 3, 1), (8, 3, 112, 64, 7, 2)] + ([] if quick else [
+        (8, 128, 28, 128, 3, 1), (8, 256, 14, 256, 3, 1), (8, 512, 7, 512, 3, 1)])
     conv_items: list = []
     conv_params: dict[str, torch.Tensor] = {}
     for i, (n, c, h, o, k, s) in enumerate(convs):
         conv_params[f"c{i}"] = _r(o, c, k, k) * 0.05
         conv_items.append((lambda m, x, i=i, s=s, k=k: F.conv2d(x, getattr(m, f"c{i}"), stride=s, padding=k // 2),
                            (_r(n * g, c, h, h),)))
+    conv_params["tiny"] = _r(8, 4, 3, 3)
+    conv_items.append((lambda m, x: F.conv2d(x, m.tiny, padding=1), (_r(1, 4, 8, 8),)))
     conv_params["bn_w"], conv_params["bn_b"] = torch.ones(64), torch.zeros(64)
     conv_params["bn_m"], conv_params["bn_v"] = torch.zeros(64), torch.ones(64)
     conv_items += [
@@ -133,7 +138,7 @@ def suites(kind: str = "cpu", *, quick: bool = False, bf16: bool = True) -> list
     ]
     out.append(_suite("conv", conv_items, conv_params))
 
-    att = [(4, 8, 256, 64)] + ([] if quick else [(2, 16, 512, 64)])
+    att = [(1, 2, 16, 16), (4, 8, 256, 64)] + ([] if quick else [(2, 16, 512, 64)])
     att_items: list = []
     for b, h, t, d in att:
         for causal in (False, True):
@@ -141,7 +146,7 @@ def suites(kind: str = "cpu", *, quick: bool = False, bf16: bool = True) -> list
                               (_r(b * g, h, t, d), _r(b * g, h, t, d), _r(b * g, h, t, d))))
     out.append(_suite("attention", att_items))
 
-    sweep = [2**12, 2**16, 2**18, 2**20, 2**22, 2**24] if not quick else [2**12, 2**18, 2**22]
+    sweep = [2**12, 2**16, 2**18, 2**20, 2**22, 2**23, 2**24] if not quick else [2**12, 2**18, 2**22]
     copies = [(lambda m, x: x.clone(), (_r(n * e),)) for n in sweep]   # no arithmetic: bandwidth alone
     out.append(_suite("stream", copies))
 
@@ -226,23 +231,24 @@ class FirstTouch:
 
     threshold: int            # bytes: outputs at least this large come fresh from the OS every time
     bandwidth: float          # bytes/s of first touch (0: not measured / no fresh allocations)
-    fresh_s: float            # filling a fresh buffer of ``size`` bytes
+    fresh_s: float            # allocating, filling and freeing a buffer of ``size`` bytes
     reused_s: float           # filling the same buffer again
     size: int
 
 
-def first_touch(device: str = "cpu", sizes: tuple[int, ...] = (2**20, 2**22, 2**24, 2**25 + 4096, 2**26),
+def first_touch(device: str = "cpu", sizes: tuple[int, ...] = (2**20, 2**22, 2**23, 2**24, 3 * 2**23, 2**25, 2**26),
                 repeats: int = 7) -> FirstTouch | None:
     """Measure first-touch costs on the host (``None`` for other devices, whose allocators cache).
 
     The threshold is the smallest of ``sizes`` whose every allocation page-faults (counted with
-    ``getrusage``, which load on the machine does not change); the rate compares filling a fresh
-    buffer of the largest size with filling one that is reused.
+    ``getrusage``, which load on the machine does not change); the rate compares allocating,
+    filling and freeing a buffer of the largest size (what a model's fresh output costs over its
+    life: the faults, and returning the pages) with filling one that is reused.
 
     Example:
         >>> ft = first_touch()                                  # doctest: +SKIP
-        >>> ft.threshold, round(ft.bandwidth / 1e9, 1)
-        (33558528, 5.7)
+        >>> ft.threshold, round(ft.bandwidth / 1e9, 1)     # glibc: every block of 32 MiB is mmapped
+        (33554432, 5.7)
     """
     if torch.device(device).type != "cpu":
         return None
@@ -263,7 +269,7 @@ def first_touch(device: str = "cpu", sizes: tuple[int, ...] = (2**20, 2**22, 2**
     fresh, reused = [], []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        torch.empty(size // 4).fill_(1.0)
+        torch.empty(size // 4).fill_(1.0)        # allocated, faulted in, written, and given back
         fresh.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         keep.fill_(1.0)
