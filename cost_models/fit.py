@@ -18,7 +18,9 @@ What is fitted, in order (each from the rows that measure it, the rest held fixe
 * ``alloc_threshold`` and ``first_touch_bandwidth``: taken from the first-touch measurement;
 * per op class (and dtype for matmul, conv and attention rows that are not float32): the compute
   efficiency, memory efficiency and fixed latency minimising the mean absolute log error of
-  :func:`cost_models.analytic.kernel_time`'s roofline over the class's rows (a grid search).
+  :func:`cost_models.analytic.kernel_time`'s roofline over the class's rows (a grid search); the
+  compute-bound classes keep a memory efficiency of 1 (their rows cannot tell it apart from a low
+  compute efficiency, and a copy bounds how fast they stream).
 
 Residuals are computed with :func:`cost_models.analytic.op_time` on the fitted device — the code
 that prices plans — not with the fitting formula. A fit is *poor* when the median absolute
@@ -47,6 +49,9 @@ __all__ = ["DeviceFit", "LinkFit", "Residual", "fit_device", "fit_link", "grid_f
 POOR_MEDIAN = 0.25   # a fit whose median |relative error| is above this is poor
 POOR_WORST = 1.0     # and so is one with a row off by more than this (2x)
 CACHE_SPEED_UP = 1.5
+#: Classes whose rows are compute-bound: their memory side streams as fast as a copy (memory
+#: efficiency 1); what makes them slower is compute efficiency or a fixed cost, not bandwidth.
+COMPUTE_CLASSES = (OpClass.MATMUL, OpClass.CONV, OpClass.ATTENTION)
 # Descending efficiencies and ascending fixed latencies: where rows leave a parameter free (a class
 # that is compute-bound in every row says nothing of its memory efficiency), the first minimum, the
 # optimistic value, is taken rather than the worst one.
@@ -109,7 +114,8 @@ class LinkFit:
 
 
 def grid_fit(flops: torch.Tensor, nbytes: torch.Tensor, bandwidth: torch.Tensor, peak: torch.Tensor,
-             extra: torch.Tensor, measured: torch.Tensor) -> tuple[float, float, float, float]:
+             extra: torch.Tensor, measured: torch.Tensor, *, mem_grid: torch.Tensor | None = None,
+             ) -> tuple[float, float, float, float]:
     """Best ``(efficiency, mem_efficiency, fixed, mean |log error|)`` of
     ``max(flops / (peak·eff), nbytes / (bandwidth·mem_eff)) + extra + fixed`` against ``measured``
     (all 1-D float64 tensors of one value per row; ``extra`` is what the rest of the model adds).
@@ -120,15 +126,16 @@ def grid_fit(flops: torch.Tensor, nbytes: torch.Tensor, bandwidth: torch.Tensor,
         >>> round(eff, 2)
         0.5
     """
+    mem_grid = MEM_GRID if mem_grid is None else mem_grid
     e = EFF_GRID.view(-1, 1, 1, 1)
-    m = MEM_GRID.view(1, -1, 1, 1)
+    m = mem_grid.view(1, -1, 1, 1)
     f = FIXED_GRID.view(1, 1, -1, 1)
     predicted = torch.maximum(flops / (peak * e), nbytes / (bandwidth * m)) + extra + f
     loss = (predicted / measured).log().abs().mean(dim=-1)
     best = int(loss.argmin())
-    i, rest = divmod(best, len(MEM_GRID) * len(FIXED_GRID))
+    i, rest = divmod(best, len(mem_grid) * len(FIXED_GRID))
     j, k = divmod(rest, len(FIXED_GRID))
-    return float(EFF_GRID[i]), float(MEM_GRID[j]), float(FIXED_GRID[k]), float(loss.flatten()[best])
+    return float(EFF_GRID[i]), float(mem_grid[j]), float(FIXED_GRID[k]), float(loss.flatten()[best])
 
 
 def _is_tiny(row: Row) -> bool:
@@ -198,11 +205,13 @@ def fit_device(name: str, kind: DeviceKind, memory: int, rows: Sequence[Row], *,
         vec = lambda xs: torch.tensor(xs, dtype=torch.float64)  # noqa: E731
         footprint = [r.op.param_bytes if r.op.op_class is OpClass.GATHER else 0 for r in members]
         nbytes = [r.op.bytes_read + r.op.bytes_written for r in members]
+        compute_class = members[0].op.op_class in COMPUTE_CLASSES
         eff, mem, fix, _ = grid_fit(
             vec([float(r.op.flops) for r in members]), vec(nbytes),
             vec([base.stream_bandwidth(max(b, f)) for b, f in zip(nbytes, footprint)]),
             vec([base.peak(r.op.dtype) for r in members]),
-            vec([launch + first(r.op.bytes_written) for r in members]), vec([r.seconds for r in members]))
+            vec([launch + first(r.op.bytes_written) for r in members]), vec([r.seconds for r in members]),
+            mem_grid=MEM_GRID[:1] if compute_class else MEM_GRID)
         if any(r.op.flops for r in members):
             efficiency[key] = _round1(eff)
         if any(nbytes):
@@ -214,7 +223,8 @@ def fit_device(name: str, kind: DeviceKind, memory: int, rows: Sequence[Row], *,
     median, worst, poor, headline = _verdict(residuals, f"{name}: {len(rows)} micro-benchmark rows")
     notes = [headline,
              f"{name}: launch {format_seconds(launch)} (one-element ops), views {format_seconds(base.fixed('view'))}; "
-             f"peak {', '.join(f'{d} {v / 1e9:.3g} GFLOP/s' for d, v in peaks.items())} (best matmul); "
+             f"peak {', '.join(f'{d} {v / 1e9:.3g} GFLOP/s' for d, v in peaks.items())} (best matmul, conv "
+             f"or attention); "
              f"memory {format_rate(dram)} (largest working sets)"
              + (f", cache {format_rate(cache_bw)} up to {format_bytes(cache_size)}" if cache_size else ", no faster cache tier")]
     if first_touch is not None:

@@ -134,6 +134,8 @@ def suites(kind: str = "cpu", *, quick: bool = False, bf16: bool = True) -> list
     conv_items += [
         (lambda m, x: F.batch_norm(x, m.bn_m, m.bn_v, m.bn_w, m.bn_b, training=False), (_r(8 * g, 64, 56, 56),)),
         (lambda m, x: F.max_pool2d(x, 3, 2, 1), (_r(8 * g, 64, 112, 112),)),
+        (lambda m, x: F.avg_pool2d(x, 2), (_r(8 * g, 128, 56, 56),)),
+        (lambda m, x: F.adaptive_avg_pool1d(x, 4), (_r(16 * g, 128, 256),)),
         (lambda m, x: F.adaptive_avg_pool2d(x, 1), (_r(8 * g, 256, 28, 28),)),
     ]
     out.append(_suite("conv", conv_items, conv_params))
