@@ -141,6 +141,7 @@ def main() -> int:
                         help="the training step's optimizer (sgd: the calibration file's; least memory)")
     parser.add_argument("--inference-only", action="store_true", help="no training rows")
     parser.add_argument("--calibrated", metavar="FILE.toml", help="use this calibrated profile, do not calibrate")
+    parser.add_argument("--write-calibrated", metavar="FILE.toml", help="write the profile calibrated here")
     parser.add_argument("--two-device", default="gpt:small", metavar="MODEL",
                         help="the model planned on two logical devices bound to this CPU ('' to skip)")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: as the environment sets)")

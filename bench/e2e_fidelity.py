@@ -22,6 +22,7 @@ import dataclasses
 import gc
 import statistics
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
@@ -71,6 +72,9 @@ def local_profile(args: object) -> DeviceSet:
                     options=MeasureOptions(repeats=args.repeat, min_repeats=3))
     for line in cal.verdicts():
         print(f"calibration: {line}")
+    if args.write_calibrated:
+        Path(args.write_calibrated).write_text(cal.profile.to_toml(), encoding="utf-8")
+        print(f"calibrated profile written to {args.write_calibrated} (reuse it: --calibrated {args.write_calibrated})")
     return cal.profile
 
 

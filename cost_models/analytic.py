@@ -19,7 +19,8 @@ The efficiencies of the built-in profiles are fitted to measurements (``bench/fi
 
 Two terms price what a whole model pays beyond its kernels on a CPU: a view costs its call
 (``fixed_latency.view``: no kernel, no bytes, but 1.5-3 µs of dispatch in eager mode), and an output
-of at least ``alloc_threshold`` bytes pays ``bytes / first_touch_bandwidth`` of page faults.
+of at least ``alloc_threshold`` bytes pays ``bytes / first_touch_bandwidth``: the page faults of its
+first write and, when it is freed, giving the pages back.
 
 Design note — why whole-model CPU predictions were wrong, and what changed. The roofline prices
 each kernel as if it ran alone in a loop, which is how the calibration rows were measured. A whole
