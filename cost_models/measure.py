@@ -7,21 +7,18 @@ node's forward time (and, for training, its forward under autograd, its backward
 optimizer step's seconds per trainable byte), the ops that failed on the device with the reason,
 and how many answers came from the cache.
 
-How it measures: the whole graph runs through an fx interpreter that times each op where it sits
-(its inputs are the real values the previous ops produced, its output is allocated as in a real
-run, the caches hold what the previous op left; releasing its output after its last use counts
-to it too) — one untimed warm-up pass, then timed passes
-(at least ``min_repeats``, at most ``repeats``, fewer when one pass is slow), and each distinct
-op signature (:func:`~cost_models.signature.node_signature`) keeps the median of every sample of
-every op sharing it. Timing an op alone in a loop misses what a whole model pays: a tensor larger
-than the allocator's reuse threshold is fresh memory on every call, and its first touch costs page
-faults (on the 2-core test machine a fresh 32 MiB buffer takes 6 ms to fill against 0.4 ms for a
-reused one) — see :mod:`cost_models.analytic`. CPU ops are timed with ``perf_counter`` around the
-call only (the interpreter's own work is outside); CUDA ops with events on the stream, synchronised
-at the end of the pass. A training pass runs the forward with autograd on, sums the float outputs,
-times every autograd node of the backward with pre/post hooks (each node belongs to the op whose
-forward created it; a parameter's gradient accumulation to the op owning the parameter), then
-times one optimizer step over all trainable parameters.
+How it measures: the whole graph runs through :class:`~cost_models.timed_pass.TimedPass`, which
+times each op where it sits (its inputs are the real values the previous ops produced, its output is
+allocated as in a real run, the caches hold what the previous op left; releasing its output after
+its last use counts to it too) — one untimed warm-up pass, then timed passes (at least
+``min_repeats``, at most ``repeats``, fewer when one pass is slow), and each distinct op signature
+(:func:`~cost_models.signature.node_signature`) keeps the median of every sample of every op sharing
+it. Timing an op alone in a loop misses what a whole model pays: a tensor larger than the
+allocator's reuse threshold is fresh memory on every call, and its first touch costs page faults (on
+the 2-core test machine a fresh 32 MiB buffer takes 6 ms to fill against 0.4 ms for a reused one) —
+see :mod:`cost_models.analytic`. A training pass runs the forward with autograd on, sums the float
+outputs, times each op's share of the backward (:func:`~cost_models.timed_pass.backward_timing`),
+then times one optimizer step over all trainable parameters.
 
 An op that raises on the device is marked unsupported there with the reason (the first line of the
 error) and the pass goes on with its output computed on the CPU, or zeros of its recorded shape,
@@ -39,14 +36,14 @@ import logging
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
 
 import torch
 import torch.fx
 from torch.utils._pytree import tree_leaves, tree_map
 
 from cost_models.measure_cache import MeasurementCache
-from cost_models.signature import Environment, environment, node_signature
+from cost_models.signature import Environment, environment
+from cost_models.timed_pass import Clock, PassStopped, TimedPass, backward_timing
 from cost_models.training import parse_optimizer
 
 __all__ = ["MeasureOptions", "OpTimes", "DeviceMeasurements", "measure_ops", "make_optimizer", "ProgressFn"]
@@ -55,7 +52,6 @@ log = logging.getLogger(__name__)
 
 #: ``progress(done, total, what)``: called after each pass (``what`` names the device and phase).
 ProgressFn = Callable[[int, int, str], None]
-_CALLS = ("call_function", "call_method", "call_module")
 _SAVE_EVERY_S = 5.0
 
 
@@ -108,167 +104,6 @@ def make_optimizer(name: str, params: list[torch.nn.Parameter]) -> torch.optim.O
     if opt == "adam":
         return torch.optim.Adam(params, lr=1e-6)
     return torch.optim.SGD(params, lr=1e-6, momentum=0.9 if opt == "sgd-momentum" else 0.0)
-
-
-# --------------------------------------------------------------------------------------------
-# Clocks: host time for the CPU, events for CUDA
-# --------------------------------------------------------------------------------------------
-
-
-class _Clock:
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-
-    def mark(self) -> Any:
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-        return time.perf_counter()
-
-    def seconds(self, start: Any, end: Any) -> float:
-        return start.elapsed_time(end) / 1e3 if self.cuda else end - start
-
-    def sync(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize()
-
-
-# --------------------------------------------------------------------------------------------
-# One pass over the graph
-# --------------------------------------------------------------------------------------------
-
-
-class _Pass(torch.fx.Interpreter):
-    """Runs the graph once, timing every call node; in training, claims autograd nodes per op."""
-
-    def __init__(self, gm: torch.fx.GraphModule, clock: _Clock, device: torch.device,
-                 failed: dict[str, str], *, training: bool) -> None:
-        super().__init__(gm, garbage_collect_values=False)   # values are freed (and timed) by run_node
-        self.clock, self.device, self.failed, self.training = clock, device, failed, training
-        self.last_uses = _last_uses(gm.graph)
-        self.marks: dict[str, tuple[Any, Any]] = {}
-        self.frees: dict[str, list[tuple[Any, Any]]] = {}
-        self.signatures: dict[str, str] = {}
-        self.owner: dict[int, str] = {}           # id(autograd node) -> op name
-        self.keep: list[Any] = []                 # autograd nodes kept alive while their ids are keys
-
-    def run_node(self, n: torch.fx.Node) -> Any:
-        if n.op not in _CALLS:
-            return super().run_node(n)
-        args, kwargs = self.fetch_args_kwargs_from_env(n)
-        module = self.fetch_attr(n.target) if n.op == "call_module" else None
-        self.signatures[n.name] = node_signature(n.target, args, kwargs, module)
-        call = getattr(self, n.op)
-        if n.name in self.failed:
-            return self._substitute(n, call, args, kwargs)
-        start = self.clock.mark()
-        try:
-            result = call(n.target, args, kwargs)
-        except Exception as err:  # noqa: BLE001 - any failure of the op on this device is the finding
-            self.failed[n.name] = _reason(err)
-            log.info("op %s failed on %s: %s", n.name, self.device, self.failed[n.name])
-            return self._substitute(n, call, args, kwargs)
-        self.marks[n.name] = (start, self.clock.mark())
-        if self.training:
-            self._claim(n.name, result)
-        del args, kwargs
-        self._free_inputs(n)
-        return result
-
-    def _free_inputs(self, n: torch.fx.Node) -> None:
-        """Drop the values ``n`` used last, timing each release: freeing a large tensor returns its
-        pages to the OS, part of what producing it costs (charged to the op that produced it)."""
-        for used in self.last_uses.get(n, ()):
-            value = self.env.pop(used, None)
-            if used.op not in _CALLS:
-                continue
-            start = self.clock.mark()
-            del value
-            self.frees.setdefault(used.name, []).append((start, self.clock.mark()))
-
-    def _claim(self, op: str, result: Any) -> None:
-        stack = [t.grad_fn for t in tree_leaves(result) if isinstance(t, torch.Tensor) and t.grad_fn is not None]
-        while stack:
-            fn = stack.pop()
-            if fn is None or id(fn) in self.owner:
-                continue
-            self.owner[id(fn)] = op
-            self.keep.append(fn)
-            stack.extend(nxt for nxt, _ in fn.next_functions if nxt is not None)
-
-    def _substitute(self, n: torch.fx.Node, call: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        """The failed op's output from the CPU, or zeros of the shape the capture recorded."""
-        if self.device.type != "cpu":
-            to_cpu = lambda v: v.cpu() if isinstance(v, torch.Tensor) else v  # noqa: E731
-            try:
-                out = call(n.target, tree_map(to_cpu, args), tree_map(to_cpu, kwargs))
-                return tree_map(lambda v: v.to(self.device) if isinstance(v, torch.Tensor) else v, out)
-            except Exception:  # noqa: BLE001 - fall through to the recorded shape
-                pass
-        val = n.meta.get("val")
-        if val is None:
-            raise _PassStopped(n.name)
-        return tree_map(lambda v: torch.zeros(v.shape, dtype=v.dtype, device=self.device)
-                        if isinstance(v, torch.Tensor) else v, val)
-
-    def forward_seconds(self) -> dict[str, float]:
-        """Each op's call, plus the release of its output when the pass dropped it."""
-        self.clock.sync()
-        out = {op: self.clock.seconds(a, b) for op, (a, b) in self.marks.items()}
-        for op, spans in self.frees.items():
-            if op in out:
-                out[op] += sum(self.clock.seconds(a, b) for a, b in spans)
-        return out
-
-
-def _last_uses(graph: torch.fx.Graph) -> dict[torch.fx.Node, list[torch.fx.Node]]:
-    """Node -> the values whose last use it is (as ``torch.fx.Interpreter`` computes them)."""
-    seen: set[torch.fx.Node] = set()
-    out: dict[torch.fx.Node, list[torch.fx.Node]] = {}
-    for node in reversed(graph.nodes):
-        for used in node.all_input_nodes:
-            if used not in seen:
-                seen.add(used)
-                out.setdefault(node, []).append(used)
-    return out
-
-
-class _PassStopped(Exception):
-    """An op failed and its output cannot be stood in for: the rest of the pass is not measured."""
-
-
-def _reason(err: BaseException) -> str:
-    first = (str(err).strip().splitlines() or [""])[0]
-    return f"{type(err).__name__}: {first}"[:240]
-
-
-@contextlib.contextmanager
-def _backward_timing(p: _Pass) -> Iterator[dict[str, float]]:
-    """Per-op backward seconds of the next backward through ``p``'s autograd nodes."""
-    marks: list[tuple[str, Any, Any]] = []
-    starts: dict[int, Any] = {}
-    handles = []
-    for fn in p.keep:
-        key, op = id(fn), p.owner[id(fn)]
-
-        def pre(*_: Any, key: int = key) -> None:
-            starts[key] = p.clock.mark()
-
-        def post(*_: Any, key: int = key, op: str = op) -> None:
-            marks.append((op, starts.pop(key), p.clock.mark()))
-
-        handles.append(fn.register_prehook(pre))
-        handles.append(fn.register_hook(post))
-    out: dict[str, float] = {}
-    try:
-        yield out
-    finally:
-        for h in handles:
-            h.remove()
-    p.clock.sync()
-    for op, a, b in marks:
-        out[op] = out.get(op, 0.0) + p.clock.seconds(a, b)
 
 
 # --------------------------------------------------------------------------------------------
@@ -329,7 +164,7 @@ class _Run:
                  options: MeasureOptions, cache: MeasurementCache, progress: ProgressFn | None) -> None:
         self.gm, self.args, self.dev, self.env = gm, args, dev, env
         self.options, self.cache, self.progress = options, cache, progress
-        self.clock = _Clock(dev)
+        self.clock = Clock(dev)
         self.failed: dict[str, str] = {}
         self.signatures: dict[str, str] = {}
         self.pending: dict[tuple[str, str], list[float]] = {}   # (kind, signature) -> new samples
@@ -368,10 +203,10 @@ class _Run:
         total, done = wanted, 0
         while done < total:
             started = time.perf_counter()
-            p = _Pass(module, self.clock, self.dev, self.failed, training=False)
+            p = TimedPass(module, self.clock, self.dev, self.failed, training=False)
             try:
                 p.run(*args)
-            except _PassStopped as stop:
+            except PassStopped as stop:
                 log.warning("op %s failed on %s and its output cannot be stood in for: the ops after "
                             "it are not measured there", stop, self.dev)
             self.signatures.update(p.signatures)
@@ -400,16 +235,16 @@ class _Run:
             started = time.perf_counter()
             timed = done >= warmup
             with torch.enable_grad():
-                p = _Pass(module, self.clock, self.dev, self.failed, training=True)
+                p = TimedPass(module, self.clock, self.dev, self.failed, training=True)
                 try:
                     out = p.run(*args)
-                except _PassStopped as stop:
+                except PassStopped as stop:
                     log.warning("training pass on %s stopped at %s: no backward measured there", self.dev, stop)
                     return
                 forward = p.forward_seconds()
                 floats = [t for t in tree_leaves(out)
                           if isinstance(t, torch.Tensor) and t.is_floating_point() and t.requires_grad]
-                with _backward_timing(p) as backward:
+                with backward_timing(p) as backward:
                     if floats:
                         torch.stack([t.float().sum() for t in floats]).sum().backward()
             if opt is not None:
