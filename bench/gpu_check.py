@@ -33,6 +33,11 @@ Cases, on ``emb-transformer`` (at ``base``: a 1,048,576 x 1024 fp32 embedding, 8
 (g) ``onnx``: the model exported to ONNX, placed under the "embedding + half the layers" cap and run
     as onnxruntime parts, the GPU's on the CUDA provider where onnxruntime has it, against one
     whole-model CPU session and the plan's prediction (``bench/gpu_check_onnx.py``; ``--skip-onnx``).
+(h) cost fidelity (``bench/gpu_fidelity.py``): ``hetpart calibrate`` of this host, the seed case
+    profiled in place, planned under the "embedding + half the layers" cap with the calibrated
+    profile and with the profiled model, and the ILP plan and every baseline emitted and measured:
+    predicted against measured for each (``--skip-fidelity`` leaves it out, ``--fidelity-only``
+    runs it alone).
 
 For each: the plan's predicted time (the h200-host profile's prediction, also on CPU runs), the
 forward time (wall time with ``torch.cuda.synchronize``, median of ``--repeat`` runs after
@@ -42,6 +47,7 @@ memory of the forward runs (``torch.cuda.max_memory_allocated``, resident weight
 the largest output difference from (a), and the calibration measurement beside it.
 
     python bench/gpu_check.py [--size small|base] [--repeat 20] [--skip-accelerate] [--skip-tests] [--skip-onnx]
+        [--skip-fidelity | --fidelity-only]
 
 The exit status is 1 when a GPU test failed (the measurements still run), else 0.
 """
@@ -491,12 +497,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--skip-accelerate", action="store_true", help="do not run accelerate's dispatch_model")
     parser.add_argument("--skip-tests", action="store_true", help="do not run the GPU tests first")
     parser.add_argument("--skip-onnx", action="store_true", help="leave out the ONNX case (g)")
+    parser.add_argument("--skip-fidelity", action="store_true", help="leave out case (h), the cost fidelity")
+    parser.add_argument("--fidelity-only", action="store_true", help="run case (h) alone")
     args = parser.parse_args(argv)
     cuda = torch.cuda.is_available()
     size = args.size or ("base" if cuda else "small")
     env = Env(cuda, size, max(1, args.repeat), None if cuda else {"cuda:0": "cpu"})
     started = time.perf_counter()
     print(first_line(env, forced=args.size is not None))
+    if args.fidelity_only:
+        fidelity(env)
+        print(f"done in {time.perf_counter() - started:.0f} s")
+        return 0
     tests_passed, tests_line = (True, "gpu tests: skipped (--skip-tests)") if args.skip_tests else run_gpu_tests()
     print(tests_line, flush=True)
     calib = calibration_numbers()
@@ -511,6 +523,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for target in targets(rows, cap, tb, calib, env):
         print(target.line())
     print(tests_line)
+    if not args.skip_fidelity:
+        fidelity(env)
     print(f"done in {time.perf_counter() - started:.0f} s")
     return 0 if tests_passed else 1
 
@@ -530,6 +544,19 @@ def run_gpu_tests() -> tuple[bool, str]:
     print(output)
     summary = output.splitlines()[-1] if output else "no output"
     return done.returncode == 0, f"gpu tests ({' '.join(command[2:5])}): {'passed' if done.returncode == 0 else 'FAILED'}: {summary}"
+
+
+def fidelity(env: Env) -> None:
+    """Case (g): predicted against measured with both cost models (bench/gpu_fidelity.py)."""
+    from gpu_fidelity import run_fidelity   # bench/ is on the path when this runs as a script
+
+    try:
+        lines = run_fidelity(env.size, lambda model: caps(model)["emb+half"], env.binding,
+                             lambda fn: timed(fn, env))
+    except Exception as exc:  # noqa: BLE001 - a benchmark reports every case it can
+        lines = [f"(g) cost fidelity FAILED: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:160]}"]
+    for line in lines:
+        print(line)
 
 
 def emb_transformer_cases(env: Env, calib: dict[str, float],

@@ -22,6 +22,8 @@ The TOML shape (see DESIGN.md, "Devices and costs")::
     host = "host0"                           # optional
     onnx_provider = "OpenVINOExecutionProvider"  # optional: the onnxruntime provider of its ONNX parts
                                              # (default: CPU for cpu devices, CUDA for cuda:N)
+    alloc_threshold = "32MiB"                # optional (host CPUs): outputs this large are fresh pages
+    first_touch_bandwidth = "5.7GB/s"        #   every call, faulted in at this rate (needs both)
 
     [[links]]
     between = ["cpu", "cuda:0"]              # links are bidirectional
@@ -42,7 +44,6 @@ import enum
 import fnmatch
 import functools
 import json
-import math
 import re
 import tomllib
 from collections.abc import Callable, Iterator, Mapping
@@ -299,7 +300,8 @@ _DEVICE_REQUIRED = {
     "mem_bandwidth": 'mem_bandwidth = "4.1TB/s"', "launch_overhead": 'launch_overhead = "8us"',
 }
 _DEVICE_FIELDS = (*_DEVICE_REQUIRED, "efficiency", "mem_efficiency", "fixed_latency",
-                  "supported_ops", "host", "cache_size", "cache_bandwidth", "onnx_provider")
+                  "supported_ops", "host", "cache_size", "cache_bandwidth", "onnx_provider", "alloc_threshold",
+                  "first_touch_bandwidth")
 _LINK_REQUIRED = {"between": 'between = ["cpu", "cuda:0"]', "bandwidth": 'bandwidth = "55GB/s"',
                   "latency": 'latency = "17us"'}
 _LINK_FIELDS = (*_LINK_REQUIRED, "pageable_bandwidth", "kind")
@@ -338,6 +340,12 @@ def _device_fields(name: str, raw: Mapping[str, Any], where: Where) -> dict[str,
     if provider is not None and (not isinstance(provider, str) or not provider.endswith("ExecutionProvider")):
         raise ProfileError(f"{where('onnx_provider')}: {provider!r} is not an onnxruntime execution provider "
                            f"name; e.g. onnx_provider = \"OpenVINOExecutionProvider\"")
+    alloc_threshold = parse_bytes(raw.get("alloc_threshold", 0), where=where("alloc_threshold"))
+    first_touch = parse_bandwidth(raw.get("first_touch_bandwidth", 0), where=where("first_touch_bandwidth"))
+    if bool(alloc_threshold) != bool(first_touch):
+        missing = "first_touch_bandwidth" if alloc_threshold else "alloc_threshold"
+        raise ProfileError(f"{where(missing)}: alloc_threshold and first_touch_bandwidth go together; "
+                           f"give both, e.g. alloc_threshold = \"32MiB\", first_touch_bandwidth = \"5GB/s\"")
     return dict(
         kind=kind,
         memory=memory,
@@ -360,6 +368,8 @@ def _device_fields(name: str, raw: Mapping[str, Any], where: Where) -> dict[str,
         cache_size=cache_size,
         cache_bandwidth=cache_bandwidth,
         onnx_provider=provider,
+        alloc_threshold=alloc_threshold,
+        first_touch_bandwidth=first_touch,
     )
 
 
@@ -431,6 +441,8 @@ class Device:
     cache_size: int = 0                          # bytes an op may move at cache_bandwidth (0: none)
     cache_bandwidth: float = 0.0                 # bytes/s for ops whose traffic fits in cache_size
     onnx_provider: str | None = None             # onnxruntime provider of its ONNX parts (None: by kind)
+    alloc_threshold: int = 0                     # bytes: outputs this large are fresh pages each call (0: none)
+    first_touch_bandwidth: float = 0.0           # bytes/s at which fresh pages are faulted in
 
     def __post_init__(self) -> None:
         name = _device_name(self.name, "Device.name")
@@ -478,6 +490,12 @@ class Device:
         if self.cache_size and nbytes <= self.cache_size:
             return self.cache_bandwidth
         return self.mem_bandwidth
+
+    def first_touch(self, nbytes: float) -> float:
+        """Seconds of page faults for a freshly allocated output of ``nbytes`` (0 below the threshold)."""
+        if not self.alloc_threshold or nbytes < self.alloc_threshold:
+            return 0.0
+        return nbytes / self.first_touch_bandwidth
 
     def supports(self, kind: str, op_class: OpClass | str) -> bool:
         """Whether the device runs an op of this kind (e.g. ``"aten.linear"``) and class."""
@@ -766,6 +784,10 @@ class DeviceSet:
             if d.cache_size:
                 out += [f"cache_size = {d.cache_size}  # {format_bytes(d.cache_size)}",
                         f"cache_bandwidth = {_toml_num(d.cache_bandwidth)}  # {format_rate(d.cache_bandwidth)}"]
+            if d.alloc_threshold:
+                out += [f"alloc_threshold = {d.alloc_threshold}  # {format_bytes(d.alloc_threshold)}",
+                        f"first_touch_bandwidth = {_toml_num(d.first_touch_bandwidth)}  "
+                        f"# {format_rate(d.first_touch_bandwidth)}"]
             for key in ("efficiency", "mem_efficiency", "fixed_latency"):
                 if getattr(d, key):
                     out += ["", f"[devices.{_tkey(d.name)}.{key}]"]

@@ -18,6 +18,8 @@ The API (everything else is a documented module: ``partitioner.solvers``, ``part
                            ``emit_source``, ``to_device_map``, ``check_graph``
 ``load_profile``           a built-in profile name or a TOML path -> :class:`DeviceSet`
 ``DeviceSet``              devices and links (``cost_models.detect.detect_local()`` profiles this machine)
+``calibrate``              this machine's devices -> a profile fitted to micro-benchmarks (residuals, verdict)
+``profile_graph``          an OpGraph + real inputs -> its ops measured here (``partition(costs=...)``)
 ``from_module``            capture an ``nn.Module`` (torch.export or symbolic_trace) -> OpGraph
 ``from_graph_module``      the graph a ``torch.compile`` backend is handed -> OpGraph
 ``compile_backend``        ``torch.compile(model, backend=compile_backend)``: hetpart as a torch.compile
@@ -32,6 +34,8 @@ Where a plan runs is :mod:`backends` (``backends.torch``: the emitted module and
 ``backends.onnx_parts``: ONNX parts on onnxruntime execution providers).
 """
 
+from cost_models.calibrate import calibrate
+from cost_models.profiler import profile_graph
 from cost_models.profiles import DeviceSet, load_profile
 from partitioner.errors import (
     CaptureError,
@@ -57,9 +61,11 @@ __all__ = [
     "Outcome",
     "Plan",
     "PlanFormatError",
-    # devices
+    # devices and measured costs
     "load_profile",
     "DeviceSet",
+    "calibrate",
+    "profile_graph",
     # capture and the IR
     "from_module",
     "from_graph_module",

@@ -101,6 +101,7 @@ def partition_outcome(
     progress: ProgressFn | None = None,
     dynamic_shapes: Any = None,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
+    costs: Any = "analytic",
 ) -> Outcome:
     """Place every op of a model on the devices of a profile: the plan and how it was reached.
 
@@ -133,6 +134,9 @@ def partition_outcome(
             (``("batch", "seq")``: dimension 0 and 1 of every tensor input; ``{"len": 2}``; or one
             ``{dim: name}`` per input), captured with torch.export's ``Dim`` and recorded in the
             plan; the plan is costed at the example sizes.
+        costs: ``"analytic"`` (the profile's roofline), ``"profiled"`` (measure the model's ops on
+            the devices present here, cached), the path of a costs file from ``hetpart profile``,
+            or a :class:`cost_models.costs.CostModel`; recorded in the plan (``plan.costs``).
 
     Raises:
         InfeasiblePlacement: no placement fits the caps and pins; the message names the device,
@@ -164,7 +168,11 @@ def partition_outcome(
         streaming=streaming, link_budget=dict(link_budget or {}), contiguous_stages=contiguous_stages,
     )
     coarse = _coarsen(graph, options, coarsen, pins, align_modules)
-    problem = Problem(coarse.graph, profile, options, pins=pins, members=coarse.members, original=graph)
+    from cost_models.profiled import resolve_costs  # here: cost_models.profiled imports partitioner's errors
+
+    cost_model = resolve_costs(costs, graph, profile, example_inputs, training=training, optimizer=optimizer)
+    problem = Problem(coarse.graph, profile, options, pins=pins, members=coarse.members, original=graph,
+                      costs=cost_model)
     baselines = {name: _evaluated(problem, run_baseline(name, problem, no_split=no_split)) for name in _baseline_names(problem)}
     deadline = started + time_limit
     lower_bound = _lower_bound(problem, started + LOWER_BOUND_SHARE * time_limit)

@@ -133,3 +133,21 @@ def read_inputs(items: list[str]) -> dict[str, object]:
             raise HetpartError(f"--input {name}={file}: not a numpy .npy file ({err}); save it with "
                                f"numpy.save") from None
     return out
+
+
+def progress_bar(stream=None):  # noqa: ANN001, ANN201 - a text stream; returns a measure.ProgressFn
+    """A ``progress(done, total, what)`` that draws ``what [######......] 3/7`` on ``stream``
+    (stderr): redrawn in place on a terminal, one line per finished phase otherwise."""
+    out = stream or sys.stderr
+    tty = out.isatty()
+
+    def show(done: int, total: int, what: str) -> None:
+        width = 24
+        filled = int(width * done / max(total, 1))
+        line = f"  {what:<24} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}"
+        if tty:
+            print("\r" + line, end="\n" if done >= total else "", file=out, flush=True)
+        elif done >= total:
+            print(line, file=out, flush=True)
+
+    return show

@@ -33,6 +33,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     pl.add_argument("--dynamic", metavar="DIMS", default=None,
                     help="input dimensions the emitted module may run at other sizes: batch (dim 0), seq "
                          "(dim 1), NAME=DIM; comma-separated, e.g. batch,seq (costed at the example size)")
+    pl.add_argument("--costs", default="analytic", metavar="analytic|profiled|COSTS.json",
+                    help="op times: the profile's roofline, measured now on this machine, or a costs file "
+                         "from `hetpart profile`")
     pl.add_argument("-o", "--output", metavar="FILE", help="write the plan (see --format)")
     pl.add_argument("--format", default="json", choices=["json", "device-map", "csv"],
                     help="json: the plan file; device-map: accelerate's device_map; csv: op, module, device, seconds")
@@ -54,8 +57,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if args.format != "json" and args.output is None:
         raise HetpartError(f"--format {args.format} writes a file: give it with -o FILE")
     profile = load_profile(args.devices)  # a bad profile fails before the model is built and captured
-    # zoo models: shapes only, no memory for weights; ONNX models: the path, imported by partition
-    loaded = load_model(args.model, device="meta", input_shapes=input_shapes(args.input_shape))
+    # zoo models: shapes only, no memory for weights (measuring ops needs real ones);
+    # ONNX models: the path, imported by partition
+    loaded = load_model(args.model, device=None if args.costs == "profiled" else "meta",
+                        input_shapes=input_shapes(args.input_shape))
     memory = pairs(args.memory, "--memory", "cuda:0=2GB")
     pins = pairs(args.pin, "--pin", "'emb*=cpu'")
     print(f"capturing {loaded.name} ({'onnx' if loaded.is_onnx else args.capture}) ...", file=sys.stderr)
@@ -66,6 +71,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         streaming=not args.no_streaming, coarsen={"on": True, "off": False}.get(args.coarsen, "auto"),
         no_split=loaded.no_split, capture=args.capture, model_name=loaded.name, progress=print_progress,
         align_modules=args.align_modules, dynamic_shapes=_dynamic(args.dynamic), input_shapes=loaded.input_shapes,
+        costs=args.costs,
     )
     print(plan.summary())
     if args.output:

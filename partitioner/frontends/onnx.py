@@ -30,7 +30,6 @@ import dataclasses
 import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 

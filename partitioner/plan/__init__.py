@@ -28,6 +28,9 @@ The file (``format_version`` 1) holds these top-level keys, in this order::
     solver          {"name", "status", "objective", "bound", "gap", "seconds"}
     baselines       {name: {"total_s", "feasible", "note"}}
     constraints     optional {"pins", "memory_caps", "streaming", "align_modules"}
+    costs           optional {"model": "analytic" | "profiled", "source": costs file,
+                     "measured": {device: ops measured}, "fell_back": {device: [ops priced analytically]},
+                     "unsupported": {op: {device: why it failed when measured}}}; absent = analytic
 
 A plan never holds a number that is not finite: where a value may be unknown (a bound, a gap,
 an infeasible baseline's time, a predicted time) inf and nan become ``None``, written ``null``;

@@ -58,6 +58,7 @@ def fields_from_solution(
         op_bytes={op.name: (sum(graph.tensors[t].nbytes for t in op.outputs), op.param_bytes)
                   for op in graph.topological_order()},
         constraints=dict(constraints or {}),
+        costs=problem.costs.record(),
         fingerprint=graph.fingerprint(),
         op_count=len(graph),
         modules={op.name: op.module_path for op in graph.topological_order()},
@@ -111,14 +112,13 @@ def _gap(objective: float | None, bound: float | None) -> float | None:
 
 def _per_op_device_seconds(problem: Problem) -> dict[str, dict[str, float | None]]:
     """Each op's time on every device of the profile (None where the device cannot run it)."""
-    from cost_models.analytic import op_time
-    from cost_models.training import training_op_time
-
-    cost = training_op_time if problem.options.training else op_time
+    costs = problem.costs
+    cost = costs.training_op_time if problem.options.training else costs.op_time
     out: dict[str, dict[str, float | None]] = {}
     for op in problem.original.topological_order():
         out[op.name] = {
-            d.name: cost(op, d).seconds if d.supports(op.kind, op.op_class.value) else None
+            d.name: cost(op, d).seconds
+            if d.supports(op.kind, op.op_class.value) and costs.unsupported(op, d) is None else None
             for d in problem.devices.devices
         }
     return out
@@ -126,9 +126,6 @@ def _per_op_device_seconds(problem: Problem) -> dict[str, dict[str, float | None
 
 def _per_op_seconds(problem: Problem, device: Mapping[str, str]) -> dict[str, float]:
     """Each op's own time on its device, the cost model's view of the problem's node times."""
-    from cost_models.analytic import op_time
-    from cost_models.training import training_op_time
-
-    cost = training_op_time if problem.options.training else op_time
+    cost = problem.costs.training_op_time if problem.options.training else problem.costs.op_time
     ops = problem.original.ops
     return {op: cost(ops[op], problem.devices.device(d)).seconds for op, d in device.items()}

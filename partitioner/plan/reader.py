@@ -36,7 +36,7 @@ def plan_fields(d: Any, source: str) -> dict[str, Any]:
     top = r.mapping(d, "")
     if "format_version" in top:
         _check_version(r, top["format_version"])
-    r.keys(top, "", TOP_LEVEL_KEYS, ("constraints",))
+    r.keys(top, "", TOP_LEVEL_KEYS, ("constraints", "costs"))
     model = r.keys(top["model"], "model", _MODEL_KEYS, ("capture", "inputs", "edges", "param_names", "op_bytes"))
     return dict(
         model_name=r.string(model["name"], "model.name"),
@@ -67,6 +67,7 @@ def plan_fields(d: Any, source: str) -> dict[str, Any]:
         op_bytes=r.string_map(model.get("op_bytes", {}), "model.op_bytes",
                               lambda v, q: tuple(r.count(x, f"{q}[{i}]") for i, x in enumerate(r.array(v, q)))),
         constraints=_read_constraints(r, top.get("constraints", {})),
+        costs=_read_costs(r, top.get("costs", {})),
         source=source,
     )
 
@@ -87,6 +88,25 @@ def _read_constraints(r: FieldReader, value: Any) -> dict[str, Any]:
         out["streaming"] = r.boolean(c["streaming"], "constraints.streaming")
     if "align_modules" in c:
         out["align_modules"] = r.string_list(c["align_modules"], "constraints.align_modules")
+    return out
+
+
+def _read_costs(r: FieldReader, value: Any) -> dict[str, Any]:
+    """``costs``: the cost model that priced the plan (absent in older plans: the analytic one)."""
+    c = r.mapping(value, "costs")
+    if not c:
+        return {}
+    c = r.keys(c, "costs", ("model",), ("source", "measured", "fell_back", "unsupported"))
+    out: dict[str, Any] = {"model": r.string(c["model"], "costs.model")}
+    if "source" in c:
+        out["source"] = r.string(c["source"], "costs.source")
+    if "measured" in c:
+        out["measured"] = r.string_map(c["measured"], "costs.measured", r.count)
+    if "fell_back" in c:
+        out["fell_back"] = r.string_map(c["fell_back"], "costs.fell_back", r.string_list)
+    if "unsupported" in c:
+        out["unsupported"] = r.string_map(c["unsupported"], "costs.unsupported",
+                                          lambda v, q: r.string_map(v, q, r.string))
     return out
 
 

@@ -87,6 +87,7 @@ class Plan:
     param_names: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)  # op -> its parameters
     op_bytes: Mapping[str, tuple[int, int]] = dataclasses.field(default_factory=dict)  # op -> (output, parameter) bytes
     constraints: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # pins, caps, streaming, alignment
+    costs: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # the cost model that priced it ({}: analytic)
     source: str = dataclasses.field(default="<plan>", compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -102,6 +103,7 @@ class Plan:
         object.__setattr__(self, "edges", tuple((u, v) for u, v in self.edges))
         object.__setattr__(self, "op_bytes", MappingProxyType({op: tuple(b) for op, b in self.op_bytes.items()}))
         object.__setattr__(self, "constraints", _freeze(dict(self.constraints)))
+        object.__setattr__(self, "costs", _freeze(dict(self.costs)))
         object.__setattr__(self, "param_names",
                            MappingProxyType({op: tuple(names) for op, names in self.param_names.items()}))
         unknown = [e for e in self.edges if e[0] not in self.placement or e[1] not in self.placement]
@@ -145,6 +147,8 @@ class Plan:
         }
         if self.constraints:
             out["constraints"] = _plain(self.constraints)
+        if self.costs:
+            out["costs"] = _plain(self.costs)
         return _plain(out)
 
     def to_json(self) -> str:
@@ -403,7 +407,7 @@ class Plan:
         ``evaluation`` defaults to ``evaluate(problem, solution.placement)``; keyword arguments
         (``baselines``: names to their evaluations or ready BaselineInfo values; ``lower_bound``:
         the cheap physical bound printed beside the solver's own; ``model_name``, ``capture``,
-        ``constraints``) are those of :func:`partitioner.plan.from_solve.fields_from_solution`.
+        ``constraints``; the cost model is the problem's) are those of :func:`partitioner.plan.from_solve.fields_from_solution`.
 
         Example:
             >>> plan = Plan.from_solution(problem, ilp.solve(problem))   # doctest: +SKIP

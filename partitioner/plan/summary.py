@@ -25,6 +25,7 @@ def summary_text(plan: Any) -> str:
     lines = [f"plan for '{one_line(plan.model_name)}' ({plan.op_count} ops) on {one_line(plan.devices.name)}: "
              f"{plan.objective}, {mode}, predicted {_seconds(total)} per step"]
     lines += solver_lines(plan)
+    lines.append(f"  costs      {costs_text(plan)}")
     busy = plan.predicted["per_device_s"]
     for device, ops in plan.per_device_ops().items():
         mem = plan.memory.get(device, {})
@@ -84,6 +85,35 @@ def proof_text(s: Any, took: str = "") -> str:
         scope = f" over placements keeping {s.nodes} groups whole" if s.nodes else ""
         parts.append(f", bound {_seconds(s.bound)}{scope}")
     return "".join(parts)
+
+
+def costs_text(plan: Any, shown: int = 3) -> str:
+    """Which cost model priced the plan: ``analytic (roofline of the profile)``, or for a measured
+    one ``profiled (costs.json): cpu 150 ops measured, 12 priced analytically (a, b, c, ...)``.
+
+    Example:
+        >>> costs_text(plan)                               # doctest: +SKIP
+        'analytic (roofline of the profile)'
+    """
+    costs = plan.costs or {"model": "analytic"}
+    if costs["model"] == "analytic":
+        return "analytic (roofline of the profile)"
+    source = f" ({costs['source']})" if costs.get("source") else ""
+    measured, fell_back = costs.get("measured", {}), costs.get("fell_back", {})
+    parts = []
+    for device in plan.devices.names():
+        n, analytic = measured.get(device, 0), fell_back.get(device, ())
+        if not n and not analytic:
+            continue
+        text = f"{device} {n} ops measured" if n else f"{device} not measured"
+        if analytic:
+            more = ", ..." if len(analytic) > shown else ""
+            text += f", {len(analytic)} priced analytically ({', '.join(analytic[:shown])}{more})"
+        parts.append(text)
+    unsupported = costs.get("unsupported", {})
+    if unsupported:
+        parts.append(f"{len(unsupported)} ops failed on a device when measured and are not placed there")
+    return f"{costs['model']}{source}: " + ("; ".join(parts) or "nothing measured")
 
 
 def _seconds(value: float | None) -> str:

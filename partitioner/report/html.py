@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from cost_models.units import format_bytes, format_seconds
 from partitioner.report.layout import GraphLayout, graph_layout
 from partitioner.files import refuse_overwrite, write_atomic
-from partitioner.plan.summary import proof_text
+from partitioner.plan.summary import costs_text, proof_text
 from partitioner.plan.values import SolverInfo
 from partitioner.report.svg import ZOOM_SCRIPT, device_colours, gantt_svg, graph_svg, memory_svg
 from partitioner.report.timeline import timeline
@@ -194,6 +194,7 @@ def _solver(plan: Plan) -> str:
                                             f"the plan keeps {s.name}'s, which is faster")))
     if s.note:
         rows.append(("note", _e(s.note)))
+    rows.append(("cost model", _e(costs_text(plan))))
     return _kv(rows)
 
 

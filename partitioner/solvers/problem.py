@@ -42,15 +42,13 @@ import functools
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
-from cost_models.analytic import op_time, transfer_time
+from cost_models.costs import ANALYTIC, CostModel
 from cost_models.profiles import DeviceKind, DeviceSet
 from cost_models.training import (
     Optimizer,
-    optimizer_step_time,
     parameter_memory,
     parse_optimizer,
     saved_activation_bytes,
-    training_op_time,
 )
 from partitioner.errors import HetpartError, UnsupportedOp
 from partitioner.ir import OpGraph
@@ -173,8 +171,10 @@ class Problem:
         pins: Mapping[str, str] | None = None,
         members: Mapping[str, Sequence[str]] | None = None,
         original: OpGraph | None = None,
+        costs: CostModel | None = None,
     ) -> None:
         self.graph = graph
+        self.costs = costs or ANALYTIC  # op, copy and optimizer-step times (cost_models.costs)
         self.original = original or graph
         self.devices = devices
         self.options = dataclasses.replace(options, optimizer=parse_optimizer(options.optimizer))
@@ -250,12 +250,16 @@ class Problem:
             ops = [self.original.ops[m] for m in self.members[node]]
             ok = tuple(
                 d.name for d in self.devices.devices
-                if all(d.supports(op.kind, op.op_class.value) for op in ops)
+                if all(d.supports(op.kind, op.op_class.value) and self.costs.unsupported(op, d) is None
+                       for op in ops)
             )
             if not ok:
+                measured = [f"{d.name}: {why}" for d in self.devices.devices for op in ops
+                            if (why := self.costs.unsupported(op, d)) is not None]
                 raise UnsupportedOp(
-                    f"op {node!r} ({ops[0].kind}) is supported by no device of profile {self.devices.name!r}; "
-                    f"add a device that runs {ops[0].op_class.value} ops"
+                    f"op {node!r} ({ops[0].kind}) is supported by no device of profile {self.devices.name!r}"
+                    + (f" (failed when measured: {'; '.join(measured)})" if measured else "")
+                    + f"; add a device that runs {ops[0].op_class.value} ops"
                 )
             pinned = self.pins.get(node)
             if pinned is not None:
@@ -270,7 +274,7 @@ class Problem:
 
     def _cost_nodes(self) -> None:
         training, opt = self.options.training, self.options.optimizer
-        cost = training_op_time if training else op_time
+        cost = self.costs.training_op_time if training else self.costs.op_time
         self.compute: dict[str, dict[str, float]] = {}
         self.param_bytes: dict[str, int] = {}
         self.stream_parts: dict[str, tuple[int, ...]] = {}  # each member op's own weights: streamed one copy per op
@@ -296,7 +300,7 @@ class Problem:
                 saved_activation_bytes(op, sum(tensors[t].nbytes for t in op.outputs)) for op in ops
             ) if training else 0
             self.opt_step[node] = {  # one optimizer step per member op, as on the original graph
-                d.name: sum(optimizer_step_time(op.trainable_param_bytes, d, opt).seconds for op in ops)
+                d.name: sum(self.costs.optimizer_step_time(op.trainable_param_bytes, d, opt).seconds for op in ops)
                 if training else 0.0
                 for d in self.devices.devices
             }
@@ -328,13 +332,13 @@ class Problem:
     @functools.cache  # noqa: B019 - the problem is immutable and lives as long as its solve
     def transfer_s(self, nbytes: int, src: str, dst: str) -> float:
         """Seconds per step to move ``nbytes`` of activations src -> dst (training: and the gradient back)."""
-        one = transfer_time(nbytes, src, dst, self.devices).seconds
+        one = self.costs.transfer_time(nbytes, src, dst, self.devices).seconds
         return 2 * one if self.options.training else one
 
     @functools.cache  # noqa: B019
     def stream_s(self, nbytes: int, src: str, dst: str, mode: StreamMode) -> float:
         """Seconds per step to bring ``nbytes`` of weights from ``src`` to ``dst``."""
-        return transfer_time(nbytes, src, dst, self.devices, pinned=mode is StreamMode.PREFETCH).seconds
+        return self.costs.transfer_time(nbytes, src, dst, self.devices, pinned=mode is StreamMode.PREFETCH).seconds
 
     @functools.cache  # noqa: B019
     def hops(self, src: str, dst: str) -> tuple[str, ...]:
