@@ -13,8 +13,11 @@ interface (:class:`backends.interface.Backend`)::
     check(plan, model, inputs, device_map, **options) -> backends.compare.CheckReport
                   run the built thing beside the original and compare outputs (and gradients)
 
-Shared by all: :mod:`backends.binding` (device binding) and :mod:`backends.compare` (dtype-aware
-tolerances and the check report). A new backend is one module or sub-package here that defines
+Shared by all: :mod:`backends.binding` (device binding), :mod:`backends.compare` (dtype-aware
+tolerances and the check report), :mod:`backends.strict_devices` (logical devices that really
+differ on a CPU-only machine: each bound to its own CPU tag, every tensor tagged, the first op
+reading across devices fails) and :mod:`backends.strict_report` (that run's copies and resident
+bytes beside the plan's). A backend's tests run its programs under strict devices. A new backend is one module or sub-package here that defines
 a ``BACKEND`` object with the interface, plus one line in :data:`BACKENDS`.
 
 =============  ================================================================================
@@ -24,6 +27,8 @@ backend        what it runs
                on their devices, streamed weights prefetched) or as one readable Python file
 ``compile``    a model under ``torch.compile(model, backend="hetpart")``: every graph dynamo hands
                over is planned (plans cached per graph, shapes and options) and runs placed
+``onnx``       the plan for an ONNX model as ONNX parts, one onnxruntime session per part with its
+               device's execution provider, chained (``backends.onnx_parts``)
 ``pipeline``   a pipeline plan's stages as ``torch.distributed.pipelining`` ``PipelineStage`` objects,
                one rank each, driven by ``ScheduleGPipe`` or ``Schedule1F1B`` under torchrun
 =============  ================================================================================
@@ -45,6 +50,7 @@ from partitioner.errors import HetpartError
 BACKENDS: dict[str, str] = {
     "torch": "backends.torch",
     "compile": "backends.compile",
+    "onnx": "backends.onnx_parts",
     "pipeline": "backends.pipeline",
 }
 

@@ -31,14 +31,20 @@ Nothing here prints.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from typing import Any
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from cost_models.units import format_seconds
 
-__all__ = ["Tolerance", "TOLERANCES", "EXACT", "tolerance_for", "TensorError", "CheckReport", "MISSING", "compare"]
+if TYPE_CHECKING:
+    from backends.strict_report import DeviceReport
+
+__all__ = ["Tolerance", "TOLERANCES", "EXACT", "tolerance_for", "TensorError", "CheckReport", "MISSING", "compare",
+           "interleaved_medians"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,7 +121,8 @@ class CheckReport:
     grads: tuple[TensorError, ...]   # training only: one per parameter, original names
     original_s: float                # median wall time of the original model (forward, + backward in training)
     emitted_s: float                 # the same for the emitted module
-    passed: bool                     # every tensor within its tolerance
+    passed: bool                     # every tensor within its tolerance (and devices as planned)
+    devices: DeviceReport | None = None  # strict devices: copies per link, bytes per device vs the plan
     emitted: str = "emitted plan"    # what ran the plan, as the report names it
     loss_name: str = "sum of outputs"  # how the training loss is made, as the report names it
 
@@ -144,10 +151,20 @@ class CheckReport:
         what = "forward + backward" if self.training else "forward"
         lines.append(f"  time ({what}, median of {self.repeat}): original {format_seconds(self.original_s)}, "
                      f"emitted {format_seconds(self.emitted_s)} ({ratio:.2f}x)")
+        if self.devices is not None:
+            lines.append(self.devices.to_text())
         bad = self.failures()
-        lines.append("passed: every tensor within its tolerance" if self.passed else
-                     f"FAILED: {len(bad)} of {len(self.tensors())} tensors outside their tolerance "
-                     f"({', '.join(e.name for e in bad[:5])}{', ...' if len(bad) > 5 else ''})")
+        devices_ok = self.devices is None or self.devices.passed
+        if self.passed:
+            lines.append("passed: every tensor within its tolerance"
+                         + ("; copies and resident bytes as the plan says" if self.devices is not None else ""))
+        elif bad:
+            lines.append(f"FAILED: {len(bad)} of {len(self.tensors())} tensors outside their tolerance "
+                         f"({', '.join(e.name for e in bad[:5])}{', ...' if len(bad) > 5 else ''})"
+                         + ("" if devices_ok else "; devices differ from the plan"))
+        else:
+            lines.append("FAILED: " + ("devices differ from the plan (strict devices)" if not devices_ok else
+                                       "the check did not pass"))
         return "\n".join(lines)
 
 
@@ -182,6 +199,29 @@ def compare(name: str, emitted: Any, original: torch.Tensor | None, *, summed: b
         passed = bool(torch.all(diff <= atol + tol.rtol * b.abs()).item())  # NaN compares False: a failure
     note = "NaN" if not passed and diff.isnan().any().item() else ""
     return TensorError(name, dtype, shape, max_abs, max_rel, tol, passed, note)
+
+
+def interleaved_medians(fns: Sequence[Callable[[], Any]], repeat: int,
+                        sync: Callable[[], None] = lambda: None) -> list[float]:
+    """Median wall time of each function, run ABAB... ``repeat`` times after one warm-up each;
+    ``sync`` waits for asynchronous devices after each run.
+
+    Example:
+        >>> a, b = interleaved_medians([lambda: sum(range(100)), lambda: sum(range(1000))], 3)
+        >>> a < b
+        True
+    """
+    times: list[list[float]] = [[] for _ in fns]
+    for fn in fns:
+        fn()
+    sync()
+    for _ in range(repeat):
+        for i, fn in enumerate(fns):
+            start = time.perf_counter()
+            fn()
+            sync()
+            times[i].append(time.perf_counter() - start)
+    return [statistics.median(t) for t in times]
 
 
 def _structural_mismatch(emitted: Any, original: torch.Tensor) -> str:

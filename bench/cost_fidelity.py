@@ -1,11 +1,22 @@
-"""How well the analytic cost model predicts measured op times (H200 + 16-core host).
+"""How well hetpart's cost models predict measured times: H200 op rows, and whole models here.
 
-For every op row of ``cost_models/data/h200-host-calibration.json`` it prints the measured and
-predicted time on the CPU and on the GPU with their ratio, whether the predicted CPU/GPU ratio
-is on the right side of 1, and the median absolute relative error per device, over all rows and
-over the rows the targets name (GPU rows above 50 µs, CPU rows above 1 ms; targets ≤ 25%).
+Part 1 (the H200 calibration file): for every op row of ``cost_models/data/h200-host-calibration.json``
+the measured and predicted time on the CPU and on the GPU with their ratio, whether the predicted
+CPU/GPU ratio is on the right side of 1, and the median absolute relative error per device, over all
+rows and over the rows the targets name (GPU rows above 50 µs, CPU rows above 1 ms; targets ≤ 25%).
 
-    python bench/cost_fidelity.py [--profile h200-host]
+Part 2 (this machine, see ``bench/e2e_fidelity.py``): this CPU calibrated, then every zoo model at
+``small`` and ``base`` that fits ``--memory-limit``, inference and training step, predicted with the
+calibrated profile and with the profiled model against the measured time of the emitted module;
+targets: median |error| ≤ 10 % profiled and ≤ 20 % calibrated, no row beyond 35 %, Kendall tau ≥ 0.9;
+then a model planned on two logical devices bound to this CPU, each device's predicted against
+measured busy time. Timings mean something only when nothing else runs: the load average is printed
+at the start and the end.
+
+    python bench/cost_fidelity.py                      # both parts, the full table (minutes)
+    python bench/cost_fidelity.py --quick              # part 2 on small models, quick calibration (< 2 min)
+    python bench/cost_fidelity.py --ops-only           # part 1 only (seconds, no measuring)
+    python bench/cost_fidelity.py --models gpt,bert --sizes base --memory-limit 16GB
 """
 
 from __future__ import annotations
@@ -14,9 +25,12 @@ import argparse
 import dataclasses
 import statistics
 
+import torch
+
+import models
 from cost_models.analytic import op_time
 from cost_models.calibration import CalibrationRow, calibration_rows
-from cost_models.units import format_seconds
+from cost_models.units import format_seconds, parse_bytes
 from partitioner import DeviceSet, load_profile
 
 GPU_FLOOR_S = 50e-6   # the target covers GPU rows measured above this
@@ -81,11 +95,9 @@ def _cell(measured: float | None, predicted: float) -> list[str]:
     return [format_seconds(measured), format_seconds(predicted), f"{predicted / measured:.2f}"]
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--profile", default="h200-host")
-    args = parser.parse_args()
-    rows = compare(load_profile(args.profile))
+def op_rows(profile_name: str) -> bool:
+    """Part 1: print the H200 op rows; True when their targets are met."""
+    rows = compare(load_profile(profile_name))
     header = ["op", "shape", "dtype", "class", "cpu meas", "cpu pred", "ratio", "gpu meas", "gpu pred", "ratio",
               "cpu/gpu meas", "cpu/gpu pred", "order"]
     table = [header]
@@ -109,6 +121,45 @@ def main() -> int:
     print(f"CPU/GPU order wrong on {wrong} of {sum(1 for c in rows if c.order_ok is not None)} rows")
     ok = e["cpu_target"] <= TARGET and e["gpu_target"] <= TARGET and wrong == 0
     print("targets met" if ok else "TARGETS MISSED")
+    return ok
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", default="h200-host", help="part 1: the profile predicting the H200 rows")
+    part = parser.add_mutually_exclusive_group()
+    part.add_argument("--ops-only", action="store_true", help="part 1 only")
+    part.add_argument("--e2e-only", action="store_true", help="part 2 only")
+    parser.add_argument("--quick", action="store_true",
+                        help="part 2 on small models, quick calibration, 5 repeats (a smoke run: < 2 min)")
+    parser.add_argument("--models", help=f"comma-separated zoo models (default: all: {','.join(models.names())})")
+    parser.add_argument("--sizes", help="comma-separated sizes (default small,base; --quick: small)")
+    parser.add_argument("--repeat", type=int, help="timed runs per measurement (default 7; --quick 5)")
+    parser.add_argument("--budget", type=float, default=30.0, help="seconds per model and phase before fewer runs")
+    parser.add_argument("--memory-limit", default="8GB", help="skip a model and mode needing more than this")
+    parser.add_argument("--optimizer", default="sgd", choices=["sgd", "sgd-momentum", "adam"],
+                        help="the training step's optimizer (sgd: the calibration file's; least memory)")
+    parser.add_argument("--inference-only", action="store_true", help="no training rows")
+    parser.add_argument("--calibrated", metavar="FILE.toml", help="use this calibrated profile, do not calibrate")
+    parser.add_argument("--write-calibrated", metavar="FILE.toml", help="write the profile calibrated here")
+    parser.add_argument("--two-device", default="gpt:small", metavar="MODEL",
+                        help="the model planned on two logical devices bound to this CPU ('' to skip)")
+    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: as the environment sets)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    args.models = args.models.split(",") if args.models else models.names()
+    args.sizes = args.sizes.split(",") if args.sizes else (["small"] if args.quick else ["small", "base"])
+    args.repeat = args.repeat or (5 if args.quick else 7)
+    args.memory_limit = parse_bytes(args.memory_limit, where="--memory-limit")
+    ok = True
+    if not args.e2e_only:
+        ok &= op_rows(args.profile)
+        print()
+    if not args.ops_only:
+        import e2e_fidelity   # bench/ is on the path when this runs as a script
+
+        ok &= e2e_fidelity.run(args) == 0
     return 0 if ok else 1
 
 

@@ -25,32 +25,19 @@ import torch
 
 from cost_models.analytic import op_time
 from cost_models.calibration import CalibrationRow, calibration_rows
+from cost_models.fit import grid_fit
 from cost_models.profiles import Device, load_profile
 
 MEASURED = {"cpu": "cpu_s", "cuda:0": "gpu_s"}
-EFF_GRID = torch.logspace(math.log10(0.002), 0.0, 80, dtype=torch.float64)
-MEM_GRID = torch.logspace(math.log10(0.05), 0.0, 60, dtype=torch.float64)
-FIXED_GRID = torch.cat([torch.zeros(1, dtype=torch.float64), torch.logspace(-7, math.log10(3e-4), 40, dtype=torch.float64)])
 
 
 def fit_class(rows: list[CalibrationRow], device: Device, field: str) -> tuple[float, float, float, float]:
-    """Best (eff, mem_eff, fixed, mean |log error|) for one class on one device."""
-    flops = torch.tensor([float(r.captured.flops) for r in rows], dtype=torch.float64)
-    nbytes = torch.tensor([float(r.captured.bytes_read + r.captured.bytes_written) for r in rows], dtype=torch.float64)
-    peak = torch.tensor([device.peak(r.dtype) for r in rows], dtype=torch.float64)
-    bandwidth = torch.tensor([device.stream_bandwidth(float(b)) for b in nbytes], dtype=torch.float64)
-    measured = torch.tensor([getattr(r, field) for r in rows], dtype=torch.float64)
-    e = EFF_GRID.view(-1, 1, 1, 1)
-    m = MEM_GRID.view(1, -1, 1, 1)
-    f = FIXED_GRID.view(1, 1, -1, 1)
-    compute = flops / (peak * e)
-    memory = nbytes / (bandwidth * m)
-    predicted = torch.maximum(compute, memory) + device.launch_overhead + f
-    loss = (predicted / measured).log().abs().mean(dim=-1)
-    best = int(loss.argmin())
-    i, rest = divmod(best, len(MEM_GRID) * len(FIXED_GRID))
-    j, k = divmod(rest, len(FIXED_GRID))
-    return float(EFF_GRID[i]), float(MEM_GRID[j]), float(FIXED_GRID[k]), float(loss.flatten()[best])
+    """Best (eff, mem_eff, fixed, mean |log error|) for one class on one device (``cost_models.fit.grid_fit``)."""
+    vec = lambda xs: torch.tensor(xs, dtype=torch.float64)  # noqa: E731
+    nbytes = [float(r.captured.bytes_read + r.captured.bytes_written) for r in rows]
+    return grid_fit(vec([float(r.captured.flops) for r in rows]), vec(nbytes),
+                    vec([device.stream_bandwidth(b) for b in nbytes]), vec([device.peak(r.dtype) for r in rows]),
+                    vec([device.launch_overhead] * len(rows)), vec([getattr(r, field) for r in rows]))
 
 
 def profile_error(rows: list[CalibrationRow], device: Device, field: str) -> float:

@@ -1,7 +1,10 @@
 """The GPU check: hetpart's emitted plans measured on a machine with an H200 (and on any CPU).
 
-One script, under 5 minutes on the lent H200 machine, that prints one table of measurements and
-then the targets with whether each is met. Without CUDA it still runs: every device is bound to
+One script, under 5 minutes on the lent H200 machine, that first runs the GPU tests
+(``pytest -m gpu tests/gpu``: the weight streamer on a real side stream, pinned host memory,
+parameters on their planned devices, the seed case within its memory, detection; skipped without
+CUDA) and prints their outcome, then prints one table of measurements and the targets with
+whether each is met. Without CUDA it still runs: every device is bound to
 the CPU, the model shrinks to ``small`` (unless ``--size base`` is forced) and the first line
 says so; targets that need a GPU print ``n/a (no GPU)``.
 
@@ -26,7 +29,15 @@ Cases, on ``emb-transformer`` (at ``base``: a 1,048,576 x 1024 fp32 embedding, 8
     the GPU once, streamed ones prefetched from pinned host copies); forward only;
 (f) ``two-branch``: a ``makespan`` plan with the two branches pinned to different devices (the
     better of the two orientations by predicted makespan); the emitted module (overlapped) against
-    the two branches each run alone and one after the other (sequential).
+    the two branches each run alone and one after the other (sequential);
+(g) ``onnx``: the model exported to ONNX, placed under the "embedding + half the layers" cap and run
+    as onnxruntime parts, the GPU's on the CUDA provider where onnxruntime has it, against one
+    whole-model CPU session and the plan's prediction (``bench/gpu_check_onnx.py``; ``--skip-onnx``).
+(h) cost fidelity (``bench/gpu_fidelity.py``): ``hetpart calibrate`` of this host, the seed case
+    profiled in place, planned under the "embedding + half the layers" cap with the calibrated
+    profile and with the profiled model, and the ILP plan and every baseline emitted and measured:
+    predicted against measured for each (``--skip-fidelity`` leaves it out, ``--fidelity-only``
+    runs it alone).
 
 For each: the plan's predicted time (the h200-host profile's prediction, also on CPU runs), the
 forward time (wall time with ``torch.cuda.synchronize``, median of ``--repeat`` runs after
@@ -35,7 +46,10 @@ step (forward, loss = sum of outputs, backward, SGD step) where it makes sense, 
 memory of the forward runs (``torch.cuda.max_memory_allocated``, resident weights included),
 the largest output difference from (a), and the calibration measurement beside it.
 
-    python bench/gpu_check.py [--size small|base] [--repeat 20] [--skip-accelerate]
+    python bench/gpu_check.py [--size small|base] [--repeat 20] [--skip-accelerate] [--skip-tests] [--skip-onnx]
+        [--skip-fidelity | --fidelity-only]
+
+The exit status is 1 when a GPU test failed (the measurements still run), else 0.
 """
 
 from __future__ import annotations
@@ -46,8 +60,11 @@ import dataclasses
 import gc
 import inspect
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -59,7 +76,9 @@ from cost_models.units import format_bytes, format_seconds
 from backends.compile import HetpartBackend
 from partitioner import Outcome, Plan, partition_outcome
 
+ROOT = Path(__file__).resolve().parent.parent
 MODEL = "emb-transformer"
+TESTS_TIMEOUT_S = 300
 CASE_BUDGET_S = 8.0  # a slow measurement gets fewer runs (at least MIN_REPEAT, at most --repeat) to fit this
 MIN_REPEAT = 5
 WARMUP = 2
@@ -476,24 +495,68 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--size", choices=models.SIZES, help="model size (default: base with CUDA, small without)")
     parser.add_argument("--repeat", type=int, default=20, help="timed runs per measurement (fewer when slow)")
     parser.add_argument("--skip-accelerate", action="store_true", help="do not run accelerate's dispatch_model")
+    parser.add_argument("--skip-tests", action="store_true", help="do not run the GPU tests first")
+    parser.add_argument("--skip-onnx", action="store_true", help="leave out the ONNX case (g)")
+    parser.add_argument("--skip-fidelity", action="store_true", help="leave out case (h), the cost fidelity")
+    parser.add_argument("--fidelity-only", action="store_true", help="run case (h) alone")
     args = parser.parse_args(argv)
     cuda = torch.cuda.is_available()
     size = args.size or ("base" if cuda else "small")
     env = Env(cuda, size, max(1, args.repeat), None if cuda else {"cuda:0": "cpu"})
     started = time.perf_counter()
     print(first_line(env, forced=args.size is not None))
+    if args.fidelity_only:
+        fidelity(env)
+        print(f"done in {time.perf_counter() - started:.0f} s")
+        return 0
+    tests_passed, tests_line = (True, "gpu tests: skipped (--skip-tests)") if args.skip_tests else run_gpu_tests()
+    print(tests_line, flush=True)
     calib = calibration_numbers()
     rows, cap = emb_transformer_cases(env, calib, args.skip_accelerate)
     try:
         tb_rows, tb = run_two_branch(env)
     except Exception as exc:  # noqa: BLE001 - a benchmark reports every case it can
         tb_rows, tb = [failed_row("two-branch", exc)], {}
-    print_table([*rows.values(), *tb_rows])
+    onnx = [] if args.skip_onnx else onnx_case(env, cap["emb+half"])
+    print_table([*rows.values(), *tb_rows, *onnx])
     print("targets:")
     for target in targets(rows, cap, tb, calib, env):
         print(target.line())
+    print(tests_line)
+    if not args.skip_fidelity:
+        fidelity(env)
     print(f"done in {time.perf_counter() - started:.0f} s")
-    return 0
+    return 0 if tests_passed else 1
+
+
+def run_gpu_tests() -> tuple[bool, str]:
+    """``pytest -m gpu tests/gpu`` in a subprocess, before any measurement; its output is printed.
+
+    Returns whether it passed (every test passed or was skipped) and its summary line.
+    """
+    command = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rs", "-p", "no:cacheprovider",
+               str(ROOT / "tests" / "gpu")]
+    try:
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=TESTS_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return False, f"gpu tests: FAILED (still running after {TESTS_TIMEOUT_S} s)"
+    output = (done.stdout + done.stderr).rstrip()
+    print(output)
+    summary = output.splitlines()[-1] if output else "no output"
+    return done.returncode == 0, f"gpu tests ({' '.join(command[2:5])}): {'passed' if done.returncode == 0 else 'FAILED'}: {summary}"
+
+
+def fidelity(env: Env) -> None:
+    """Case (g): predicted against measured with both cost models (bench/gpu_fidelity.py)."""
+    from gpu_fidelity import run_fidelity   # bench/ is on the path when this runs as a script
+
+    try:
+        lines = run_fidelity(env.size, lambda model: caps(model)["emb+half"], env.binding,
+                             lambda fn: timed(fn, env))
+    except Exception as exc:  # noqa: BLE001 - a benchmark reports every case it can
+        lines = [f"(g) cost fidelity FAILED: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:160]}"]
+    for line in lines:
+        print(line)
 
 
 def emb_transformer_cases(env: Env, calib: dict[str, float],
@@ -543,6 +606,16 @@ def emb_transformer_cases(env: Env, calib: dict[str, float],
     calibration = f"{format_seconds(calib['all_cpu'])} (train {format_seconds(calib['all_cpu_train'])})"
     rows["all-CPU"], _ = run_eager("all-CPU", model, inputs, env, ref, predicted["single:cpu"], calibration)
     return rows, cap
+
+
+def onnx_case(env: Env, cap: int) -> list[Row]:
+    """Case (g), in its own module; a failure becomes a row that says why."""
+    from gpu_check_onnx import onnx_rows
+
+    try:
+        return onnx_rows(env, cap, Row, timed)
+    except Exception as exc:  # noqa: BLE001 - a benchmark reports every case it can
+        return [failed_row("onnx", exc)]
 
 
 def failed_row(case: str, exc: Exception) -> Row:

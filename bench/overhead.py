@@ -1,4 +1,5 @@
-"""Run-time overhead of the emitted module: against the same placement written by hand, and eager.
+"""Run-time overhead of the emitted module (against the same placement written by hand, and eager),
+and of ONNX parts (chained onnxruntime sessions against one session of the whole model).
 
 For each zoo model (``small``) a two-device plan is made on ``h200-host``: the first part (the
 embeddings; the first layer or the stem where there is no embedding) pinned to ``cpu``, every
@@ -28,7 +29,21 @@ slower than eager); and the first call split into ``dynamo`` (tracing and guards
 wall time less the three hetpart steps and one eager call), ``capture`` (``from_graph_module``),
 ``solve`` (the plan) and ``emit`` (the placed graph), from a fresh ``torch._dynamo.reset()``.
 
-    python bench/overhead.py [--models mlp,gpt] [--repeat 50] [--warmup 5] [--compile-only]
+ONNX rows: each model as ONNX — ``convnet`` (zoo, ResNet-style), ``resnet50`` (the light
+ResNet-50 the onnx wheel ships: IR version 3, weights made by ConstantOfShape), ``densenet``
+(DenseNet-style, built in ``models/onnx_models.py``), ``densenet121`` (light), ``gpt`` and ``bert``
+(zoo, transformers) — is planned twice, then run with every part on the CPU provider:
+
+* ``2 parts``: ``h200-host``, the first quarter of the ops (topological order) pinned to ``cpu``,
+  the rest to ``cuda:0``;
+* ``ILP``: ``cpu-gpu-npu``, both accelerators capped at 40% of the weights, the ILP's placement.
+
+Both the parts and one whole-model session (same session options) are warmed up, then timed
+``--repeat`` times interleaved, order alternating; the table prints the medians, their ratio and the
+largest output difference. Target: parts at most 5% slower than the whole model.
+
+    python bench/overhead.py [--models mlp,gpt] [--onnx-models resnet50,gpt] [--size small] [--repeat 50]
+                             [--warmup 5] [--compile-only]    # --models '' / --onnx-models '': none of those
 """
 
 from __future__ import annotations
@@ -38,6 +53,7 @@ import copy
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -50,6 +66,8 @@ from partitioner import partition
 MODELS = ("mlp", "gpt", "convnet", "emb-transformer")
 TARGET = 1.03  # emitted / hand
 COMPILE_TARGET = 1.05  # hetpart-compiled / eager, single-device plan
+ONNX_MODELS = ("convnet", "resnet50", "densenet", "densenet121", "gpt", "bert")
+ONNX_TARGET = 1.05  # parts / whole
 
 
 # --------------------------------------------------------------------------------------------
@@ -222,6 +240,60 @@ def _leaves(value: object) -> list[torch.Tensor]:
     return [value] if isinstance(value, torch.Tensor) else [v for v in value if isinstance(v, torch.Tensor)]
 
 
+# --------------------------------------------------------------------------------------------
+# ONNX: parts on the CPU provider against one session of the whole model
+# --------------------------------------------------------------------------------------------
+
+
+def onnx_model(name: str, size: str, folder: Path) -> Path:
+    """The ONNX file of an ONNX row (see the module docstring)."""
+    from models.onnx_models import export_densenet, export_zoo, light_model
+
+    if name in ("resnet50", "densenet121"):
+        return light_model(name)
+    if name == "densenet":
+        return export_densenet(size, folder / "densenet.onnx")
+    return export_zoo(name, size, folder / f"{name}.onnx")
+
+
+def onnx_plans(path: Path) -> list[tuple[str, object]]:
+    """The two plans of an ONNX row: a 2-part split, and the ILP's placement under caps."""
+    from partitioner import from_onnx
+
+    graph = from_onnx(path)
+    order = [op.name for op in graph.topological_order()]
+    quarter = len(order) // 4
+    pins = {op: "cpu" if k < quarter else "cuda:0" for k, op in enumerate(order)}
+    cap = int(0.4 * graph.total_param_bytes())
+    return [("2 parts", partition(graph, devices="h200-host", pins=pins, time_limit=10)),
+            ("ILP", partition(graph, devices="cpu-gpu-npu", memory={"cuda:0": cap, "npu:0": cap}, time_limit=10))]
+
+
+def measure_onnx(name: str, size: str, repeat: int, warmup: int, folder: Path) -> list[list[str]]:
+    """Rows for one ONNX model: its parts (all on the CPU provider) against the whole-model session."""
+    import numpy as np
+
+    from backends.onnx_parts import build_parts, example_feeds, whole_session
+
+    path = onnx_model(name, size, folder)
+    whole = whole_session(path)
+    rows = []
+    for label, plan in onnx_plans(path):
+        parts = build_parts(plan, path, {d: "cpu" for d in plan.devices.names() if d != "cpu"})
+        feeds = example_feeds(parts.manifest.inputs)
+        want = whole.run(None, feeds)
+        got = parts.run(feeds)
+        err = max(float(np.abs(got[o] - w).max()) for o, w in zip(parts.output_names, want))
+        whole_s, parts_s = interleaved_medians([lambda: whole.run(None, feeds), lambda: parts.run(feeds)],
+                                               repeat, warmup)
+        used = ", ".join(f"{d} {len(ops)}" for d, ops in plan.per_device_ops().items() if ops)
+        ratio = parts_s / whole_s
+        rows.append([f"{name}:{size}" if name not in ("resnet50", "densenet121") else name, label,
+                     f"{len(parts.manifest.parts)} ({used})", format_seconds(whole_s), format_seconds(parts_s),
+                     f"{ratio:.3f}", f"{err:.1g}", "yes" if ratio <= ONNX_TARGET else "NO"])
+    return rows
+
+
 def print_table(rows: list[list[str]], header: list[str] | None = None) -> None:
     header = header or ["model", "plan (ops per device)", "eager", "hand", "emitted", "emit/hand", "emit/eager",
                         "max |err|", f"<= {TARGET - 1:.0%}"]
@@ -234,6 +306,8 @@ def print_table(rows: list[list[str]], header: list[str] | None = None) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from {', '.join(MODELS)}")
+    parser.add_argument("--onnx-models", default=",".join(ONNX_MODELS),
+                        help=f"ONNX rows, comma-separated, from {', '.join(ONNX_MODELS)} ('' for none)")
     parser.add_argument("--size", default="small", choices=models.SIZES)
     parser.add_argument("--repeat", type=int, default=50, help="timed runs of each module")
     parser.add_argument("--warmup", type=int, default=5, help="untimed runs of each module first")
@@ -243,7 +317,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = [n for n in names if n not in HAND]
     if unknown:
         parser.error(f"no hand-written placement for {', '.join(unknown)}; choose from {', '.join(HAND)}")
-    if not args.compile_only:
+    onnx_names = [n.strip() for n in args.onnx_models.split(",") if n.strip()]
+    if [n for n in onnx_names if n not in ONNX_MODELS]:
+        parser.error(f"--onnx-models: choose from {', '.join(ONNX_MODELS)}")
+    if not args.compile_only and names:
         print(f"overhead: two-device plans (part A pinned to cpu, the rest to cuda:0) bound to the CPU; "
               f"median of {args.repeat} interleaved runs after {args.warmup} warm-up runs; "
               f"torch {torch.__version__}, {torch.get_num_threads()} threads, inference_mode")
@@ -252,17 +329,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         met = sum(r[-1] == "yes" for r in rows)
         print(f"target (emitted at most {TARGET - 1:.0%} slower than hand-written): met on {met} of {len(rows)} "
               f"models\n")
-    print(f"torch.compile(backend='hetpart') on a single-device plan (cpu profile) vs eager; median of "
-          f"{args.repeat} interleaved calls after {args.warmup} warm-up calls, no_grad")
-    measured = [measure_compile(name, args.size, args.repeat, args.warmup) for name in names]
-    print_table([m[0] for m in measured], ["model", "graphs", "eager", "dynamo eager", "hetpart", "hetpart/eager",
-                                           "hetpart/dynamo", "max |err|", f"<= {COMPILE_TARGET - 1:.0%}"])
-    met = sum(m[0][-1] == "yes" for m in measured)
-    print(f"target (hetpart at most {COMPILE_TARGET - 1:.0%} slower than eager per call): met on {met} of "
-          f"{len(measured)} models\n")
-    print("first call (compile), from a fresh torch._dynamo.reset(): dynamo = first call - capture - solve - emit "
-          "- one eager call")
-    print_table([m[1] for m in measured], ["model", "first call", "dynamo", "capture", "solve", "emit"])
+    if names:
+        print(f"torch.compile(backend='hetpart') on a single-device plan (cpu profile) vs eager; median of "
+              f"{args.repeat} interleaved calls after {args.warmup} warm-up calls, no_grad")
+        measured = [measure_compile(name, args.size, args.repeat, args.warmup) for name in names]
+        print_table([m[0] for m in measured], ["model", "graphs", "eager", "dynamo eager", "hetpart", "hetpart/eager",
+                                               "hetpart/dynamo", "max |err|", f"<= {COMPILE_TARGET - 1:.0%}"])
+        met = sum(m[0][-1] == "yes" for m in measured)
+        print(f"target (hetpart at most {COMPILE_TARGET - 1:.0%} slower than eager per call): met on {met} of "
+              f"{len(measured)} models\n")
+        print("first call (compile), from a fresh torch._dynamo.reset(): dynamo = first call - capture - solve - "
+              "emit - one eager call")
+        print_table([m[1] for m in measured], ["model", "first call", "dynamo", "capture", "solve", "emit"])
+    if onnx_names and not args.compile_only:
+        import tempfile
+
+        import onnxruntime
+
+        print(f"\nONNX parts, every part on the CPU provider, against one whole-model session; onnxruntime "
+              f"{onnxruntime.__version__}; median of {args.repeat} interleaved runs after {args.warmup} warm-up runs")
+        with tempfile.TemporaryDirectory() as tmp:
+            onnx_rows = [row for name in onnx_names
+                         for row in measure_onnx(name, args.size, args.repeat, args.warmup, Path(tmp))]
+        print_table(onnx_rows, ["model", "plan", "parts (ops per device)", "whole", "parts", "parts/whole",
+                                "max |err|", f"<= {ONNX_TARGET - 1:.0%}"])
+        met = sum(r[-1] == "yes" for r in onnx_rows)
+        print(f"target (parts at most {ONNX_TARGET - 1:.0%} slower than the whole model): met on {met} of "
+              f"{len(onnx_rows)} rows")
     return 0
 
 

@@ -7,6 +7,11 @@ physical lower bound, the ILP's gap and its solve seconds, then the seed case (e
 ``base`` under the measured caps). The last lines say whether the ILP was ≤ every feasible baseline
 everywhere and its speed-up over ``greedy`` on the capped seed case (target ≥ 10×).
 
+ONNX rows (``--onnx-models``): zoo models exported with ``torch.onnx.export`` (and the light
+ResNet-50 / DenseNet-121 the onnx wheel ships) imported with ``from_onnx``, on every built-in profile
+(``--onnx-profiles``) under the same two caps, latency objective, with the baselines ONNX users get today: ``ort-fallback``
+(onnxruntime's provider order) and ``openvino-pipeline`` (OpenVINO HETERO's split by weight bytes).
+
 Cluster rows (``--part clusters``): pipeline stages on clusters whose hosts differ, hetpart's
 (DP or ILP) against the splits users get today, all costed with the same pipeline semantics:
 PiPPy's ``split_into_equal_size``, DeepSpeed's ``partition_method="parameters"`` and a FLOP-balanced
@@ -21,6 +26,8 @@ rank, after one warm-up step) against the plan's prediction for the cluster prof
 share this machine's cores and loopback, so the ratio says how far this machine is from the profile.
 
     python bench/plan_quality.py [--models gpt,bert] [--objectives latency] [--time-limit 20]
+                                 [--onnx-models gpt,resnet50 | --onnx-models ''] [--onnx-profiles cpu-gpu-npu]
+                                 [--skip-seed]
     python bench/plan_quality.py --part clusters,measured --steps 5      # the pipeline rows only
 """
 
@@ -36,6 +43,7 @@ import torch
 
 import models
 from cost_models.calibration import measured_anchors
+from cost_models.profiles import builtin_profiles
 from cost_models.units import format_seconds
 from partitioner import from_module, load_profile, partition_outcome
 from partitioner.errors import InfeasiblePlacement
@@ -44,6 +52,8 @@ from partitioner.solvers.pipeline_baselines import PIPELINE_BASELINES
 PROFILES = ("h200-host", "cpu-gpu-npu", "2xh200-host")
 OBJECTIVES = ("latency", "throughput", "makespan")
 BASELINES = ("greedy", "sequential-fill", "heft", "single:cpu", "single:cuda:0")
+ONNX_BASELINES = ("ort-fallback", "openvino-pipeline", *BASELINES)
+LIGHT = ("resnet50", "densenet121")
 
 
 def tight_caps(profile_name: str, param_bytes: int) -> dict[str, int]:
@@ -52,12 +62,12 @@ def tight_caps(profile_name: str, param_bytes: int) -> dict[str, int]:
     return {d.name: max(1, int(0.4 * param_bytes)) for d in profile.devices if d.kind.value != "cpu"}
 
 
-def row(label: str, out, seconds: float) -> tuple[list[str], bool]:  # noqa: ANN001 - a partition Outcome
+def row(label: str, out, seconds: float, baselines: tuple[str, ...] = BASELINES) -> tuple[list[str], bool]:  # noqa: ANN001
     plan = out.plan
     total = plan.predicted["total_s"]
     cells = [label, format_seconds(total)]
     never_worse = True
-    for name in BASELINES:
+    for name in baselines:
         b = plan.baselines.get(name)
         if b is None or b.total_s is None:
             cells.append("-")
@@ -71,8 +81,8 @@ def row(label: str, out, seconds: float) -> tuple[list[str], bool]:  # noqa: ANN
     return cells, never_worse
 
 
-def print_table(rows: list[list[str]]) -> None:
-    header = ["model / profile / cap / objective", "ILP", *BASELINES, "lower bd", "gap", "solve s", "status"]
+def print_table(rows: list[list[str]], baselines: tuple[str, ...] = BASELINES) -> None:
+    header = ["model / profile / cap / objective", "ILP", *baselines, "lower bd", "gap", "solve s", "status"]
     table = [header] + rows
     widths = [max(len(r[i]) for r in table) for i in range(len(header))]
     for r in table:
@@ -173,7 +183,11 @@ def main() -> int:
     parser.add_argument("--profiles", default=",".join(PROFILES))
     parser.add_argument("--size", default="small")
     parser.add_argument("--time-limit", type=float, default=30.0)
-    parser.add_argument("--part", default="zoo,clusters,measured", help="which tables: zoo, clusters, measured")
+    parser.add_argument("--onnx-models", default=",".join([*models.names(), *LIGHT]),
+                        help=f"ONNX rows: zoo names and/or {', '.join(LIGHT)} ('' for none)")
+    parser.add_argument("--onnx-profiles", default=",".join(builtin_profiles()), help="profiles of the ONNX rows")
+    parser.add_argument("--skip-seed", action="store_true", help="leave out the seed case rows")
+    parser.add_argument("--part", default="zoo,clusters,measured", help="which tables: zoo (with the ONNX and seed rows), clusters, measured")
     parser.add_argument("--steps", type=int, default=10, help="measured rows: timed steps per run")
     args = parser.parse_args()
     parts = set(args.part.split(","))
@@ -187,7 +201,7 @@ def main() -> int:
         return 0
     rows: list[list[str]] = []
     all_ok = True
-    for name in args.models.split(","):
+    for name in [n for n in args.models.split(",") if n]:
         module, inputs = models.get(name, args.size)
         graph = from_module(module, inputs, name=f"{name}:{args.size}")
         no_split = models.entry(name).no_split_classes
@@ -206,8 +220,19 @@ def main() -> int:
                     cells, ok = row(label, out, time.perf_counter() - start)
                     rows.append(cells)
                     all_ok &= ok
-    print_table(rows)
-    print("(* = the baseline does not fit the caps; its time is shown for comparison)")
+    if rows:
+        print_table(rows)
+        print("(* = the baseline does not fit the caps; its time is shown for comparison)")
+    onnx_names = [n for n in args.onnx_models.split(",") if n]
+    if onnx_names:
+        onnx_rows, ok = onnx_table(onnx_names, args.size, args.onnx_profiles.split(","), args.time_limit)
+        all_ok &= ok
+        print("\nONNX models (torch.onnx.export of the zoo; the onnx wheel's light models), latency:")
+        print_table(onnx_rows, ONNX_BASELINES)
+        print("(* = the baseline does not fit the caps; its time is shown for comparison)")
+    if args.skip_seed:
+        print(f"\nILP <= every feasible baseline everywhere: {'yes' if all_ok else 'NO'}")
+        return 0 if all_ok else 1
     print()
     anchors = measured_anchors()
     module, inputs = models.get("emb-transformer", "base", device="meta")
@@ -228,6 +253,35 @@ def main() -> int:
     print(f"speed-up over greedy on the capped seed case: {speedups[0]:.1f}x (emb+half layers), "
           f"{speedups[1]:.1f}x (2 GiB); target >= 10x: {'met' if max(speedups) >= 10 else 'MISSED'}")
     return 0 if all_ok else 1
+
+
+def onnx_table(names: list[str], size: str, profiles: list[str], time_limit: float) -> tuple[list[list[str]], bool]:
+    """ILP against every baseline, ONNX ones included, for each ONNX model x profile x cap (latency)."""
+    import tempfile
+    from pathlib import Path
+
+    from models.onnx_models import export_zoo, light_model
+    from partitioner import from_onnx
+
+    rows, all_ok = [], True
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in names:
+            path = light_model(name) if name in LIGHT else export_zoo(name, size, Path(tmp) / f"{name}.onnx")
+            graph = from_onnx(path, name=name if name in LIGHT else f"{name}:{size}")
+            for profile in profiles:
+                for cap_name, caps in (("none", None), ("tight", tight_caps(profile, graph.total_param_bytes()))):
+                    label = f"{graph.name} (onnx) / {profile} / {cap_name}"
+                    start = time.perf_counter()
+                    try:
+                        out = partition_outcome(graph, devices=profile, memory=caps, time_limit=time_limit)
+                    except InfeasiblePlacement as exc:
+                        rows.append([label, "infeasible", *["-"] * (len(ONNX_BASELINES) + 4)])
+                        print(f"# {label}: {exc}")
+                        continue
+                    cells, ok = row(label, out, time.perf_counter() - start, ONNX_BASELINES)
+                    rows.append(cells)
+                    all_ok &= ok
+    return rows, all_ok
 
 
 if __name__ == "__main__":

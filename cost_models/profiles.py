@@ -20,6 +20,10 @@ The TOML shape (see DESIGN.md, "Devices and costs")::
     fixed_latency = { matmul = "17us" }      # optional, seconds beyond launch_overhead
     supported_ops = ["matmul", "aten.conv*"] # optional: op classes or globs over op kinds
     host = "host0"                           # optional
+    onnx_provider = "OpenVINOExecutionProvider"  # optional: the onnxruntime provider of its ONNX parts
+                                             # (default: CPU for cpu devices, CUDA for cuda:N)
+    alloc_threshold = "32MiB"                # optional (host CPUs): outputs this large are fresh pages
+    first_touch_bandwidth = "5.7GB/s"        #   every call, faulted in at this rate (needs both)
 
     [[links]]
     between = ["cpu", "cuda:0"]              # links are bidirectional
@@ -51,7 +55,7 @@ from cost_models.units import (
     format_bytes, format_rate, format_seconds, parse_bandwidth, parse_bytes, parse_flops,
     parse_seconds,
 )
-from partitioner.errors import ProfileError
+from partitioner.errors import HetpartError, ProfileError
 from partitioner.ir import OpClass
 
 __all__ = [
@@ -162,6 +166,34 @@ def _positive(x: float, where: str, what: str, example: str) -> float:
     return x
 
 
+#: The largest profile file read (256 devices with every field take about 100 KB).
+MAX_PROFILE_BYTES = 16 * 2**20
+
+#: The most devices a profile may list: the ILP's transfer terms grow with the square of it.
+MAX_DEVICES = 256
+
+#: The ranges hetpart can cost (outside them the solver's numbers break down: a bandwidth of
+#: 1e-10 B/s makes a copy last 1e19 s, a 1e9 s launch overhead swamps every other term).
+LIMITS: Mapping[str, tuple[float, float]] = MappingProxyType({
+    "memory": (1, 2.0**60),                 # bytes: 1 B to 1 EiB
+    "bandwidth": (1e3, 1e16),               # bytes/s: 1 KB/s to 10 PB/s
+    "flops": (1e3, 1e19),                   # FLOP/s: 1 KFLOP/s to 10 EFLOP/s
+    "seconds": (0.0, 10.0),                 # launch overhead, latencies: 0 to 10 s
+})
+
+
+def _in_range(x: float, where: str, what: str, example: str, raw: Any = None) -> float:
+    """``x`` when it lies in ``LIMITS[what]``; else a ProfileError naming the field, the value as
+    written (``raw``), and the range."""
+    lo, hi = LIMITS[what]
+    if lo <= x <= hi:
+        return x
+    unit = {"memory": "bytes", "bandwidth": "bytes/s", "seconds": "s", "flops": "FLOP/s"}[what]
+    value = repr(raw) if isinstance(raw, str) else f"{x:g} {unit}"
+    raise ProfileError(f"{where}: {value} is outside the range hetpart can cost ({lo:g} to {hi:g} {unit}); "
+                       f"check the number and its unit, e.g. {example}")
+
+
 def _check_keys(raw: Mapping[str, Any], allowed: tuple[str, ...], where: Where) -> None:
     for key in raw:
         if key not in allowed:
@@ -194,7 +226,8 @@ def _peak_table(raw: Any, where: str) -> Mapping[str, float]:
             raise ProfileError(f"{where}.{_tkey(dtype)}: {dtype!r} is not a dtype name"
                                f"{_suggest(dtype, DTYPE_NAMES)}; use one of {', '.join(DTYPE_NAMES)}")
         sub = f"{where}.{_tkey(dtype)}"
-        out[dtype] = _positive(parse_flops(value, where=sub), sub, "peak FLOP/s", example)
+        out[dtype] = _in_range(_positive(parse_flops(value, where=sub), sub, "peak FLOP/s", example),
+                               sub, "flops", example, value)
     if "float32" not in out:
         raise ProfileError(f"{where}: give a float32 peak (used for dtypes not listed); e.g. {example}")
     return MappingProxyType(out)
@@ -267,7 +300,8 @@ _DEVICE_REQUIRED = {
     "mem_bandwidth": 'mem_bandwidth = "4.1TB/s"', "launch_overhead": 'launch_overhead = "8us"',
 }
 _DEVICE_FIELDS = (*_DEVICE_REQUIRED, "efficiency", "mem_efficiency", "fixed_latency",
-                  "supported_ops", "host", "cache_size", "cache_bandwidth")
+                  "supported_ops", "host", "cache_size", "cache_bandwidth", "onnx_provider", "alloc_threshold",
+                  "first_touch_bandwidth")
 _LINK_REQUIRED = {"between": 'between = ["cpu", "cuda:0"]', "bandwidth": 'bandwidth = "55GB/s"',
                   "latency": 'latency = "17us"'}
 _LINK_FIELDS = (*_LINK_REQUIRED, "pageable_bandwidth", "kind")
@@ -286,22 +320,43 @@ def _device_fields(name: str, raw: Mapping[str, Any], where: Where) -> dict[str,
     if memory == 0:
         raise ProfileError(f"{where('memory')}: device {name} has zero memory: give its capacity, "
                            f"e.g. memory = \"80GB\"")
+    _in_range(memory, where("memory"), "memory", 'memory = "80GB"', raw["memory"])
     host = raw.get("host", "host0")
     if not isinstance(host, str) or not _NAME.fullmatch(host):
         raise ProfileError(f"{where('host')}: {host!r} is not a host name; e.g. host = \"host0\"")
-    seconds = lambda v, w: parse_seconds(v, where=w)  # noqa: E731
+    seconds = lambda v, w: _in_range(parse_seconds(v, where=w), w, "seconds",  # noqa: E731
+                                     'fixed_latency = { matmul = "17us" }', v)
     cache_size = parse_bytes(raw.get("cache_size", 0), where=where("cache_size"))
     cache_bandwidth = parse_bandwidth(raw.get("cache_bandwidth", 0), where=where("cache_bandwidth"))
     if cache_size and not cache_bandwidth:
         raise ProfileError(f"{where('cache_size')}: a cache size needs its bandwidth too; "
                            f"e.g. cache_bandwidth = \"250GB/s\"")
+    if cache_size:
+        _in_range(cache_size, where("cache_size"), "memory", 'cache_size = "64MB"', raw.get("cache_size"))
+    if cache_bandwidth:
+        _in_range(cache_bandwidth, where("cache_bandwidth"), "bandwidth", 'cache_bandwidth = "250GB/s"',
+                  raw.get("cache_bandwidth"))
+    provider = raw.get("onnx_provider")
+    if provider is not None and (not isinstance(provider, str) or not provider.endswith("ExecutionProvider")):
+        raise ProfileError(f"{where('onnx_provider')}: {provider!r} is not an onnxruntime execution provider "
+                           f"name; e.g. onnx_provider = \"OpenVINOExecutionProvider\"")
+    alloc_threshold = parse_bytes(raw.get("alloc_threshold", 0), where=where("alloc_threshold"))
+    first_touch = parse_bandwidth(raw.get("first_touch_bandwidth", 0), where=where("first_touch_bandwidth"))
+    if bool(alloc_threshold) != bool(first_touch):
+        missing = "first_touch_bandwidth" if alloc_threshold else "alloc_threshold"
+        raise ProfileError(f"{where(missing)}: alloc_threshold and first_touch_bandwidth go together; "
+                           f"give both, e.g. alloc_threshold = \"32MiB\", first_touch_bandwidth = \"5GB/s\"")
     return dict(
         kind=kind,
         memory=memory,
         peak_flops=_peak_table(raw["peak_flops"], where("peak_flops")),
-        mem_bandwidth=_positive(parse_bandwidth(raw["mem_bandwidth"], where=where("mem_bandwidth")),
-                                where("mem_bandwidth"), "bandwidth", 'mem_bandwidth = "4.1TB/s"'),
-        launch_overhead=parse_seconds(raw["launch_overhead"], where=where("launch_overhead")),
+        mem_bandwidth=_in_range(
+            _positive(parse_bandwidth(raw["mem_bandwidth"], where=where("mem_bandwidth")),
+                      where("mem_bandwidth"), "bandwidth", 'mem_bandwidth = "4.1TB/s"'),
+            where("mem_bandwidth"), "bandwidth", 'mem_bandwidth = "4.1TB/s"', raw["mem_bandwidth"]),
+        launch_overhead=_in_range(parse_seconds(raw["launch_overhead"], where=where("launch_overhead")),
+                                  where("launch_overhead"), "seconds", 'launch_overhead = "8us"',
+                                  raw["launch_overhead"]),
         efficiency=_class_table(raw.get("efficiency"), where("efficiency"), _fraction,
                                 "efficiency = { matmul = 0.9 }"),
         mem_efficiency=_class_table(raw.get("mem_efficiency"), where("mem_efficiency"), _fraction,
@@ -312,6 +367,9 @@ def _device_fields(name: str, raw: Mapping[str, Any], where: Where) -> dict[str,
         host=host,
         cache_size=cache_size,
         cache_bandwidth=cache_bandwidth,
+        onnx_provider=provider,
+        alloc_threshold=alloc_threshold,
+        first_touch_bandwidth=first_touch,
     )
 
 
@@ -324,17 +382,20 @@ def _link_fields(raw: Mapping[str, Any], where: Where) -> dict[str, Any]:
             or not all(isinstance(x, str) for x in between) or between[0] == between[1]):
         raise ProfileError(f"{where('between')}: {between!r} is not a pair of two different device "
                            f"names; e.g. between = [\"cpu\", \"cuda:0\"]")
-    bandwidth = _positive(parse_bandwidth(raw["bandwidth"], where=where("bandwidth")),
-                          where("bandwidth"), "bandwidth", 'bandwidth = "55GB/s"')
+    bandwidth = _in_range(_positive(parse_bandwidth(raw["bandwidth"], where=where("bandwidth")),
+                                    where("bandwidth"), "bandwidth", 'bandwidth = "55GB/s"'),
+                          where("bandwidth"), "bandwidth", 'bandwidth = "55GB/s"', raw["bandwidth"])
     pageable = raw.get("pageable_bandwidth")
     if pageable is not None:
-        pageable = _positive(parse_bandwidth(pageable, where=where("pageable_bandwidth")),
-                             where("pageable_bandwidth"), "bandwidth", 'pageable_bandwidth = "9GB/s"')
+        pageable = _in_range(_positive(parse_bandwidth(pageable, where=where("pageable_bandwidth")),
+                                       where("pageable_bandwidth"), "bandwidth", 'pageable_bandwidth = "9GB/s"'),
+                             where("pageable_bandwidth"), "bandwidth", 'pageable_bandwidth = "9GB/s"', pageable)
     kind = raw.get("kind", "")
     if not isinstance(kind, str):
         raise ProfileError(f"{where('kind')}: {kind!r} is not a string; e.g. kind = \"pcie\"")
     return dict(between=(between[0], between[1]), bandwidth=bandwidth,
-                latency=parse_seconds(raw["latency"], where=where("latency")),
+                latency=_in_range(parse_seconds(raw["latency"], where=where("latency")), where("latency"),
+                                  "seconds", 'latency = "17us"', raw["latency"]),
                 pageable_bandwidth=pageable, kind=kind)
 
 
@@ -379,6 +440,9 @@ class Device:
     host: str = "host0"                          # the machine the device sits in
     cache_size: int = 0                          # bytes an op may move at cache_bandwidth (0: none)
     cache_bandwidth: float = 0.0                 # bytes/s for ops whose traffic fits in cache_size
+    onnx_provider: str | None = None             # onnxruntime provider of its ONNX parts (None: by kind)
+    alloc_threshold: int = 0                     # bytes: outputs this large are fresh pages each call (0: none)
+    first_touch_bandwidth: float = 0.0           # bytes/s at which fresh pages are faulted in
 
     def __post_init__(self) -> None:
         name = _device_name(self.name, "Device.name")
@@ -426,6 +490,12 @@ class Device:
         if self.cache_size and nbytes <= self.cache_size:
             return self.cache_bandwidth
         return self.mem_bandwidth
+
+    def first_touch(self, nbytes: float) -> float:
+        """Seconds of page faults for a freshly allocated output of ``nbytes`` (0 below the threshold)."""
+        if not self.alloc_threshold or nbytes < self.alloc_threshold:
+            return 0.0
+        return nbytes / self.first_touch_bandwidth
 
     def supports(self, kind: str, op_class: OpClass | str) -> bool:
         """Whether the device runs an op of this kind (e.g. ``"aten.linear"``) and class."""
@@ -531,6 +601,26 @@ class DeviceSet:
                                    f"{link.between[0]} and {link.between[1]} (also links[{seen[pair]}]); "
                                    f"give each pair of devices one link")
             seen[pair] = i
+        self._check_routes()
+
+    def _check_routes(self) -> None:
+        """Every device reaches its host's CPU directly and host CPUs reach each other, as
+        :meth:`route` needs: inputs arrive from the host, and copies without a direct link go
+        through it. (Plain lookups: the cached views must not be filled here, they do not pickle.)"""
+        pairs = {frozenset(link.between) for link in self.links}
+        cpu_of = {d.host: d.name for d in self.devices if d.kind is DeviceKind.CPU}
+        for d in self.devices:
+            host = cpu_of[d.host]
+            if d.name != host and frozenset((d.name, host)) not in pairs:
+                raise ProfileError(f"{self.source}: device {d.name!r} has no link to its host CPU {host!r}: inputs "
+                                   f"arrive from the host and copies without a direct link go through it; add "
+                                   f"[[links]] between = [\"{host}\", \"{d.name}\"]")
+        cpus = list(cpu_of.values())
+        for i, a in enumerate(cpus):
+            for b in cpus[i + 1:]:
+                if frozenset((a, b)) not in pairs:
+                    raise ProfileError(f"{self.source}: host CPUs {a!r} and {b!r} have no link between them; "
+                                       f"add [[links]] between = [\"{a}\", \"{b}\"]")
 
     def _check_cpus(self, names: list[str]) -> None:
         example = ('[devices.cpu] kind = "cpu", memory = "64GiB", peak_flops = { float32 = 1e12 }, '
@@ -654,8 +744,13 @@ class DeviceSet:
             raise ProfileError(f"{source}: name: {set_name!r} is not a string; e.g. name = \"my-host\"")
         if "devices" not in d:
             raise ProfileError(f"{source}: devices: missing; add at least [devices.cpu]")
+        raw_devices = _mapping(d["devices"], f"{source}: devices", "[devices.cpu]")
+        if len(raw_devices) > MAX_DEVICES:
+            raise ProfileError(f"{source}: devices: {len(raw_devices):,} devices, over the {MAX_DEVICES} a profile "
+                               f"may list (a plan places every op on each of them); list the devices "
+                               f"you mean to plan for")
         devices = []
-        for dev_name, raw in _mapping(d["devices"], f"{source}: devices", "[devices.cpu]").items():
+        for dev_name, raw in raw_devices.items():
             where: Where = (lambda key, n=dev_name:
                             f"{source}: devices.{_tkey(n)}" + (f".{key}" if key else ""))
             _device_name(dev_name, where(""))
@@ -687,9 +782,15 @@ class DeviceSet:
             if d.supported_ops is not None:
                 out.append(f"supported_ops = [{', '.join(json.dumps(s) for s in d.supported_ops)}]")
             out.append(f"host = {json.dumps(d.host)}")
+            if d.onnx_provider is not None:
+                out.append(f"onnx_provider = {json.dumps(d.onnx_provider)}")
             if d.cache_size:
                 out += [f"cache_size = {d.cache_size}  # {format_bytes(d.cache_size)}",
                         f"cache_bandwidth = {_toml_num(d.cache_bandwidth)}  # {format_rate(d.cache_bandwidth)}"]
+            if d.alloc_threshold:
+                out += [f"alloc_threshold = {d.alloc_threshold}  # {format_bytes(d.alloc_threshold)}",
+                        f"first_touch_bandwidth = {_toml_num(d.first_touch_bandwidth)}  "
+                        f"# {format_rate(d.first_touch_bandwidth)}"]
             for key in ("efficiency", "mem_efficiency", "fixed_latency"):
                 if getattr(d, key):
                     out += ["", f"[devices.{_tkey(d.name)}.{key}]"]
@@ -761,6 +862,12 @@ def load_profile_text(text: str, source: str = "<text>") -> DeviceSet:
     except tomllib.TOMLDecodeError as err:
         raise ProfileError(f"{source}: TOML syntax error: {err}; see the profile format in "
                            f"cost_models/profiles.py or DESIGN.md") from None
+    except RecursionError:
+        raise ProfileError(f"{source}: arrays or tables are nested too deeply (thousands of levels) for a "
+                           f"profile; see the profile format in cost_models/profiles.py") from None
+    except ValueError as err:  # an integer of more digits than Python converts (4300 by default)
+        raise ProfileError(f"{source}: a number in the file is too long to read "
+                           f"({str(err).split(';')[0]}); write it with a unit, e.g. memory = \"80GB\"") from None
     stem = source.removeprefix("builtin:")
     default_name = Path(stem).stem if stem.endswith(".toml") or source.startswith("builtin:") \
         else "profile"
@@ -784,14 +891,18 @@ def load_profile(name_or_path: str | Path) -> DeviceSet:
         path, source = builtin_profile_path(spec), f"builtin:{spec}"
     else:
         path, source = Path(spec), spec
-        if path.suffix == ".toml" and not path.is_file():
+        if path.suffix == ".toml" and not path.exists():
             raise ProfileError(f"profile file {spec!r} does not exist")
-        if not path.is_file():
+        if not path.exists():
             raise ProfileError(f"no profile {spec!r}{_suggest(spec, builtin_profiles())}: built-in "
                                f"profiles are {', '.join(builtin_profiles())}; a path to a TOML "
                                f"file also works, e.g. ./my-host.toml")
+    from partitioner.files import read_text  # partitioner imports this module: a late import
+
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise ProfileError(f"{source}: cannot read the profile: {err}") from None
+        text = read_text(path, what="profile", max_bytes=MAX_PROFILE_BYTES)
+    except HetpartError as err:
+        raise ProfileError(str(err)) from None
+    except OSError as err:
+        raise ProfileError(f"{source}: cannot read the profile: {err.strerror or err}") from None
     return load_profile_text(text, source)

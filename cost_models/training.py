@@ -66,6 +66,7 @@ def backward_time(op: Op, device: Device) -> Estimate:
         BACKWARD_FACTOR * op.flops,
         BACKWARD_FACTOR * (op.bytes_read + op.bytes_written),
         device,
+        fresh=op.bytes_read,   # the gradients of its inputs and weights are new tensors
     )
     if op.op_class is OpClass.GATHER and op.trainable_param_bytes:
         # a dense gradient of the whole table: zero-fill and scatter-add

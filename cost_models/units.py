@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import re
-from decimal import Decimal
+from decimal import ROUND_HALF_UP, Decimal
 
 from partitioner.errors import UnitError
 
@@ -91,7 +91,9 @@ def _split(value: object, where: str, form: str) -> tuple[Decimal, str]:
 def parse_bytes(value: int | float | str, *, where: str = "") -> int:
     """Parse a byte count such as ``"64GiB"``, ``"141GB"``, ``"512 MiB"`` or ``1024``.
 
-    Fractional results are rounded to the nearest byte.
+    A number without a unit (``80``, ``"80"``, ``80.0``) is a count of bytes and must be whole:
+    ``80.5`` is an error (it most likely lacks a unit) rather than 80 or 81 bytes. With a unit, a
+    fractional result is rounded half up to whole bytes (``"1.5KB"`` is 1500, ``"0.0005KB"`` 1).
 
     Example:
         >>> parse_bytes("64GiB"), parse_bytes("4.5GB"), parse_bytes("2KB"), parse_bytes(7)
@@ -103,7 +105,9 @@ def parse_bytes(value: int | float | str, *, where: str = "") -> int:
     if unit not in _BYTE_UNITS and unit != "":
         hint = "bits are not accepted; use B for bytes" if unit.endswith("b") else "unknown unit"
         raise _fail(value, where, _BYTES_FORM, hint)
-    return int((number * _BYTE_UNITS.get(unit, 1)).to_integral_value())
+    if unit in ("", "B") and number != number.to_integral_value():
+        raise _fail(value, where, _BYTES_FORM, f"not a whole number of bytes; did you mean \"{number}GB\"?")
+    return int((number * _BYTE_UNITS.get(unit, 1)).to_integral_value(rounding=ROUND_HALF_UP))
 
 
 def parse_bandwidth(value: int | float | str, *, where: str = "") -> float:

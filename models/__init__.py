@@ -21,7 +21,7 @@ from contextlib import contextmanager
 
 import torch
 
-from models import bert, convnet, dlrm, emb_transformer, gpt, mlp, two_branch
+from models import bart, bert, convnet, convnext, dlrm, emb_transformer, gpt, mlp, moe, t5, two_branch
 from models._zoo import SIZES, Built, ZooEntry
 from partitioner.errors import UnknownModel
 
@@ -29,7 +29,7 @@ __all__ = ["SIZES", "ZooEntry", "entry", "get", "names"]
 
 _REGISTRY: dict[str, ZooEntry] = {
     m.ENTRY.name: m.ENTRY
-    for m in (bert, convnet, dlrm, emb_transformer, gpt, mlp, two_branch)
+    for m in (bart, bert, convnet, convnext, dlrm, emb_transformer, gpt, mlp, moe, t5, two_branch)
 }
 
 

@@ -45,6 +45,39 @@ class SelfAttention(nn.Module):
         return self.o_proj(y.transpose(1, 2).flatten(2))
 
 
+class Attention(nn.Module):
+    """Multi-head attention of ``x`` (queries) over ``memory`` (keys and values; ``x`` itself for
+    self-attention), with an optional additive ``bias`` ``(1 or B, H, T, S)`` on the scores.
+
+    The encoder-decoder models (``t5``, ``bart``) and the MoE decoder use it: ``bias=False`` and
+    ``scale=1.0`` give T5's attention, the defaults Bart's.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, *, head_dim: int | None = None, bias: bool = True,
+                 scale: float | None = None, is_causal: bool = False) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+        self.head_dim = head_dim or d_model // n_heads
+        inner = self.n_heads * self.head_dim
+        self.scale = scale
+        self.is_causal = is_causal
+        self.q_proj = nn.Linear(d_model, inner, bias=bias)
+        self.k_proj = nn.Linear(d_model, inner, bias=bias)
+        self.v_proj = nn.Linear(d_model, inner, bias=bias)
+        self.o_proj = nn.Linear(inner, d_model, bias=bias)
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        return x.unflatten(-1, (self.n_heads, self.head_dim)).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+        kv = x if memory is None else memory
+        q, k, v = self._heads(self.q_proj(x)), self._heads(self.k_proj(kv)), self._heads(self.v_proj(kv))
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=self.is_causal and bias is None,
+                                           scale=self.scale)
+        return self.o_proj(y.transpose(1, 2).flatten(2))
+
+
 class FeedForward(nn.Module):
     """Position-wise MLP: ``ff1`` -> GELU -> ``ff2``."""
 

@@ -11,9 +11,18 @@ from partitioner.ir import Op, OpClass, OpGraph, Param, Tensor
 _CLASSES = (OpClass.MATMUL, OpClass.ELEMENTWISE, OpClass.NORM, OpClass.GATHER, OpClass.VIEW, OpClass.CONV)
 
 
-def random_dag(seed: int, n_ops: int, *, max_inputs: int = 2, param_prob: float = 0.5, layers: int | None = None) -> OpGraph:
-    """A connected random DAG: op i reads 1..max_inputs earlier ops (or the input), some own parameters."""
+def random_dag(
+    seed: int, n_ops: int, *, max_inputs: int = 2, param_prob: float = 0.5, layers: int | None = None,
+    tied_prob: float = 0.0, param_sizes: tuple[int, ...] = (1 << 16, 1 << 22, 1 << 26),
+) -> OpGraph:
+    """A connected random DAG: op i reads 1..max_inputs earlier ops (or the input), some own parameters.
+
+    With ``tied_prob`` > 0, an op that would own a new parameter instead reads (ties) an earlier
+    op's parameter with that probability, like a language model's head sharing the embedding.
+    ``param_sizes`` are the sizes a parameter is drawn from.
+    """
     rng = random.Random(seed)
+    users: dict[str, list[str]] = {}
     ops, tensors, params = [], [], []
     consumers: dict[str, list[str]] = {"x": []}
     tensors_meta = {"x": ((1024,), 4096)}
@@ -33,15 +42,23 @@ def random_dag(seed: int, n_ops: int, *, max_inputs: int = 2, param_prob: float 
         flops = 0 if cls in (OpClass.VIEW, OpClass.GATHER) else rng.choice([10**5, 10**7, 10**9, 10**10])
         owned: tuple[str, ...] = ()
         pbytes = 0
+        read_params: tuple[str, ...] = ()
         if cls in (OpClass.MATMUL, OpClass.CONV, OpClass.GATHER) and rng.random() < param_prob:
-            pbytes = rng.choice([1 << 16, 1 << 22, 1 << 26])
-            owned = (f"{name}.weight",)
-            params.append(Param(f"{name}.weight", (pbytes // 4,), "float32", pbytes, True, name, (name,)))
-        read = 0 if cls is OpClass.VIEW else sum(tensors_meta[t][1] for t in inputs) + pbytes
+            if tied_prob and users and rng.random() < tied_prob:
+                tied = rng.choice(sorted(users))
+                users[tied].append(name)
+                read_params = (tied,)
+            else:
+                pbytes = rng.choice(list(param_sizes))
+                owned = read_params = (f"{name}.weight",)
+                users[owned[0]] = [name]
+                params.append(Param(owned[0], (pbytes // 4,), "float32", pbytes, True, name))
+        tied_bytes = sum(p.nbytes for p in params if p.name in read_params and p.name not in owned)
+        read = 0 if cls is OpClass.VIEW else sum(tensors_meta[t][1] for t in inputs) + pbytes + tied_bytes
         written = 0 if cls is OpClass.VIEW else nbytes
         ops.append(Op(
             name=name, kind=f"aten.{cls.value}", op_class=cls, index=i, module_path=_module_path(i, width),
-            module_type="Linear", dtype="float32", inputs=tuple(inputs), outputs=(name,), params=owned,
+            module_type="Linear", dtype="float32", inputs=tuple(inputs), outputs=(name,), params=read_params,
             owned_params=owned, flops=flops, bytes_read=read, bytes_written=written, param_bytes=pbytes,
             trainable_param_bytes=pbytes,
         ))
@@ -53,6 +70,7 @@ def random_dag(seed: int, n_ops: int, *, max_inputs: int = 2, param_prob: float 
     for t, (shape, nbytes) in tensors_meta.items():
         producer = None if t == "x" else t
         tensors.append(Tensor(t, producer, tuple(consumers[t]), shape, "float32", nbytes))
+    params = [dataclasses.replace(p, users=tuple(users[p.name])) for p in params]
     sinks = tuple(n for n in names if not consumers[n]) or (names[-1],)
     return OpGraph(f"random{seed}", ops, tensors, params, ("x",), sinks)
 

@@ -22,24 +22,32 @@ The API (everything else is a documented module: ``partitioner.solvers``, ``part
 ``PipelineSpec``           micro-batches, schedule and stage count of a pipeline plan
                            (``partition(..., micro_batches=, schedule=, stages=)``)
 ``DeviceSet``              devices and links (``cost_models.detect.detect_local()`` profiles this machine)
+``calibrate``              this machine's devices -> a profile fitted to micro-benchmarks (residuals, verdict)
+``profile_graph``          an OpGraph + real inputs -> its ops measured here (``partition(costs=...)``)
 ``from_module``            capture an ``nn.Module`` (torch.export or symbolic_trace) -> OpGraph
 ``from_graph_module``      the graph a ``torch.compile`` backend is handed -> OpGraph
 ``compile_backend``        ``torch.compile(model, backend=compile_backend)``: hetpart as a torch.compile
                            backend, also found by name (``backend="hetpart"``); :mod:`backends.compile`
+``from_onnx``              an ONNX model (``.onnx`` path or ``ModelProto``) -> OpGraph; ``partition``
+                           takes the path or ``ModelProto`` too, and ``Plan.emit_onnx`` writes its parts
 ``OpGraph``, ``Op``, ...   the IR (:mod:`partitioner.ir`)
 ``HetpartError``, ...      the error family (:mod:`partitioner.errors`)
 =========================  ==============================================================
 
 Where a plan runs is :mod:`backends` (``backends.torch``: the emitted module and source file;
+``backends.onnx_parts``: ONNX parts on onnxruntime execution providers;
 ``backends.pipeline``: pipeline stages on ``torch.distributed.pipelining``, launched by torchrun).
 """
 
+from cost_models.calibrate import calibrate
 from cost_models.cluster import load_cluster
+from cost_models.profiler import profile_graph
 from cost_models.profiles import DeviceSet, load_profile
 from partitioner.errors import (
     CaptureError,
     HetpartError,
     InfeasiblePlacement,
+    OnnxError,
     PipelineRunError,
     PlanMismatch,
     ProfileError,
@@ -48,6 +56,7 @@ from partitioner.errors import (
     UnsupportedOp,
 )
 from partitioner.frontends.fx import Capture, from_graph_module, from_module
+from partitioner.frontends.onnx import from_onnx
 from partitioner.ir import Op, OpClass, OpGraph, Param, Tensor
 from partitioner.plan import Plan, PlanFormatError
 from partitioner.planner import Outcome, partition, partition_outcome
@@ -61,13 +70,16 @@ __all__ = [
     "Plan",
     "PlanFormatError",
     "PipelineSpec",
-    # devices
+    # devices and measured costs
     "load_profile",
     "load_cluster",
     "DeviceSet",
+    "calibrate",
+    "profile_graph",
     # capture and the IR
     "from_module",
     "from_graph_module",
+    "from_onnx",
     "Capture",
     "Op",
     "OpClass",
@@ -78,6 +90,7 @@ __all__ = [
     "HetpartError",
     "CaptureError",
     "InfeasiblePlacement",
+    "OnnxError",
     "PipelineRunError",
     "PlanMismatch",
     "ProfileError",

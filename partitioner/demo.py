@@ -27,6 +27,7 @@ from backends.torch.check import check_plan
 from backends.binding import present
 from partitioner.errors import HetpartError
 from partitioner.planner import partition_outcome
+from partitioner.files import refuse_overwrite
 from partitioner.report import write_report
 
 MODEL = "emb-transformer"
@@ -69,7 +70,12 @@ def run_demo(
     existing = [str(p) for p in paths if p.exists()]
     if existing and not force:
         raise HetpartError(f"{', '.join(existing)} exist(s): pass --force to overwrite")
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise HetpartError(f"cannot make the demo folder {out}: {err.strerror or err}; choose a folder "
+                           f"that can be made (-o DIR)") from None
+    refuse_overwrite(paths, force=force)  # and none of them a folder, FIFO or link, before the work
 
     progress(f"building {MODEL}:{size} with random weights ...")
     model, inputs = models.get(MODEL, size)

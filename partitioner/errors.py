@@ -55,6 +55,18 @@ class SolverUnavailable(HetpartError):
     """The requested solver is not installed or not known."""
 
 
+class DeviceMismatch(VerificationError):
+    """A placed program read a tensor on another device than the op's (strict-devices check)."""
+
+
+class OnnxError(HetpartError):
+    """An ONNX model hetpart cannot read or run: names the file, node or input and the fix."""
+
+
+class InputShapeError(OnnxError):
+    """Input shapes that do not fit an ONNX model (unknown input, wrong rank, a fixed dimension contradicted)."""
+
+
 class PipelineRunError(HetpartError):
     """A pipeline run that cannot start or did not finish: a launch that does not match the plan
     (world size, rank), or a rank that stopped (the others stop with this error within a timeout)."""

@@ -1,7 +1,9 @@
 """Resolve a MODEL argument to a module and example inputs.
 
-In: ``"gpt"``, ``"gpt:small"`` (a zoo name and size) or ``"path/to/file.py:factory"`` (a Python
-file and a function in it returning ``(module, example_inputs)``). Out: a :class:`LoadedModel`.
+In: ``"gpt"``, ``"gpt:small"`` (a zoo name and size), ``"path/to/file.py:factory"`` (a Python
+file and a function in it returning ``(module, example_inputs)``) or ``"path/to/model.onnx"`` (an
+ONNX model, imported by :func:`~partitioner.frontends.onnx.from_onnx`; symbolic input dimensions are
+bound from ``input_shapes``). Out: a :class:`LoadedModel`.
 """
 
 from __future__ import annotations
@@ -9,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import sys
+import traceback
+from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -20,22 +24,41 @@ from partitioner.errors import UnknownModel
 
 @dataclasses.dataclass(frozen=True)
 class LoadedModel:
-    """A model ready to capture: its display name, the module and its example inputs."""
+    """A model ready to capture: its display name, the module and its example inputs.
+
+    For an ONNX model, ``module`` is the ``.onnx`` path, ``example_inputs`` is empty and
+    ``input_shapes`` binds its symbolic dimensions (``partition`` and ``from_onnx`` take both).
+    """
 
     name: str
-    module: torch.nn.Module
+    module: torch.nn.Module | Path
     example_inputs: tuple
     no_split: tuple[str, ...] = ()  # module classes a device-map fill keeps whole (zoo models declare them)
+    input_shapes: Mapping[str, tuple[int, ...]] | None = None  # ONNX models: shapes of symbolic inputs
+
+    @property
+    def is_onnx(self) -> bool:
+        """Whether this is an ONNX model (``module`` is its path)."""
+        return isinstance(self.module, Path)
 
 
-def load_model(spec: str, *, device: str | None = None) -> LoadedModel:
+def load_model(spec: str, *, device: str | None = None,
+               input_shapes: Mapping[str, tuple[int, ...]] | None = None) -> LoadedModel:
     """Build the model named by ``spec``; zoo models are built on ``device`` (``"meta"``: shapes
-    only, which is all planning needs). A user's factory builds where it likes.
+    only, which is all planning needs). A user's factory builds where it likes. A ``.onnx`` path is
+    checked to exist; it is read when it is imported.
 
     Example:
         >>> load_model("mlp:tiny").name
         'mlp:tiny'
     """
+    if spec.lower().endswith(".onnx"):
+        path = Path(spec)
+        if not path.is_file():
+            raise UnknownModel(f"ONNX model {spec!r} does not exist; give the path of a .onnx file")
+        return LoadedModel(path.stem, path, (), input_shapes=dict(input_shapes) if input_shapes else None)
+    if input_shapes:
+        raise UnknownModel(f"--input-shape binds the inputs of ONNX models; {spec!r} is not a .onnx file")
     path, sep, factory = spec.rpartition(":")
     if sep and (path.endswith(".py") or "/" in path):
         return _from_file(Path(path), factory, spec)
@@ -62,11 +85,18 @@ def import_file(path: Path, spec: str) -> ModuleType:
     if loader_spec is None or loader_spec.loader is None:
         raise UnknownModel(f"cannot import {str(path)!r} as a Python file")
     mod = importlib.util.module_from_spec(loader_spec)
+    # The module stays registered, as an import leaves it: its factory, its classes and pickling
+    # look themselves up in sys.modules.
     sys.modules[module_name] = mod
     try:
         loader_spec.loader.exec_module(mod)
-    finally:
+    except SyntaxError as err:
         sys.modules.pop(module_name, None)
+        raise UnknownModel(f"{str(path)!r} line {err.lineno}: syntax error: {err.msg}; fix the file") from err
+    except Exception as err:  # any error of the user's module at import: say where, keep the cause
+        sys.modules.pop(module_name, None)
+        raise UnknownModel(f"importing {str(path)!r} failed: {_raised(err, path)}; fix the file "
+                           f"(--debug shows the traceback)") from err
     return mod
 
 
@@ -80,11 +110,38 @@ def _from_file(path: Path, factory: str, spec: str) -> LoadedModel:
         raise UnknownModel(
             f"{str(path)!r} has no function {factory!r}; its functions are: {', '.join(names) or 'none'}"
         )
-    result: Any = fn()
-    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], torch.nn.Module)):
-        raise UnknownModel(
-            f"{spec!r} must return (module, example_inputs); it returned {type(result).__name__}"
-        )
+    try:
+        result: Any = fn()
+    except Exception as err:  # the user's factory: its error, named, instead of a traceback
+        raise UnknownModel(f"the factory {spec!r} raised {_raised(err, path)}; fix the factory "
+                           f"(--debug shows the traceback)") from err
+    _check_result(result, spec)
     module, inputs = result
     inputs = inputs if isinstance(inputs, tuple) else tuple(inputs) if isinstance(inputs, list) else (inputs,)
     return LoadedModel(f"{path.stem}:{factory}", module, inputs)
+
+
+def _raised(err: BaseException, path: Path) -> str:
+    """``ValueError: bad size (model.py line 12)``: the error and the deepest line of the user's file."""
+    line = ""
+    for frame in traceback.extract_tb(err.__traceback__):
+        if Path(frame.filename).resolve() == path.resolve():
+            line = f" ({path.name} line {frame.lineno})"
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0][:200] if text else ''}{line}".rstrip()
+
+
+def _check_result(result: Any, spec: str) -> None:
+    """A factory returns ``(nn.Module, example_inputs)``; anything else is named precisely."""
+    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], torch.nn.Module):
+        return
+    if isinstance(result, torch.nn.Module):
+        got = "a module without example inputs"
+    elif isinstance(result, tuple):
+        kinds = ", ".join(type(x).__name__ for x in result[:4]) + (", ..." if len(result) > 4 else "")
+        got = (f"a tuple of {len(result)} ({kinds})" if len(result) != 2
+               else f"a pair whose first item is a {type(result[0]).__name__}, not an nn.Module")
+    else:
+        got = f"a {type(result).__name__}"
+    raise UnknownModel(f"{spec!r} must return (module, example_inputs), e.g. return Model(), "
+                       f"(torch.randn(2, 16),); it returned {got}")

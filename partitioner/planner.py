@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
+import math
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -16,15 +17,19 @@ from typing import Any
 from cost_models.profiles import DeviceSet, load_profile
 from cost_models.training import parse_optimizer
 from partitioner.coarsen import CoarsenOptions, Coarsening, auto_coarsen, coarsen as coarsen_graph, identity
-from partitioner.errors import HetpartError, InfeasiblePlacement, SolverUnavailable
-from partitioner.frontends.fx import from_module
+from partitioner.errors import CaptureError, HetpartError, InfeasiblePlacement, SolverUnavailable
+from partitioner.frontends.fx import capture_mode, from_module
+from partitioner.frontends.inputs import dynamic_dims, input_specs
+from partitioner.frontends.onnx import from_onnx, is_onnx_graph, is_onnx_model
 from partitioner.ir import OpGraph
 from partitioner.micro_batches import batch_size, micro_batch_inputs, pipeline_spec_for
 from partitioner.plan import Plan
-from partitioner.solvers import BASELINE_NAMES, run_baseline
-from partitioner.solvers.bounds import physical_lower_bound
-from partitioner.solvers.ilp import ProgressFn, solve_ilp
-from partitioner.solvers.pipeline import explain_no_fit
+from partitioner.plan.values import InputSpec
+from partitioner.solvers import BASELINE_NAMES, ONNX_BASELINE_NAMES, run_baseline
+from partitioner.solvers.bounds import memory_aware_lower_bound, physical_lower_bound
+from partitioner.solvers.ilp import ProgressFn, relative_gap, solve_ilp, status_for_gap
+from partitioner.solvers.multilevel import solve_multilevel
+from partitioner.solvers.pipeline import PipelineSpec, explain_no_fit
 from partitioner.solvers.pipeline_baselines import PIPELINE_BASELINES
 from partitioner.solvers.pipeline_dp import solve_pipeline_dp
 from partitioner.solvers.problem import (
@@ -44,6 +49,8 @@ log = logging.getLogger(__name__)
 # Above these sizes the graph is coarsened before solving (``coarsen="auto"``).
 COARSEN_THRESHOLD = {Objective.LATENCY: 400, Objective.THROUGHPUT: 400, Objective.MAKESPAN: 60}
 MAX_GROUP_OPS = 64  # a coarse node never swallows more ops than this: memory caps still see the pieces
+MIN_SOLVE_S = 0.05  # below this many seconds left, the ILP is not started
+LOWER_BOUND_SHARE = 0.2  # the memory-aware lower bound must be done within this share of time_limit
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +75,7 @@ def partition(*args: Any, **kwargs: Any) -> Plan:
         >>> import models
         >>> module, inputs = models.get("gpt", "tiny")
         >>> plan = partition(module, inputs, "h200-host", memory={"cuda:0": "1GB"})
-        >>> plan.solver.status in ("optimal", "feasible")
+        >>> plan.solver.status in ("optimal", "within gap")
         True
     """
     return partition_outcome(*args, **kwargs).plan
@@ -96,6 +103,9 @@ def partition_outcome(
     capture: str = "export",
     model_name: str | None = None,
     progress: ProgressFn | None = None,
+    dynamic_shapes: Any = None,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    costs: Any = "analytic",
     micro_batches: int | None = None,
     schedule: str | None = None,
     stages: int | None = None,
@@ -106,19 +116,34 @@ def partition_outcome(
     :func:`partition` returns its plan.
 
     Parameters:
-        model_or_graph: an ``nn.Module`` (captured with ``capture``) or an OpGraph.
+        model_or_graph: an ``nn.Module`` (captured with ``capture``), an ONNX model (a ``.onnx`` path
+            or ``ModelProto``, imported with :func:`~partitioner.frontends.onnx.from_onnx`), or an OpGraph.
+        input_shapes: ONNX models: static shapes of inputs with symbolic dimensions,
+            ``{"input": (1, 3, 224, 224)}``. ONNX plans are for inference, without weight streaming
+            (onnxruntime sessions hold their weights), and list the ``ort-fallback`` and
+            ``openvino-pipeline`` baselines too.
         devices: a built-in profile name, a TOML path, or a DeviceSet.
         objective: ``"latency"``, ``"throughput"`` or ``"makespan"``.
         memory: caps below the profile, e.g. ``{"cuda:0": "2GB"}``.
         pins: module-path globs or op names → device, e.g. ``{"emb*": "cpu"}``.
         solver: ``"auto"`` (HiGHS if installed, else CBC), ``"highs"``, ``"cbc"``, or a baseline
             (``"greedy"``, ``"sequential-fill"``, ``"heft"``, ``"single:cuda:0"``).
-        time_limit, gap: the ILP's limits; a time-out returns the incumbent with its gap.
+        time_limit: seconds for everything after capture: coarsening, baselines, the lower bound
+            and the ILP; at the limit the best placement found is returned with its proven gap.
+        gap: the relative optimality gap at which the ILP stops (0.01 for 1%).
         streaming: allow weights to be streamed from host memory (inference plans).
-        coarsen: ``"auto"`` (above a size threshold), True, or False.
+        coarsen: ``"auto"`` (zero-cost views always folded into their producers; above a size
+            threshold, ops grouped by module), True (group now), or False (every op on its own).
         no_split: module classes the ``greedy`` fill keeps whole (accelerate's no_split_module_classes).
         align_modules: module classes every solver must keep whole (each instance on one device),
             so the plan exports as an accelerate ``device_map``.
+        dynamic_shapes: input dimensions the emitted module may be called with at other sizes
+            (``("batch", "seq")``: dimension 0 and 1 of every tensor input; ``{"len": 2}``; or one
+            ``{dim: name}`` per input), captured with torch.export's ``Dim`` and recorded in the
+            plan; the plan is costed at the example sizes.
+        costs: ``"analytic"`` (the profile's roofline), ``"profiled"`` (measure the model's ops on
+            the devices present here, cached), the path of a costs file from ``hetpart profile``,
+            or a :class:`cost_models.costs.CostModel`; recorded in the plan (``plan.costs``).
         micro_batches, schedule, stages: plan pipeline stages (:mod:`partitioner.solvers.pipeline`):
             ``micro_batches`` per step (the example inputs are one step's batch), ``schedule``
             ``"gpipe"`` or ``"1f1b"``, exactly ``stages`` stages. ``throughput`` on a cluster
@@ -135,32 +160,51 @@ def partition_outcome(
         >>> out.evaluation.feasible
         True
     """
-    profile = _profile(devices, memory)
-    spec = pipeline_spec_for(profile, objective, micro_batches=micro_batches, schedule=schedule, stages=stages,
-                             batch=None if isinstance(model_or_graph, OpGraph) else batch_size(example_inputs))
+    check_limits(time_limit, gap)
+    profile = _profile(devices, memory)  # a bad profile or cap fails before the capture
+    spec = _pipeline_spec(model_or_graph, example_inputs, profile, objective, micro_batches, schedule, stages)
     if spec is not None and not isinstance(model_or_graph, OpGraph) and example_inputs is not None:
         example_inputs = micro_batch_inputs(example_inputs, spec.micro_batches)  # costs are per micro-batch
-    graph = _capture(model_or_graph, example_inputs, capture, model_name)
+    graph, inputs = _capture(model_or_graph, example_inputs, capture, model_name, dynamic_shapes, training,
+                             input_shapes)
+    started = time.perf_counter()  # time_limit covers everything from here (capture excluded)
     verify_graph(graph)
+    if len(graph) == 0:
+        raise CaptureError(f"{graph.name!r} has no operations to place: its forward returns its inputs or "
+                           f"constants without computing anything, so there is nothing to partition")
+    onnx_graph = is_onnx_graph(graph)
+    if onnx_graph and training:
+        raise HetpartError(f"{graph.name!r} is an ONNX graph: ONNX models are planned for inference (onnxruntime "
+                           "runs them forward only); drop training=True (CLI: --training)")
+    streaming = streaming and not onnx_graph
     options = Options(
         objective=_objective(objective), training=training, optimizer=parse_optimizer(optimizer),
         streaming=streaming and spec is None, link_budget=dict(link_budget or {}),
         contiguous_stages=contiguous_stages, pipeline=spec,
     )
     coarse = _coarsen(graph, options, coarsen, pins, align_modules)
-    problem = Problem(coarse.graph, profile, options, pins=pins, members=coarse.members, original=graph)
+    from cost_models.profiled import resolve_costs  # here: cost_models.profiled imports partitioner's errors
+
+    cost_model = resolve_costs(costs, graph, profile, example_inputs, training=training, optimizer=optimizer)
+    problem = Problem(coarse.graph, profile, options, pins=pins, members=coarse.members, original=graph,
+                      costs=cost_model)
     baselines = {name: _evaluated(problem, run_baseline(name, problem, no_split=no_split)) for name in _baseline_names(problem)}
-    solution, evaluation = _solve(problem, solver, baselines, time_limit, gap, progress, no_split)
+    deadline = started + time_limit
+    lower_bound = _lower_bound(problem, started + LOWER_BOUND_SHARE * time_limit)
+    solution, evaluation, ilp = _solve(problem, solver, baselines, deadline, gap, progress)
+    if ilp is not None:  # the plan's solve time is everything after capture
+        solution = dataclasses.replace(solution, seconds=time.perf_counter() - started)
     verify_placement(problem, solution.placement, evaluation)
     plan = Plan.from_solution(
         problem, solution, evaluation,
         baselines={name: ev for name, (_, ev) in baselines.items()},
-        lower_bound=physical_lower_bound(problem), model_name=model_name or graph.name,
-        capture=capture if not isinstance(model_or_graph, OpGraph) else "export",
+        lower_bound=lower_bound, model_name=model_name or graph.name, inputs=inputs,
+        ilp=ilp, requested_gap=gap if ilp is not None else None,
+        capture="onnx" if onnx_graph else capture if not isinstance(model_or_graph, OpGraph) else "export",
         constraints={
             "pins": dict(problem.pins) and {op: problem.pins[n] for n in problem.pins for op in coarse.members[n]},
             "memory_caps": {d: profile.device(d).memory for d in (memory or {})},
-            "streaming": streaming,
+            "streaming": options.streaming,
             "align_modules": tuple(align_modules),
         },
     )
@@ -172,17 +216,94 @@ def partition_outcome(
 # --------------------------------------------------------------------------------------------
 
 
-def _capture(model_or_graph: Any, example_inputs: Any, capture: str, name: str | None) -> OpGraph:
+def _capture(model_or_graph: Any, example_inputs: Any, capture: str, name: str | None,
+             dynamic_shapes: Any, training: bool,
+             input_shapes: Mapping[str, Sequence[int]] | None) -> tuple[OpGraph, tuple[InputSpec, ...] | None]:
+    """The graph (a training plan's model captured in train mode), and the model's inputs as
+    passed (None for a graph given as is)."""
     if isinstance(model_or_graph, OpGraph):
-        return model_or_graph
+        if dynamic_shapes is not None:
+            raise HetpartError("dynamic_shapes applies when partition captures a model, not to an OpGraph")
+        return model_or_graph, None
+    if is_onnx_model(model_or_graph):
+        if dynamic_shapes is not None:
+            raise HetpartError("dynamic_shapes applies to torch models; an ONNX model's shapes come from input_shapes")
+        return from_onnx(model_or_graph, input_shapes, name=name), None
     if example_inputs is None:
         raise HetpartError("partition(model, example_inputs, ...) needs example inputs to capture an nn.Module")
-    return from_module(model_or_graph, example_inputs, capture=capture, name=name)
+    args = example_inputs if isinstance(example_inputs, tuple) else tuple(example_inputs) \
+        if isinstance(example_inputs, list) else (example_inputs,)
+    dims = dynamic_dims(dynamic_shapes, args)
+    with capture_mode(model_or_graph, training=training):
+        graph = from_module(model_or_graph, args, capture=capture, name=name, dynamic_shapes=dims)
+    return graph, input_specs(args, dims, graph.source if any(dims) else None)
 
 
 def _profile(devices: str | DeviceSet, memory: Mapping[str, int | str] | None) -> DeviceSet:
     profile = load_profile(devices) if isinstance(devices, str) else devices
     return profile.with_memory(memory) if memory else profile
+
+
+def _pipeline_spec(model_or_graph: Any, example_inputs: Any, profile: DeviceSet, objective: str | Objective,
+                   micro_batches: int | None, schedule: str | None, stages: int | None) -> PipelineSpec | None:
+    """The plan's pipeline spec, or None when it is no pipeline (:mod:`partitioner.micro_batches`).
+    ONNX models run as onnxruntime sessions, not on ``torch.distributed.pipelining``: they are
+    planned without stages, and asking for stages is refused."""
+    if is_onnx_model(model_or_graph):
+        if micro_batches is not None or schedule is not None or stages is not None:
+            raise HetpartError("pipeline stages run torch models on torch.distributed.pipelining; an ONNX model "
+                               "is planned without them: drop micro_batches, schedule and stages "
+                               "(CLI: --micro-batches, --schedule, --stages)")
+        return None
+    batch = None if isinstance(model_or_graph, OpGraph) else batch_size(example_inputs)
+    return pipeline_spec_for(profile, objective, micro_batches=micro_batches, schedule=schedule, stages=stages,
+                             batch=batch)
+
+
+#: The longest solve a time limit may ask for (a week): beyond it a limit is a mistake.
+MAX_TIME_LIMIT = 7 * 24 * 3600.0
+
+
+def check_limits(time_limit: Any, gap: Any, names: tuple[str, str] = ("time_limit", "gap")) -> None:
+    """Raise unless ``time_limit`` is a number of seconds in (0, a week] and ``gap`` a fraction in [0, 1).
+
+    ``names`` are the names the message uses (``("--time-limit", "--gap")`` on the command line).
+
+    Raises:
+        HetpartError: names the parameter, the value and the valid range.
+
+    Example:
+        >>> check_limits(60, 0.01)
+    """
+    def number(value: Any) -> float | None:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        return float(value) if ok else None
+
+    t, g = number(time_limit), number(gap)
+    if t is None or not 0 < t <= MAX_TIME_LIMIT:
+        raise HetpartError(f"{names[0]} {time_limit!r}: expected seconds above 0 and at most "
+                           f"{MAX_TIME_LIMIT:g} (a week), e.g. {names[0]} 60")
+    if g is None or not 0 <= g < 1:
+        raise HetpartError(f"{names[1]} {gap!r}: expected a relative optimality gap from 0 (prove optimal) "
+                           f"up to but not including 1, e.g. {names[1]} 0.01")
+
+
+#: The most (edge, device pair) transfer terms the ILP is built with: beyond this the model takes
+#: minutes and gigabytes to build (1,000 devices: over 120 s and 4 GB for a 5-op graph) before solving.
+MAX_TRANSFER_TERMS = 100_000
+
+
+def _check_ilp_size(problem: Problem) -> None:
+    """Refuse, with the sizes and the ways out, an ILP too large to build in reasonable time and memory."""
+    devices = len(problem.device_names)
+    edges = problem.graph.dag.number_of_edges()
+    terms = edges * devices * (devices - 1)
+    if terms > MAX_TRANSFER_TERMS:
+        raise HetpartError(
+            f"the ILP for {problem.graph.name!r} would have about {terms:,} transfer terms ({edges:,} edges x "
+            f"{devices} devices x {devices - 1} others), over the {MAX_TRANSFER_TERMS:,} it is built with; "
+            f"plan on a profile of the devices you mean to use, coarsen the graph (--coarsen on), or use a "
+            f"baseline solver (--solver heft)")
 
 
 def _objective(value: str | Objective) -> Objective:
@@ -201,12 +322,17 @@ def _coarsen(
     aligned = _aligned(graph, align, keep)
     if mode is False or mode == "off":
         return aligned
+    keep_groups = frozenset(aligned.group_of[op] for op in keep)
+    # views cost nothing and their output is their input's bytes: placed with their producer they
+    # cost what they would anywhere else, so they are always folded (a third fewer nodes on transformers)
+    folded = _compose(aligned, coarsen_graph(aligned.graph, CoarsenOptions(
+        fold_views=True, merge_chains=False, keep_separate=keep_groups, max_group_ops=MAX_GROUP_OPS)))
     threshold = COARSEN_THRESHOLD[options.objective]
     if mode is True or mode == "on":
-        threshold = min(threshold, max(1, len(aligned.graph) - 1))
-    keep_groups = frozenset(aligned.group_of[op] for op in keep)
-    return _compose(aligned, auto_coarsen(aligned.graph, threshold, keep_separate=keep_groups,
-                                          max_group_ops=MAX_GROUP_OPS))
+        threshold = min(threshold, max(1, len(folded.graph) - 1))
+    keep_groups = frozenset(folded.group_of[op] for op in keep)
+    return _compose(folded, auto_coarsen(folded.graph, threshold, keep_separate=keep_groups,
+                                         max_group_ops=MAX_GROUP_OPS))
 
 
 def _aligned(graph: OpGraph, classes: Sequence[str], keep: frozenset[str]) -> Coarsening:
@@ -251,7 +377,8 @@ def _pinned_ops(graph: OpGraph, pins: Mapping[str, str]) -> set[str]:
 def _baseline_names(problem: Problem) -> list[str]:
     if problem.options.pipeline is not None:  # splits users make today; greedy / HEFT make no pipeline
         return [f"single:{d}" for d in problem.device_names] + list(PIPELINE_BASELINES)
-    return [f"single:{d}" for d in problem.device_names] + list(BASELINE_NAMES)
+    onnx = ONNX_BASELINE_NAMES if is_onnx_graph(problem.original) else ()
+    return [f"single:{d}" for d in problem.device_names] + list(BASELINE_NAMES) + list(onnx)
 
 
 def _evaluated(problem: Problem, solution: Solution) -> tuple[Solution, Evaluation]:
@@ -270,52 +397,87 @@ def _solve(
     problem: Problem,
     solver: str,
     baselines: Mapping[str, tuple[Solution, Evaluation]],
-    time_limit: float,
+    deadline: float,
     gap: float,
     progress: ProgressFn | None,
-    no_split: Sequence[str],
-) -> tuple[Solution, Evaluation]:
+) -> tuple[Solution, Evaluation, Solution | None]:
+    """The placement the plan carries, its evaluation, and the ILP's own solution (None when a
+    baseline was asked for). The ILP starts from the best baseline improved by local search,
+    through the coarser levels (:mod:`partitioner.solvers.multilevel`), within ``deadline``;
+    pipeline stages start from the stage dynamic program instead, whose answer is kept as it is
+    when it is exact (chain-shaped graphs). Whichever of the ILP's incumbent, the warm start and the baselines is fastest is kept, under
+    its own name, with the ILP's bound (a bound on every placement, whoever found it)."""
     if solver in baselines:
         sol, ev = baselines[solver]
         if not ev.feasible:
             raise InfeasiblePlacement(f"the {solver} baseline does not fit: {'; '.join(ev.violations[:3])}")
-        return sol, ev
-    if solver.startswith("single:") or solver in BASELINE_NAMES:
+        return sol, ev, None
+    if solver.startswith("single:") or solver in BASELINE_NAMES + ONNX_BASELINE_NAMES:
         raise SolverUnavailable(f"baseline {solver!r} is not available for this profile: "
                                 f"use one of {', '.join(baselines)}")
+    _check_ilp_size(problem)
     best = _best_feasible(baselines)
-    start = time.perf_counter()
-    if problem.options.pipeline is not None:
-        dp = solve_pipeline_dp(problem, upper_bound=best[2].total_s if best else float("inf"))
+    pipeline = problem.options.pipeline is not None
+    explain = explain_no_fit if pipeline else explain_infeasibility
+    if pipeline:
+        dp = solve_pipeline_dp(problem, upper_bound=best[2].total_s if best else math.inf)
         if solver == "pipeline-dp" or (solver == "auto" and dp.status is Status.OPTIMAL):  # exact on chains
             if not dp.placement.device:
                 raise InfeasiblePlacement(explain_no_fit(problem))
-            return dp, evaluate(problem, dp.placement)
-        if dp.placement.device and (best is None or evaluate(problem, dp.placement).total_s < best[2].total_s):
-            best = ("pipeline-dp", dp, evaluate(problem, dp.placement))  # the ILP's warm start
-    sol = solve_ilp(problem, solver=solver, time_limit=time_limit, gap=gap,
-                    warm_start=best[1].placement if best else None, progress=progress)
-    if sol.status is Status.INFEASIBLE:
-        raise InfeasiblePlacement(explain_no_fit(problem) if problem.options.pipeline else explain_infeasibility(problem))
-    if not sol.placement.device:  # no incumbent and no baseline to fall back on
+            return dp, evaluate(problem, dp.placement), None
+        if dp.placement.device:
+            ev = evaluate(problem, dp.placement)
+            if ev.feasible and (best is None or ev.total_s < best[2].total_s):
+                best = ("pipeline-dp", dp, ev)  # the ILP's warm start
+    left = deadline - time.perf_counter()
+    if left < MIN_SOLVE_S:
+        if best is None:
+            raise InfeasiblePlacement("no time left for the ILP and no baseline fits; " + explain(problem))
+        name, sol, ev = best
+        note = f"the time limit was spent before the ILP could run; keeping {name}'s placement"
+        log.warning(note)
+        return dataclasses.replace(sol, status=Status.TIME_LIMIT, note=note), ev, None
+    if pipeline:  # stages start from the best segmentation; coarser levels and local search are not stage-aware
+        ilp, warm = solve_ilp(problem, solver=solver, time_limit=left, gap=gap,
+                              warm_start=best[1].placement if best else None, progress=progress), None
+    else:
+        ilp, warm = solve_multilevel(problem, best[1] if best else None, solver=solver, time_limit=left, gap=gap,
+                                     progress=progress)
+    if ilp.status is Status.INFEASIBLE:
+        raise InfeasiblePlacement(explain(problem))
+    candidates = []
+    for candidate in (ilp, warm, best[1] if best else None):
+        if candidate is not None and candidate.placement.device:
+            ev = evaluate(problem, candidate.placement)
+            if ev.feasible:
+                candidates.append((ev.total_s, candidate is not ilp, candidate, ev))
+    if not candidates:
         raise InfeasiblePlacement(
-            f"the {sol.solver} solver found no placement within {time_limit:g} s and no baseline fits; "
-            + explain_infeasibility(problem)
+            f"the {ilp.solver} solver found no placement in time and no baseline fits; " + explain(problem)
         )
-    ev = evaluate(problem, sol.placement)
-    if best is not None and (not ev.feasible or ev.total_s > best[2].total_s):
-        # never worse than a baseline: keep the ILP's bound, return the baseline's placement
-        name = best[0]
-        note = f"the ILP's incumbent was not better than {name}; returning {name}'s placement"
+    total, _, chosen, ev = min(candidates, key=lambda c: (c[0], c[1]))
+    if chosen is not ilp:
+        status = status_for_gap(relative_gap(total, ilp.bound), gap) if ilp.bound is not None else Status.HEURISTIC
+        note = (f"the ILP's incumbent ({_ms(ilp.objective)}) was not faster than {chosen.solver} ({_ms(total)}); "
+                f"the plan keeps {chosen.solver}'s placement")
         log.info(note)
-        sol = dataclasses.replace(sol, placement=best[1].placement, note=f"{sol.note}; {note}".strip("; "),
-                                  seconds=time.perf_counter() - start)
-        ev = best[2]
-    if not ev.feasible:
-        raise InfeasiblePlacement(explain_infeasibility(problem))
-    if sol.note:
-        log.warning("%s: %s", sol.solver, sol.note)
-    return sol, ev
+        chosen = dataclasses.replace(chosen, status=status, bound=ilp.bound, note=note, objective=total,
+                                     seconds=ilp.seconds)
+    if ilp.note:
+        log.warning("%s: %s", ilp.solver, ilp.note)
+    return chosen, ev, ilp
+
+
+def _ms(seconds: float | None) -> str:
+    return "none" if seconds is None else f"{seconds * 1e3:.4g} ms"
+
+
+def _lower_bound(problem: Problem, deadline: float) -> float:
+    """The memory-aware lower bound when there is time for it, else the physical one."""
+    left = deadline - time.perf_counter()
+    if left < MIN_SOLVE_S:
+        return physical_lower_bound(problem)
+    return memory_aware_lower_bound(problem, time_limit=left)
 
 
 partition.__signature__ = inspect.signature(partition_outcome).replace(return_annotation=Plan)  # type: ignore[attr-defined]

@@ -28,8 +28,9 @@ from typing import Any
 import torch
 import torch.fx
 
-from backends.torch.module import capture_for, check_attribute_names, rebind_factory_devices, unlifted_module
+from backends.torch.module import capture_for, rebind_factory_devices, unlifted_module
 from partitioner.errors import HetpartError, PlanMismatch
+from partitioner.frontends.names import check_fx_names
 
 __all__ = ["StageGraphs", "contiguous_grad"]
 
@@ -65,7 +66,7 @@ class StageGraphs:
         if not plan.pipeline:
             raise HetpartError(f"{plan.source} has no pipeline section: make a pipeline plan with "
                                f"`hetpart plan MODEL --devices CLUSTER --objective throughput`")
-        check_attribute_names(model)
+        check_fx_names(model, "the pipeline backend", hint="as its stages are torch.fx modules")
         self.plan = plan
         self.devices = [st["device"] for st in plan.pipeline["stages"]]
         self.num_stages = len(self.devices)
@@ -149,7 +150,7 @@ class StageGraphs:
             graph.output(env[outs[0]] if len(outs) == 1 else tuple(env[n] for n in outs))
         module = torch.fx.GraphModule(self.gm, graph, class_name=f"Stage{s}")
         module = _copied(module).to(device)
-        rebind_factory_devices(module, {n.name: torch.device(device) for n in module.graph.nodes})
+        rebind_factory_devices(module, {n.name: str(device) for n in module.graph.nodes}, {str(device): torch.device(device)})
         module.recompile()
         return module
 

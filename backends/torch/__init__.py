@@ -13,6 +13,7 @@ module        what it does
 ``streaming`` :class:`WeightStreamer`: host-resident weights copied to the computing device per
               call, prefetched on a CUDA side stream
 ``check``     :func:`check_plan`: the emitted module beside the original, outputs and gradients
+``strict``    :class:`StrictRun`: an emitted module (or generated file) under strict devices
 ============  ===================================================================================
 
 Example:
@@ -33,6 +34,7 @@ from backends.torch.check import check_plan
 from backends.torch.module import emit_module
 from backends.torch.source import emit_source, source_text
 from backends.torch.streaming import WeightStreamer
+from backends.torch.strict import StrictRun
 from partitioner.ir import OpGraph
 
 
@@ -59,10 +61,11 @@ class TorchBackend:
 
     def check(self, plan: Any, model: Any, inputs: Any, device_map: Mapping[str, str] | None = None,
               **options: Any) -> CheckReport:
-        """:func:`check_plan` (``options``: ``training``, ``repeat``)."""
+        """:func:`check_plan` (``options``: ``training``, ``repeat``, ``strict_devices``)."""
         return check_plan(plan, model, inputs, device_map, **options)
 
 
 BACKEND = TorchBackend()
 
-__all__ = ["BACKEND", "TorchBackend", "WeightStreamer", "check_plan", "emit_module", "emit_source", "source_text"]
+__all__ = ["BACKEND", "StrictRun", "TorchBackend", "WeightStreamer", "check_plan", "emit_module", "emit_source",
+           "source_text"]

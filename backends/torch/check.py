@@ -6,6 +6,13 @@ to run both on, and a binding of the plan's logical devices to present ones
 Out: a :class:`~backends.compare.CheckReport`: every output (in training also the loss, the sum
 of the outputs, and every parameter's gradient) compared with :func:`~backends.compare.compare`
 under its dtype's tolerance, and the median wall time of the original and of the emitted module.
+The verdict needs every one of them: outputs, loss and gradients.
+
+With ``strict_devices`` the plan's logical devices are each bound to their own CPU tag and the
+emitted module's forward runs under :class:`~backends.torch.strict.StrictRun`: the first op that
+reads a tensor from another logical device fails the check, and the report adds the copies per
+link and the bytes resident per device beside the plan's (:class:`~backends.strict_devices.DeviceReport`).
+This is how a plan for a machine one does not have is checked device by device.
 
 While the comparison runs, TF32 is switched off for CUDA matmuls and convolutions (and restored
 afterwards), so float32 on a GPU is held to float32 tolerances. Nothing here prints.
@@ -15,8 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import statistics
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -24,8 +29,9 @@ import torch
 from torch.utils import _pytree as pytree
 
 from backends.binding import bind_devices
-from backends.compare import MISSING, CheckReport, compare
-from partitioner.errors import HetpartError, PlanMismatch
+from backends.compare import MISSING, CheckReport, compare, interleaved_medians
+from backends.torch.strict import StrictRun
+from partitioner.errors import DeviceMismatch, HetpartError, PlanMismatch
 
 __all__ = ["check_plan"]
 
@@ -37,6 +43,7 @@ def check_plan(
     device_map: Mapping[str, str] | None = None,
     training: bool = False,
     repeat: int = 5,
+    strict_devices: bool = False,
     build: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
 ) -> CheckReport:
     """Run ``model`` and ``plan.emit(model, device_map)`` on the same inputs and compare them.
@@ -50,13 +57,16 @@ def check_plan(
         device_map: binds the plan's logical devices to present ones, e.g. ``{"cuda:0": "cpu"}``.
         training: compare the loss (sum of the outputs) and every parameter's gradient too.
         repeat: timed runs of each module, interleaved, after one warm-up run each.
+        strict_devices: bind each logical device to its own CPU tag (no ``device_map`` then) and
+            check the emitted module's devices op by op (see the module docstring).
         build: makes the module to compare from the reference (default: ``plan.emit``); another
             backend passes its own (``backends.compile`` compiles a copy with torch.compile).
 
     Raises:
         PlanMismatch: the model is not the one the plan was made for (in training: not as
             captured in train mode).
-        HetpartError: a device of the plan is not present and not bound to one that is.
+        HetpartError: a device of the plan is not present and not bound to one that is; a
+            ``device_map`` or a ``build`` given with ``strict_devices``.
 
     Example:
         >>> report = check_plan(plan, model, inputs, {"cuda:0": "cpu"})   # doctest: +SKIP
@@ -65,29 +75,56 @@ def check_plan(
     """
     if repeat < 1:
         raise HetpartError(f"repeat must be at least 1, got {repeat}")
+    strict = StrictRun(plan) if strict_devices else None
+    if strict is not None:
+        if device_map:
+            raise HetpartError("--strict-devices binds every device of the plan to its own CPU tag itself: "
+                               "drop --bind (device_map)")
+        if build is not None:
+            raise HetpartError("strict devices check the module plan.emit builds; a build hook cannot be checked")
+        device_map = strict.device_map
     binding = bind_devices(plan, device_map)
     args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
     reference = copy.deepcopy(model).train() if training else model
-    emitted = build(reference) if build is not None else _emit(plan, reference, device_map, args, training)
+    if strict is not None:
+        with strict:  # building under the mode tags every parameter where the emitter put it
+            emitted = strict.watch(_emit(plan, reference, device_map, args, training))
+    else:
+        emitted = build(reference) if build is not None else _emit(plan, reference, device_map, args, training)
     sync = _synchronizer([*binding.values(), *(str(p.device) for p in model.parameters())])
     with _strict_float32():
         run = _training_step if training else _inference
         ref_outs, ref_grads = run(reference, args)
-        emit_outs, emit_grads = run(emitted, args)
+        devices = None
+        if strict is None:
+            emit_outs, emit_grads = run(emitted, args)
+        else:
+            try:
+                emit_outs, emit_grads = run(emitted, args, call=lambda m, a: _strict_forward(strict, m, a))
+                devices = strict.report()
+            except DeviceMismatch as exc:  # the verdict; the numbers are still compared
+                devices = strict.report(error=str(exc))
+                emit_outs, emit_grads = run(emitted, args)
         outputs = tuple(compare(name, emit_outs.get(name), ref) for name, ref in ref_outs.items())
         loss = grads = None
         if training:
             loss = compare("loss", _loss(list(emit_outs.values())), _loss(list(ref_outs.values())), summed=True)
             grads = tuple(compare(name, emit_grads.get(name, MISSING), ref, summed=True)
                           for name, ref in ref_grads.items() if ref is not None or emit_grads.get(name) is not None)
-        original_s, emitted_s = _interleaved_medians(
+        original_s, emitted_s = interleaved_medians(
             [lambda: run(reference, args, keep=False), lambda: run(emitted, args, keep=False)], repeat, sync)
     errors = [*outputs, *([loss] if loss else []), *(grads or ())]
     return CheckReport(
         model_name=plan.model_name, binding=dict(binding), training=training, repeat=repeat,
         outputs=outputs, loss=loss, grads=grads or (), original_s=original_s, emitted_s=emitted_s,
-        passed=all(e.passed for e in errors),
+        passed=all(e.passed for e in errors) and (devices is None or devices.passed), devices=devices,
     )
+
+
+def _strict_forward(strict: StrictRun, module: torch.nn.Module, args: tuple) -> Any:
+    """One forward under strict devices (backward, if any, runs outside: see backends.torch.strict)."""
+    with strict:
+        return strict.step(module, *args)
 
 
 def _emit(plan: Any, reference: torch.nn.Module, device_map: Mapping[str, str] | None, args: tuple,
@@ -117,18 +154,26 @@ def _loss(outputs: Sequence[torch.Tensor | None]) -> torch.Tensor:
     return torch.stack(parts).sum() if parts else torch.zeros(())
 
 
-def _inference(module: torch.nn.Module, args: tuple, *, keep: bool = True) -> tuple[dict, dict]:
+Forward = Callable[[torch.nn.Module, tuple], Any]
+
+
+def _call(module: torch.nn.Module, args: tuple) -> Any:
+    return module(*args)
+
+
+def _inference(module: torch.nn.Module, args: tuple, *, keep: bool = True, call: Forward = _call) -> tuple[dict, dict]:
     with torch.no_grad():
-        result = module(*args)
+        result = call(module, args)
     return (_outputs(result) if keep else {}), {}
 
 
-def _training_step(module: torch.nn.Module, args: tuple, *, keep: bool = True) -> tuple[dict, dict]:
+def _training_step(module: torch.nn.Module, args: tuple, *, keep: bool = True,
+                   call: Forward = _call) -> tuple[dict, dict]:
     """Forward, loss = sum of outputs, backward; the outputs and ``{param name: grad}``."""
     params = dict(module.named_parameters())
     for p in params.values():
         p.grad = None
-    outs = _outputs(module(*args))
+    outs = _outputs(call(module, args))
     _loss(list(outs.values())).backward()
     if not keep:
         return {}, {}
@@ -147,21 +192,6 @@ def _synchronizer(devices: Sequence[str]) -> Callable[[], None]:
             torch.cuda.synchronize(dev)
 
     return sync
-
-
-def _interleaved_medians(fns: Sequence[Callable[[], Any]], repeat: int, sync: Callable[[], None]) -> list[float]:
-    """Median wall time of each function, run ABAB... ``repeat`` times after one warm-up each."""
-    times: list[list[float]] = [[] for _ in fns]
-    for fn in fns:
-        fn()
-    sync()
-    for _ in range(repeat):
-        for i, fn in enumerate(fns):
-            start = time.perf_counter()
-            fn()
-            sync()
-            times[i].append(time.perf_counter() - start)
-    return [statistics.median(t) for t in times]
 
 
 @contextlib.contextmanager

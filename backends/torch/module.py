@@ -8,10 +8,14 @@ logical devices to real ones (``{"cuda:0": "cpu"}`` runs any plan on a CPU-only 
   the plan's fingerprint; its unlifted form keeps the model's parameter names, so ``state_dict``
   keys equal the original's and ``load_state_dict`` of the original's state works;
 * parameters and buffers are copied once to the device that holds them (the caller's model is
-  never touched); parameters shared between ops stay one parameter;
-* an explicit ``.to(device)`` is inserted before the first op on a device that reads a tensor
-  produced elsewhere (once per tensor and device: the plan's transfers); ops that create tensors
-  get their ``device=`` argument rebound;
+  never touched); parameters shared between ops stay one parameter, homed with the op that owns
+  them in the plan (``plan.param_names``), tensor constants the capture lifted on the host;
+* transfers follow the plan's *logical* devices, never the physical ones they are bound to: an
+  explicit ``.to(device)`` is inserted before the first op on a logical device that reads a tensor
+  living on another one (once per tensor and logical device: the plan's transfers), even where
+  both are bound to one physical device (the copy is then a no-op at run time). An item of a
+  multi-output op (``getitem``) placed away from its producer is copied to its own device right
+  after it is taken. Ops that create tensors get their ``device=`` argument rebound;
 * ops are issued in the plan's schedule order, so asynchronous GPU work goes out before
   independent CPU work;
 * streamed weights stay in (pinned) host memory and are fetched through a
@@ -24,10 +28,11 @@ The generated ``forward`` is ordinary fx Python code (``module.code``): no inter
 from __future__ import annotations
 
 import copy
+import inspect
 import logging
-import re
+import operator
 import warnings
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import torch
@@ -36,25 +41,39 @@ import torch.fx
 from backends.binding import bind_devices
 from backends.torch.streaming import WeightStreamer
 from partitioner.errors import HetpartError, PlanMismatch
-from partitioner.frontends.fx import from_module
-from partitioner.ir import OpGraph
+from partitioner.frontends.fx import capture_mode, from_module
+from partitioner.frontends.inputs import check_call, examples
+from partitioner.frontends.names import check_fx_names, check_graph_targets
+from partitioner.ir import NOT_A_TENSOR, OpGraph
 
 log = logging.getLogger(__name__)
 
 STREAMER_ATTR = "_hetpart_streamer"
 
 
-def example_inputs_for(plan: Any) -> tuple[torch.Tensor, ...]:
-    """Inputs of the recorded shapes and dtypes (zeros): enough to re-capture the model."""
+def example_inputs_for(plan: Any) -> tuple[Any, ...]:
+    """Inputs of the recorded shapes and dtypes (zeros) and recorded values: enough to re-capture."""
     if not plan.inputs:
-        raise HetpartError("the plan records no input shapes; pass example_inputs to emit(...)")
-    return tuple(torch.zeros(shape, dtype=getattr(torch, dtype)) for shape, dtype in plan.inputs)
+        raise HetpartError(f"{plan.source} records no example inputs (the model takes inputs a plan "
+                           f"cannot record, or the plan was made from an OpGraph): pass example_inputs "
+                           f"to emit(...)")
+    return examples(plan.inputs)
 
 
 def capture_for(plan: Any, model: torch.nn.Module, example_inputs: Any = None) -> OpGraph:
-    """Re-capture ``model`` as the plan did and check it is the model the plan was made for."""
-    inputs = example_inputs if example_inputs is not None else example_inputs_for(plan)
-    graph = from_module(model, inputs, capture=plan.capture, name=type(model).__name__)
+    """Re-capture ``model`` as the plan did and check it is the model the plan was made for.
+
+    A plan with dynamic dimensions is re-captured at its recorded sizes with the same dimensions
+    declared (its fingerprint is of those sizes); a training plan captures the model in train mode.
+    """
+    dynamic = [spec.dynamic_names() for spec in plan.inputs]
+    if any(dynamic):
+        inputs = example_inputs_for(plan)
+    else:
+        inputs = example_inputs if example_inputs is not None else example_inputs_for(plan)
+    with capture_mode(model, training=plan.training):
+        graph = from_module(model, inputs, capture=plan.capture, name=type(model).__name__,
+                            dynamic_shapes=dynamic if any(dynamic) else None)
     plan.check_graph(graph)
     return graph
 
@@ -83,11 +102,15 @@ def emit_module(
         >>> torch.testing.assert_close(emitted(*inputs), model(*inputs))
     """
     binding = bind_devices(plan, device_map)
-    check_attribute_names(model)
+    check_fx_names(model, "plan.emit")
     graph = capture_for(plan, model, example_inputs)
     gm = unlifted_module(graph)
     _match_persistence(gm, model)
-    return place_module(gm, plan, binding)
+    tensors = {name for name, t in graph.tensors.items() if t.dtype != NOT_A_TENSOR}
+    gm = place_module(gm, plan, binding, tensors=tensors)
+    if plan.inputs:
+        gm.register_forward_pre_hook(PlannedInputs(plan.inputs, _input_names(model)), prepend=True)
+    return gm
 
 
 def place_module(
@@ -95,31 +118,58 @@ def place_module(
     plan: Any,
     binding: Mapping[str, str],
     arrivals: Mapping[str, torch.device] | None = None,
+    *,
+    tensors: Collection[str] = (),
 ) -> torch.fx.GraphModule:
     """Make ``gm`` run ``plan``, in place: the steps of :func:`emit_module` after capture.
 
     ``gm`` is a private GraphModule whose op nodes carry the plan's op names (the graph the plan
     was made for). Its attribute tensors move to their devices, ops are issued in schedule order,
-    a transfer goes before each op that reads a value from another device, and factory ops create
-    on their own device. ``arrivals`` names the device on which a placeholder's value arrives
-    when the caller knows it (a torch.compile graph's inputs; dynamo guards on their devices): no
-    copy is inserted for a consumer on that device. Other placeholders are copied to each consuming
-    device (``.to`` is free when the value is already there).
+    a transfer goes before each op that reads a value from another logical device, and factory
+    ops create on their own device. ``arrivals`` names the physical device on which a
+    placeholder's value arrives when the caller knows it (a torch.compile graph's inputs; dynamo
+    guards on their devices): no copy is inserted for a consumer bound to that device. Other
+    placeholders are copied to each consuming device (``.to`` is free when the value is already
+    there). ``tensors`` names the nodes whose values are single tensors where the graph carries no
+    fake values (a symbolic trace).
 
     Example:
         >>> gm = place_module(private_gm, plan, {"cpu": "cpu", "cuda:0": "cpu"})   # doctest: +SKIP
     """
-    node_device = {op: torch.device(binding[d]) for op, d in plan.placement.items()}
-    home = _parameter_homes(gm, plan, node_device, binding)
-    _move_state(gm, home)
-    streamed = _streamed_attrs(gm, plan, binding)
-    setattr(gm, STREAMER_ATTR, WeightStreamer(gm, streamed))
+    placed = {op: d for op, d in plan.placement.items()}  # op -> logical device
+    physical = {d: torch.device(p) for d, p in binding.items()}
+    physical.setdefault(plan.devices.host_device().name, torch.device("cpu"))
+    home = _parameter_homes(gm, plan)
+    _move_state(gm, home, physical)
+    streamed = _streamed_attrs(gm, plan, home)
+    setattr(gm, STREAMER_ATTR, WeightStreamer(gm, [(t, str(physical[d])) for t, d in streamed]))
     _reorder(gm, plan.schedule)
-    _insert_transfers(gm, node_device, home, streamed, arrivals or {})
-    rebind_factory_devices(gm, node_device)
+    _settle_items(gm, placed, physical, set(tensors))
+    _insert_transfers(gm, placed, home, streamed, physical, set(plan.weights), set(tensors), arrivals or {})
+    rebind_factory_devices(gm, placed, physical)
     gm.graph.lint()
+    check_graph_targets(gm, "plan.emit")
     gm.recompile()
     return gm
+
+
+class PlannedInputs:
+    """A forward pre-hook: a call with inputs the plan was not made for fails with a sentence
+    naming the input and the planned shape (instead of a guard deep inside torch)."""
+
+    def __init__(self, specs: tuple[Any, ...], names: list[str]) -> None:
+        self.specs, self.names = specs, names
+
+    def __call__(self, module: torch.nn.Module, args: tuple) -> None:
+        check_call(self.specs, self.names, args)
+
+
+def _input_names(model: torch.nn.Module) -> list[str]:
+    try:
+        params = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
 
 # --------------------------------------------------------------------------------------------
@@ -129,8 +179,14 @@ def unlifted_module(graph: OpGraph) -> torch.fx.GraphModule:
     """A private GraphModule with the model's parameter names (``get_attr`` nodes), deep-copied."""
     source = graph.source
     if isinstance(source, torch.export.ExportedProgram):
+        # module() sets every lifted name back as an attribute and generates code that reads it
+        lifted = [("lifted constant", str(name)) for name in source.constants]
+        lifted += [("lifted input", str(spec.target)) for spec in source.graph_signature.input_specs
+                   if spec.target is not None]
+        check_fx_names(torch.nn.Module(), "plan.emit", lifted)
         gm = source.module()
     elif isinstance(source, torch.fx.GraphModule):
+        check_graph_targets(source, "plan.emit")
         gm = source
     else:
         raise HetpartError(f"cannot emit code for a graph captured as {type(source).__name__}")
@@ -146,25 +202,6 @@ def unlifted_module(graph: OpGraph) -> torch.fx.GraphModule:
     return gm
 
 
-_SAFE_ATOM = re.compile(r"^[A-Za-z0-9_]+$")
-
-
-def check_attribute_names(model: torch.nn.Module) -> None:
-    """torch.fx writes attribute names into generated code between quotes without escaping them:
-    a parameter named ``x" ... "`` would run as code. Refuse such names here (emit_source quotes
-    every name and handles them)."""
-    names = [n for n, _ in model.named_modules(remove_duplicate=False)]
-    names += [n for n, _ in model.named_parameters(remove_duplicate=False)]
-    names += [n for n, _ in model.named_buffers(remove_duplicate=False)]
-    for qual in names:
-        bad = [atom for atom in qual.split(".") if qual and not _SAFE_ATOM.match(atom)]
-        if bad:
-            raise HetpartError(
-                f"module or parameter name {qual!r} has characters torch.fx cannot generate code for safely "
-                f"({bad[0]!r}): plan.emit refuses it; plan.emit_source(...) writes a file that quotes every name"
-            )
-
-
 def _match_persistence(gm: torch.fx.GraphModule, model: torch.nn.Module) -> None:
     """Buffers the model does not save (non-persistent) are not saved by the emitted module either."""
     keys = set(model.state_dict().keys())
@@ -175,36 +212,66 @@ def _match_persistence(gm: torch.fx.GraphModule, model: torch.nn.Module) -> None
 
 
 def _param_uses(gm: torch.fx.GraphModule) -> dict[str, list[torch.fx.Node]]:
-    """get_attr target → the op nodes that read it."""
+    """Attribute tensor (qualified name) → the op nodes that read it: the users of a ``get_attr``,
+    and a module called whole (``call_module``, from a symbolic trace) for its own tensors."""
     uses: dict[str, list[torch.fx.Node]] = {}
     for node in gm.graph.nodes:
         if node.op == "get_attr":
             uses.setdefault(str(node.target), []).extend(u for u in node.users if u.op != "output")
+        elif node.op == "call_module":
+            module = gm.get_submodule(str(node.target))
+            for name, _ in [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]:
+                uses.setdefault(f"{node.target}.{name}", []).append(node)
     return uses
 
 
-def _parameter_homes(
-    gm: torch.fx.GraphModule, plan: Any, node_device: Mapping[str, torch.device], binding: Mapping[str, str]
-) -> dict[str, torch.device]:
-    """Where each attribute tensor lives: its owner op's device, or the host for streamed weights."""
-    home: dict[str, torch.device] = {}
-    for target, users in _param_uses(gm).items():
-        ops = [u for u in users if u.name in node_device]
-        if not ops:
+def _attr(gm: torch.fx.GraphModule, target: str) -> Any:
+    owner, _, attr = target.rpartition(".")
+    return getattr(gm.get_submodule(owner) if owner else gm, attr)
+
+
+def _parameter_homes(gm: torch.fx.GraphModule, plan: Any) -> dict[str, str]:
+    """The logical device each attribute tensor lives on (get_attr target → device).
+
+    A parameter or buffer lives with the op that owns it in the plan (``plan.param_names``; the
+    first op reading it for plans that do not record owners), on the host when that op streams
+    its weights; every name of a tied tensor gets the same home. A tensor the capture lifted
+    as a constant is a graph input to the plan: it lives on the host.
+    """
+    owner_of = {name: op for op, names in plan.param_names.items() for name in names}
+    host = plan.devices.host_device().name
+    groups: dict[int, list[str]] = {}
+    uses = _param_uses(gm)
+    for target in uses:
+        groups.setdefault(id(_attr(gm, target)), []).append(target)
+    home: dict[str, str] = {}
+    for targets in groups.values():
+        readers = [u.name for t in targets for u in uses[t] if u.name in plan.placement]
+        if not readers:
             continue
-        owner = ops[0].name
-        if owner in plan.weights:
-            home[target] = torch.device(binding[plan.weights[owner]])
+        owners = [owner_of[t] for t in targets if owner_of.get(t) in plan.placement]
+        if owners:
+            owner = owners[0]
+        elif plan.param_names:  # a lifted constant: an input of the plan, on the host
+            for t in targets:
+                home[t] = host
+            continue
         else:
-            home[target] = node_device[owner]
+            owner = readers[0]
+        for t in targets:
+            home[t] = plan.weights.get(owner, plan.placement[owner])
     return home
 
 
-def _move_state(gm: torch.fx.GraphModule, home: Mapping[str, torch.device]) -> None:
-    """Put each parameter / buffer on its home device, keeping shared tensors shared."""
+def _move_state(gm: torch.fx.GraphModule, home: Mapping[str, str], physical: Mapping[str, torch.device]) -> None:
+    """Put each parameter / buffer on its home's physical device, keeping shared tensors shared.
+
+    Every name of a tied tensor has a home (an unlifted module reads each name with a ``get_attr``,
+    used or not; a module a trace calls whole brings all of its own), so each name is rebound."""
     moved: dict[int, torch.Tensor] = {}
     originals: list[torch.Tensor] = []  # keep the old tensors alive so their ids are not reused
-    for target, device in home.items():
+    for target, logical in home.items():
+        device = physical[logical]
         owner, _, attr = target.rpartition(".")
         module = gm.get_submodule(owner) if owner else gm
         value = getattr(module, attr)
@@ -225,21 +292,20 @@ def _move_state(gm: torch.fx.GraphModule, home: Mapping[str, torch.device]) -> N
             module._buffers[attr] = new
         else:
             setattr(module, attr, new)
-    # tied names that no op reads directly (e.g. lm_head.weight when tok_emb.weight is read)
-    for module in gm.modules():
-        for name, p in list(module._parameters.items()):
-            if p is not None and id(p) in moved:
-                module._parameters[name] = moved[id(p)]
 
 
-def _streamed_attrs(gm: torch.fx.GraphModule, plan: Any, binding: Mapping[str, str]) -> list[tuple[str, str]]:
-    """(attribute target, physical device it is streamed to), in schedule order."""
+def _streamed_attrs(gm: torch.fx.GraphModule, plan: Any, home: Mapping[str, str]) -> list[tuple[str, str]]:
+    """(attribute target, logical device it is streamed to), in schedule order."""
     position = {op: i for i, op in enumerate(plan.schedule)}
     out: list[tuple[int, str, str]] = []
     for target, users in _param_uses(gm).items():
         for u in users:
-            if u.name in plan.weights:
-                out.append((position.get(u.name, 0), target, binding[plan.placement[u.name]]))
+            if u.name in plan.weights and home.get(target) == plan.weights[u.name]:
+                if u.op == "call_module":
+                    raise HetpartError(f"plan.emit cannot stream the weights of {u.name}, a module called whole "
+                                       f"(symbolic_trace capture): re-plan with capture 'export' or without "
+                                       f"streaming (--no-streaming)")
+                out.append((position.get(u.name, 0), target, plan.placement[u.name]))
                 break
     return [(t, d) for _, t, d in sorted(out)]
 
@@ -251,6 +317,8 @@ def _reorder(gm: torch.fx.GraphModule, schedule: tuple[str, ...]) -> None:
     if not ops:
         return
     anchor = next(n for n in gm.graph.nodes if n.op not in ("placeholder", "get_attr"))
+    for attr in [n for n in gm.graph.nodes if n.op == "get_attr"]:  # a symbolic trace reads them mid-graph
+        anchor.prepend(attr)
     anchor.prepend(ops[0]) if anchor is not ops[0] else None
     for prev, node in zip(ops, ops[1:]):
         prev.append(node)
@@ -262,31 +330,59 @@ def _reorder(gm: torch.fx.GraphModule, schedule: tuple[str, ...]) -> None:
                 raise PlanMismatch(f"the plan's schedule runs {node.name} before its input {arg.name}")
 
 
+def _settle_items(gm: torch.fx.GraphModule, placed: Mapping[str, str], physical: Mapping[str, torch.device],
+                  tensors: set[str]) -> None:
+    """An item taken from a multi-output op (``getitem`` of a tuple) on another logical device than
+    the op is copied there as it is taken: the plan's transfer of that output. The copy counts as
+    part of the ``getitem`` op (``meta["hetpart_op"]``)."""
+    graph = gm.graph
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not operator.getitem or node.name not in placed:
+            continue
+        source = node.args[0]
+        if not isinstance(source, torch.fx.Node) or _is_tensor_node(source, tensors):
+            continue
+        device = placed[node.name]
+        if placed.get(source.name, device) == device:
+            continue
+        with graph.inserting_after(node):
+            copy_node = graph.call_method("to", (node, physical[device]), {})
+        node.replace_all_uses_with(copy_node, delete_user_cb=lambda user: user is not copy_node)
+        copy_node.meta["hetpart_op"] = node.name
+        copy_node.meta["hetpart_device"] = device
+
+
 def _insert_transfers(
     gm: torch.fx.GraphModule,
-    node_device: Mapping[str, torch.device],
-    home: Mapping[str, torch.device],
+    placed: Mapping[str, str],
+    home: Mapping[str, str],
     streamed: list[tuple[str, str]],
+    physical: Mapping[str, torch.device],
+    streaming: set[str],
+    tensors: set[str],
     arrivals: Mapping[str, torch.device],
 ) -> None:
-    """Before the first consumer on another device, copy the value there (once per device).
-
-    A streamed weight is fetched through ``self._hetpart_streamer.get(target, device)`` instead.
-    """
+    """Before the first consumer on another logical device, copy the value there (once per
+    tensor and logical device). An op that streams its weights (``streaming``) fetches them
+    through ``self._hetpart_streamer.get(target, device)`` instead; another reader of a streamed
+    tensor (a tied weight) copies it from the host, as the plan's ``param`` transfer says."""
     graph = gm.graph
     streamed_targets = {t for t, _ in streamed}
     streamer: torch.fx.Node | None = None
-    copies: dict[tuple[torch.fx.Node, torch.device], torch.fx.Node] = {}
+    copies: dict[tuple[torch.fx.Node, str, bool], torch.fx.Node] = {}
     for node in list(graph.nodes):
-        if node.name not in node_device:
+        if node.name not in placed:
             continue
-        device = node_device[node.name]
+        device = placed[node.name]
+        if node.op == "call_module":
+            _check_module_state(gm, node, device, home)
         for arg in list(node.all_input_nodes):
-            if not _is_tensor_node(arg):
+            if not _is_tensor_node(arg, tensors):
                 continue
-            key = (arg, device)
+            fetch = arg.op == "get_attr" and str(arg.target) in streamed_targets and node.name in streaming
+            key = (arg, device, fetch)
             if key not in copies:
-                if arg.op == "get_attr" and str(arg.target) in streamed_targets:
+                if fetch:
                     if streamer is None:
                         first = next(n for n in graph.nodes if n.op != "placeholder")
                         with graph.inserting_before(first), warnings.catch_warnings():
@@ -294,42 +390,56 @@ def _insert_transfers(
                             warnings.simplefilter("ignore", UserWarning)
                             streamer = graph.get_attr(STREAMER_ATTR)
                     with graph.inserting_before(node):
-                        copies[key] = graph.call_method("get", (streamer, str(arg.target), str(device)), {})
+                        copies[key] = graph.call_method("get", (streamer, str(arg.target), str(physical[device])), {})
                 else:
-                    src = _device_of(arg, node_device, home, arrivals)
+                    if arg.op == "placeholder" and arrivals.get(arg.name) == physical[device]:
+                        continue  # the caller's value arrives there (a compiled graph's input)
+                    src = _device_of(arg, placed, home)
                     if src is not None and src == device:
                         continue
                     with graph.inserting_before(node):
-                        copies[key] = graph.call_method("to", (arg, device), {})
+                        copies[key] = graph.call_method("to", (arg, physical[device]), {})
             node.replace_input_with(arg, copies[key])
 
 
-def _is_tensor_node(node: torch.fx.Node) -> bool:
+def _check_module_state(gm: torch.fx.GraphModule, node: torch.fx.Node, device: str, home: Mapping[str, str]) -> None:
+    """A module called whole reads its own tensors inside the call, where no copy can go: they must
+    live on its device."""
+    module = gm.get_submodule(str(node.target))
+    for name, _ in [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]:
+        target = f"{node.target}.{name}"
+        if home.get(target, device) != device:
+            raise HetpartError(f"op {node.name} runs module {node.target} whole on {device}, but the plan keeps its "
+                               f"tensor {target} on {home[target]} (a tied weight owned elsewhere): no copy can go "
+                               f"inside the call; re-plan with capture 'export', or pin both readers to one device")
+
+
+def _is_tensor_node(node: torch.fx.Node, tensors: set[str]) -> bool:
+    """Whether ``node``'s value is one tensor: its fake value says so (export), or the captured
+    graph's record of it (a symbolic trace); attributes and the emitter's copies are tensors."""
     val = node.meta.get("val")
-    if val is None:
-        return node.op in ("placeholder", "get_attr") or node.op.startswith("call")
-    return isinstance(val, torch.Tensor)
+    if val is not None:
+        return isinstance(val, torch.Tensor)
+    return node.op == "get_attr" or "hetpart_device" in node.meta or node.name in tensors
 
 
-def _device_of(
-    node: torch.fx.Node, node_device: Mapping[str, torch.device], home: Mapping[str, torch.device],
-    arrivals: Mapping[str, torch.device],
-) -> torch.device | None:
+def _device_of(node: torch.fx.Node, placed: Mapping[str, str], home: Mapping[str, str]) -> str | None:
+    """The logical device ``node``'s value lives on (None: a graph input, wherever the caller keeps it)."""
     if node.op == "get_attr":
         return home.get(str(node.target))
     if node.op == "placeholder":
-        # inputs arrive wherever the caller keeps them: copy (a no-op when there) unless known
-        return arrivals.get(node.name)
-    return node_device.get(node.name)
+        return None  # inputs arrive wherever the caller keeps them: always copy (a no-op when there)
+    return node.meta.get("hetpart_device", placed.get(node.name))
 
 
 _FACTORY_KWARGS = ("device",)
 
 
-def rebind_factory_devices(gm: torch.fx.GraphModule, node_device: Mapping[str, torch.device]) -> None:
+def rebind_factory_devices(gm: torch.fx.GraphModule, placed: Mapping[str, str],
+                           physical: Mapping[str, torch.device]) -> None:
     """Ops that create tensors (``arange``, ``zeros``, ``_to_copy``) create them on their own device."""
     for node in gm.graph.nodes:
-        if node.name in node_device and "device" in node.kwargs:
+        if node.name in placed and "device" in node.kwargs:
             kwargs = dict(node.kwargs)
-            kwargs["device"] = node_device[node.name]
+            kwargs["device"] = physical[placed[node.name]]
             node.kwargs = kwargs

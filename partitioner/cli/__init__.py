@@ -5,7 +5,11 @@ their predicted cost on each device), ``plan`` (place a model's ops, write the p
 ``report`` and ``explain`` (draw a plan; why an op sits where it does), ``demo`` (the seed case end
 to end), ``emit`` (write a plan as a runnable Python file) and ``check`` (run the emitted plan
 beside the original model and compare outputs, gradients and time; exit 1 when they differ),
-``launch`` (the torchrun commands of a pipeline plan, or a local run of every rank, ``--check``ed).
+``run`` (run a folder of ONNX parts written by ``emit`` for an ``.onnx`` model), ``profile`` (measure a
+model's ops on this machine, cached; write a costs file for ``plan --costs``), ``calibrate`` (fit
+a device profile of this machine to micro-benchmarks; a poor fit says so) and ``launch`` (the
+torchrun commands of a pipeline plan, or a local run of every rank, ``--check``ed). Every command
+that takes a model takes a ``.onnx`` file too (``--input-shape NAME=AxBxC`` binds symbolic dimensions).
 Errors from hetpart print as one message and exit 2; ``--debug`` shows the traceback instead.
 
 A subcommand is a module here with ``register(sub, common)``, listed in :data:`COMMANDS`;
@@ -15,15 +19,17 @@ A subcommand is a module here with ``register(sub, common)``, listed in :data:`C
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
-from partitioner.cli import check, demo, devices, emit, inspect_model, launch, plan, report
+from partitioner.cli import calibrate, check, demo, devices, emit, inspect_model, launch, plan, profile, report, run
 from partitioner.errors import HetpartError
+from partitioner.terminal import PrintableStream
 
 #: The subcommand modules, in the order ``hetpart --help`` lists them.
-COMMANDS = (devices, inspect_model, plan, report, demo, emit, check, launch)
+COMMANDS = (devices, inspect_model, plan, report, demo, emit, check, run, profile, calibrate, launch)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -31,19 +37,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, format="%(name)s: %(message)s")
+    with _printable_output():  # names from models, plans and profiles never drive the terminal
+        try:
+            return args.func(args)
+        except HetpartError as exc:
+            if args.debug:
+                raise
+            print(f"hetpart: error: {exc}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print("hetpart: interrupted", file=sys.stderr)
+            return 130
+        except BrokenPipeError:  # output piped into head and friends
+            sys.stderr.close()
+            return 0
+
+
+@contextlib.contextmanager
+def _printable_output() -> Iterator[None]:
+    """``sys.stdout`` and ``sys.stderr`` escape control characters while a command runs."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = PrintableStream(sys.stdout), PrintableStream(sys.stderr)
     try:
-        return args.func(args)
-    except HetpartError as exc:
-        if args.debug:
-            raise
-        print(f"hetpart: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("hetpart: interrupted", file=sys.stderr)
-        return 130
-    except BrokenPipeError:  # output piped into head and friends
-        sys.stderr.close()
-        return 0
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved
 
 
 def build_parser() -> argparse.ArgumentParser:

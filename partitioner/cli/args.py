@@ -43,25 +43,30 @@ def one_line_summary(plan, binding: dict[str, str]) -> str:  # noqa: ANN001 - a 
     """``gpt:tiny, 46 ops: cpu 26, cuda:0 20 (bound to cpu); predicted 273 µs per step on h200-host``."""
     from cost_models.units import format_seconds
 
+    from partitioner.terminal import one_line
+
     parts = []
     for device, ops in plan.per_device_ops().items():
         if ops:
-            bound = f" (bound to {binding[device]})" if binding.get(device, device) != device else ""
-            parts.append(f"{device} {len(ops)}{bound}")
+            bound = f" (bound to {one_line(binding[device])})" if binding.get(device, device) != device else ""
+            parts.append(f"{one_line(device)} {len(ops)}{bound}")
     total = plan.predicted["total_s"]
     predicted = format_seconds(total) if total is not None else "n/a"
     streamed = f", {len(plan.weights)} streamed ({plan.stream_mode})" if plan.weights else ""
-    return (f"{plan.model_name}, {plan.op_count} ops: {', '.join(parts)}{streamed}; "
-            f"predicted {predicted} per step on {plan.devices.name}")
+    return (f"{one_line(plan.model_name)}, {plan.op_count} ops: {', '.join(parts)}{streamed}; "
+            f"predicted {predicted} per step on {one_line(plan.devices.name)}")
 
 
 def pairs(items: list[str], flag: str, example: str) -> dict[str, str]:
     """``KEY=VALUE`` flags as a dict; a malformed one is an error naming the flag and an example."""
-    out = {}
+    out: dict[str, str] = {}
     for item in items:
         key, sep, value = item.rpartition("=")
         if not sep or not key or not value:
             raise HetpartError(f"{flag} {item!r}: expected KEY=VALUE, e.g. {flag} {example}")
+        if key in out and out[key] != value:
+            raise HetpartError(f"{flag} {key!r} is given twice ({key}={out[key]} and {key}={value}): "
+                               f"give each {key!r} once")
         out[key] = value
     return out
 
@@ -77,10 +82,72 @@ def print_progress(report) -> None:  # noqa: ANN001 - a solvers.ilp.Progress
           file=sys.stderr)
 
 
-def write_text(path: Path, text: str, *, force: bool) -> None:
-    """Write ``text`` atomically; refuse to replace an existing file unless ``force``."""
-    if path.exists() and not force:
-        raise HetpartError(f"{path} exists: pass --force to overwrite it")
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+def output_path(text: str, flag: str, *, force: bool) -> Path:
+    """The path a command will write, checked before the work starts (see
+    :func:`partitioner.files.check_output`): an empty path, a missing or read-only folder, a path
+    under a regular file, a target that is not a regular file, or an existing one without
+    ``--force`` fail at once."""
+    from partitioner.files import check_output
+
+    return check_output(text, force=force, flag=flag)
+
+
+def add_input_shape(sub: argparse.ArgumentParser) -> None:
+    """``--input-shape NAME=AxBxC`` (repeatable): static shapes for an ONNX model's symbolic inputs."""
+    sub.add_argument("--input-shape", action="append", default=[], metavar="NAME=AxBxC",
+                     help="ONNX models: the shape of an input with symbolic dimensions, e.g. input=1x3x224x224 "
+                          "(repeatable)")
+
+
+def input_shapes(items: list[str]) -> dict[str, tuple[int, ...]] | None:
+    """``--input-shape`` flags as ``{name: shape}``; an error names the flag and shows the form."""
+    if not items:
+        return None
+    out = {}
+    for name, text in pairs(items, "--input-shape", "input=1x3x224x224").items():
+        dims = text.lower().split("x") if text.lower() not in ("scalar", "") else []
+        if not all(d.strip().isdigit() for d in dims):
+            raise HetpartError(f"--input-shape {name}={text}: expected dimensions joined by x, e.g. "
+                               f"--input-shape {name}=1x3x224x224")
+        out[name] = tuple(int(d) for d in dims)
+    return out
+
+
+def add_inputs(sub: argparse.ArgumentParser) -> None:
+    """``--input NAME=FILE.npy`` (repeatable): an input of an ONNX model as a numpy file."""
+    sub.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
+                     help="an input of the model as a .npy file (repeatable)")
+
+
+def read_inputs(items: list[str]) -> dict[str, object]:
+    """``--input`` flags as ``{name: numpy array}``; an unreadable file is an error naming it."""
+    import numpy as np
+
+    out: dict[str, object] = {}
+    for name, file in pairs(items, "--input", "x=x.npy").items():
+        try:
+            out[name] = np.load(file, allow_pickle=False)
+        except FileNotFoundError:
+            raise HetpartError(f"--input {name}={file}: no such file") from None
+        except (OSError, ValueError) as err:
+            raise HetpartError(f"--input {name}={file}: not a numpy .npy file ({err}); save it with "
+                               f"numpy.save") from None
+    return out
+
+
+def progress_bar(stream=None):  # noqa: ANN001, ANN201 - a text stream; returns a measure.ProgressFn
+    """A ``progress(done, total, what)`` that draws ``what [######......] 3/7`` on ``stream``
+    (stderr): redrawn in place on a terminal, one line per finished phase otherwise."""
+    out = stream or sys.stderr
+    tty = out.isatty()
+
+    def show(done: int, total: int, what: str) -> None:
+        width = 24
+        filled = int(width * done / max(total, 1))
+        line = f"  {what:<24} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}"
+        if tty:
+            print("\r" + line, end="\n" if done >= total else "", file=out, flush=True)
+        elif done >= total:
+            print(line, file=out, flush=True)
+
+    return show

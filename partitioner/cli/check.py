@@ -1,22 +1,34 @@
-"""``hetpart check``: run a plan's emitted module beside the original; compare outputs and time."""
+"""``hetpart check``: run a plan's emitted module (for an ONNX model: its chained part sessions) beside the
+original (one whole-model session); compare outputs and time."""
 
 from __future__ import annotations
 
 import argparse
 
-from partitioner.cli.args import add_bind, naming_the_model, pairs, positive_int
+from partitioner.errors import HetpartError
+
+from partitioner.cli.args import (
+    add_bind, add_input_shape, add_inputs, input_shapes, naming_the_model, pairs, positive_int, read_inputs,
+)
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     """Add the subcommand to ``hetpart``'s parser."""
     ck = sub.add_parser("check", parents=[common],
                         help="run a plan's emitted module beside the original; compare outputs and time")
-    ck.add_argument("model", help="the model the plan was made for: zoo name (gpt, gpt:small) or file.py:factory")
+    ck.add_argument("model", help="the model the plan was made for: zoo name (gpt, gpt:small), file.py:factory "
+                                  "or model.onnx")
     ck.add_argument("--plan", required=True, metavar="PLAN.json", help="a plan file from `hetpart plan`")
     add_bind(ck)
     ck.add_argument("--training", action="store_true",
                     help="also compare the loss (sum of outputs) and every parameter's gradient")
     ck.add_argument("--repeat", type=positive_int, default=5, metavar="N", help="timed runs of each (median)")
+    ck.add_argument("--strict-devices", action="store_true",
+                    help="bind every plan device to its own CPU tag and fail on the first op reading a tensor "
+                         "from another device; print copies per link and resident bytes per device beside "
+                         "the plan's (checks a plan for a machine you do not have)")
+    add_input_shape(ck)
+    add_inputs(ck)
     ck.set_defaults(func=_cmd_check)
 
 
@@ -27,9 +39,21 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
     plan = Plan.load(args.plan)
     binding = pairs(args.bind, "--bind", "cuda:0=cpu")
-    loaded = load_model(args.model)  # real weights: both modules run
+    loaded = load_model(args.model, input_shapes=input_shapes(args.input_shape))  # real weights: both run
     with naming_the_model(plan, loaded.name):
-        report = check_plan(plan, loaded.module, loaded.example_inputs, binding or None,
-                            training=args.training, repeat=args.repeat)
+        if loaded.is_onnx:
+            from backends.onnx_parts import check_parts
+
+            if args.strict_devices:
+                raise HetpartError("--strict-devices checks torch plans; ONNX parts run on onnxruntime: check without it")
+            if args.training:
+                raise HetpartError("--training: ONNX models run forward only; check without it")
+            report = check_parts(plan, loaded.module, read_inputs(args.input) or None, binding or None,
+                                 repeat=args.repeat, input_shapes=loaded.input_shapes)
+        elif args.input:
+            raise HetpartError("--input feeds ONNX models; zoo and factory models bring their example inputs")
+        else:
+            report = check_plan(plan, loaded.module, loaded.example_inputs, binding or None,
+                                training=args.training, repeat=args.repeat, strict_devices=args.strict_devices)
     print(report.to_text())
     return 0 if report.passed else 1

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from partitioner.cli.args import write_text
+from partitioner.cli.args import output_path
+from partitioner.errors import HetpartError
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -23,19 +23,24 @@ def _cmd_devices(args: argparse.Namespace) -> int:
     from cost_models.detect import detect_local
     from cost_models.profiles import builtin_profiles, load_profile
 
+    target = output_path(args.write, "--write", force=args.force) if args.write is not None else None
     if args.detect:
         profile = detect_local(measure=not args.no_measure)
     elif args.profile:
         profile = load_profile(args.profile)
     else:
+        if target is not None:
+            raise HetpartError("--write needs a profile to write: give --detect or a PROFILE")
         print("built-in profiles (hetpart devices NAME shows one; --detect profiles this machine):")
         for name in builtin_profiles():
             ds = load_profile(name)
             print(f"  {name:<14} {', '.join(ds.names())}")
         return 0
-    if args.write:
-        write_text(Path(args.write), profile.to_toml(), force=args.force)
-        print(f"wrote {args.write}")
+    if target is not None:
+        from partitioner.files import write_atomic
+
+        write_atomic(target, profile.to_toml().encode("utf-8"))
+        print(f"wrote {target}")
     print(describe_profile(profile))
     return 0
 

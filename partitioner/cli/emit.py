@@ -1,22 +1,29 @@
-"""``hetpart emit``: write a plan as one runnable Python file for the model it was made for."""
+"""``hetpart emit``: write a plan as one runnable Python file for the model it was made for, or, for an
+ONNX model, as a folder of ONNX parts and their manifest (``hetpart run`` runs it)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from partitioner.cli.args import add_bind, naming_the_model, one_line_summary, pairs
+from partitioner.cli.args import (
+    add_bind, add_input_shape, input_shapes, naming_the_model, one_line_summary, output_path, pairs,
+)
 from partitioner.errors import HetpartError
+from partitioner.files import check_output
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     """Add the subcommand to ``hetpart``'s parser."""
     em = sub.add_parser("emit", parents=[common], help="write a plan as a runnable Python file")
-    em.add_argument("model", help="the model the plan was made for: zoo name (gpt, gpt:small) or file.py:factory")
+    em.add_argument("model", help="the model the plan was made for: zoo name (gpt, gpt:small), file.py:factory "
+                                  "or model.onnx")
     em.add_argument("--plan", required=True, metavar="PLAN.json", help="a plan file from `hetpart plan`")
-    em.add_argument("-o", "--output", required=True, metavar="FILE.py", help="the Python file to write")
+    em.add_argument("-o", "--output", required=True, metavar="FILE.py|DIR",
+                    help="the Python file to write (ONNX models: the folder of parts)")
     add_bind(em)
-    em.add_argument("--force", action="store_true", help="overwrite FILE.py if it exists")
+    add_input_shape(em)
+    em.add_argument("--force", action="store_true", help="overwrite FILE.py (or DIR) if it exists")
     em.set_defaults(func=_cmd_emit)
 
 
@@ -24,15 +31,32 @@ def _cmd_emit(args: argparse.Namespace) -> int:
     from partitioner.model_source import load_model
     from partitioner.plan import Plan
 
-    output = Path(args.output)
-    if output.exists() and not args.force:
-        raise HetpartError(f"{output} exists: pass --force to overwrite it")
+    onnx = str(args.model).lower().endswith(".onnx")  # parts go to a folder, replaced whole with --force
+    output = check_output(args.output, force=args.force, replace_special=onnx, flag="-o") if onnx \
+        else output_path(args.output, "-o", force=args.force)
     plan = Plan.load(args.plan)
     binding = pairs(args.bind, "--bind", "cuda:0=cpu")
-    loaded = load_model(args.model)  # real weights: the file is written for this model
+    loaded = load_model(args.model, input_shapes=input_shapes(args.input_shape))  # real weights
+    if loaded.is_onnx:
+        return _emit_onnx(args, plan, loaded, output, binding)
     with naming_the_model(plan, loaded.name):
         plan.emit_source(output, loaded.module, binding or None, example_inputs=loaded.example_inputs,
                          force=args.force)
     print(f"wrote {output}")
     print(one_line_summary(plan, binding))
+    return 0
+
+
+def _emit_onnx(args: argparse.Namespace, plan, loaded, output: Path, binding: dict[str, str]) -> int:  # noqa: ANN001
+    if binding:
+        raise HetpartError("--bind chooses where parts run: give it to `hetpart run DIR --bind ...`, not to emit")
+    with naming_the_model(plan, loaded.name):
+        plan.emit_onnx(output, loaded.module, input_shapes=loaded.input_shapes, force=args.force)
+    from backends.onnx_parts.manifest import MANIFEST, Manifest
+
+    manifest = Manifest.from_json((output / MANIFEST).read_text(encoding="utf-8"), str(output / MANIFEST))
+    print(f"wrote {output}: {len(manifest.parts)} parts and {MANIFEST} "
+          f"({', '.join(f'{p.file} on {p.device}' for p in manifest.parts[:4])}"
+          f"{', ...' if len(manifest.parts) > 4 else ''}); run it with `hetpart run {output} --input NAME=FILE.npy`")
+    print(one_line_summary(plan, {}))
     return 0

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-from partitioner.cli.args import pairs, positive_int, print_progress
+from partitioner.cli.args import add_input_shape, input_shapes, output_path, pairs, positive_int, print_progress
 from partitioner.errors import HetpartError
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     """Add the subcommand to ``hetpart``'s parser."""
     pl = sub.add_parser("plan", parents=[common], help="place a model's ops on the devices of a profile")
-    pl.add_argument("model", help="zoo name (gpt, gpt:small) or path/to/file.py:factory")
+    pl.add_argument("model", help="zoo name (gpt, gpt:small), path/to/file.py:factory or model.onnx")
     pl.add_argument("--devices", default="h200-host", metavar="PROFILE", help="built-in profile or TOML file")
     pl.add_argument("--objective", default="latency", choices=["latency", "throughput", "makespan"])
     pl.add_argument("--memory", action="append", default=[], metavar="DEVICE=SIZE",
@@ -32,6 +31,12 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     pl.add_argument("--capture", default="export", choices=["export", "symbolic_trace"])
     pl.add_argument("--align-modules", action="append", default=[], metavar="CLASS",
                     help="keep every instance of a module class on one device, e.g. Block (repeatable)")
+    pl.add_argument("--dynamic", metavar="DIMS", default=None,
+                    help="input dimensions the emitted module may run at other sizes: batch (dim 0), seq "
+                         "(dim 1), NAME=DIM; comma-separated, e.g. batch,seq (costed at the example size)")
+    pl.add_argument("--costs", default="analytic", metavar="analytic|profiled|COSTS.json",
+                    help="op times: the profile's roofline, measured now on this machine, or a costs file "
+                         "from `hetpart profile`")
     pl.add_argument("--micro-batches", type=positive_int, metavar="N",
                     help="pipeline stages: split each step's batch into N micro-batches (default: the largest "
                          "divisor of the batch up to 2x the devices); throughput on a cluster plans stages anyway")
@@ -41,29 +46,39 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     pl.add_argument("--format", default="json", choices=["json", "device-map", "csv"],
                     help="json: the plan file; device-map: accelerate's device_map; csv: op, module, device, seconds")
     pl.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
+    add_input_shape(pl)
     pl.set_defaults(func=_cmd_plan)
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
+    from cost_models.profiles import load_profile
     from partitioner.model_source import load_model
     from partitioner.planner import partition
 
-    if args.output and Path(args.output).exists() and not args.force:
-        raise HetpartError(f"{args.output} exists: pass --force to overwrite it")
-    if args.format != "json" and not args.output:
+    from partitioner.planner import check_limits
+
+    check_limits(args.time_limit, args.gap, ("--time-limit", "--gap"))
+    if args.output is not None:
+        output_path(args.output, "-o", force=args.force)
+    if args.format != "json" and args.output is None:
         raise HetpartError(f"--format {args.format} writes a file: give it with -o FILE")
-    loaded = load_model(args.model, device="meta")  # zoo models: shapes only, no memory for weights
+    profile = load_profile(args.devices)  # a bad profile fails before the model is built and captured
+    # zoo models: shapes only, no memory for weights (measuring ops needs real ones);
+    # ONNX models: the path, imported by partition
+    loaded = load_model(args.model, device=None if args.costs == "profiled" else "meta",
+                        input_shapes=input_shapes(args.input_shape))
     memory = pairs(args.memory, "--memory", "cuda:0=2GB")
     pins = pairs(args.pin, "--pin", "'emb*=cpu'")
-    print(f"capturing {loaded.name} ({args.capture}) ...", file=sys.stderr)
+    print(f"capturing {loaded.name} ({'onnx' if loaded.is_onnx else args.capture}) ...", file=sys.stderr)
     plan = partition(
-        loaded.module, loaded.example_inputs, args.devices,
+        loaded.module, loaded.example_inputs, profile,
         objective=args.objective, memory=memory, training=args.training, optimizer=args.optimizer,
         pins=pins, solver=args.solver, time_limit=args.time_limit, gap=args.gap,
         streaming=not args.no_streaming, coarsen={"on": True, "off": False}.get(args.coarsen, "auto"),
         no_split=loaded.no_split, capture=args.capture, model_name=loaded.name, progress=print_progress,
-        align_modules=args.align_modules, micro_batches=args.micro_batches, schedule=args.schedule,
-        stages=args.stages,
+        align_modules=args.align_modules, dynamic_shapes=_dynamic(args.dynamic), input_shapes=loaded.input_shapes,
+        costs=args.costs,
+        micro_batches=args.micro_batches, schedule=args.schedule, stages=args.stages,
     )
     print(plan.summary())
     if args.output:
@@ -72,3 +87,13 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         write_export(plan, args.output, args.format, force=args.force)
         print(f"wrote {args.output} ({args.format})")
     return 0
+
+
+def _dynamic(text: str | None) -> tuple[str, ...] | None:
+    """``--dynamic batch,seq`` as names; an empty value is an error."""
+    if text is None:
+        return None
+    names = tuple(part.strip() for part in text.split(","))
+    if not all(names):
+        raise HetpartError(f"--dynamic {text!r}: expected comma-separated names, e.g. --dynamic batch,seq")
+    return names

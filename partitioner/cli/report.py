@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from partitioner.cli.args import add_input_shape, input_shapes, output_path
+
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     """Add the subcommand to ``hetpart``'s parser."""
@@ -12,7 +14,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     rp.add_argument("plan", metavar="PLAN.json")
     rp.add_argument("-o", "--output", metavar="FILE", help="report.html, or a folder for --format png")
     rp.add_argument("--format", default="html", choices=["html", "png"])
-    rp.add_argument("--model", help="check the plan belongs to this model first (zoo name or file.py:factory)")
+    rp.add_argument("--model", help="check the plan belongs to this model first (zoo name, file.py:factory "
+                                    "or model.onnx)")
+    add_input_shape(rp)
     rp.add_argument("--force", action="store_true", help="overwrite existing files")
     rp.set_defaults(func=_cmd_report)
 
@@ -25,20 +29,30 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 def _cmd_report(args: argparse.Namespace) -> int:
     from partitioner.plan import Plan
     from partitioner.report import write_pngs, write_report
+    from partitioner.report.png import check_png_folder
 
+    if args.format == "png":
+        check_png_folder(args.output if args.output is not None else "report-png", force=args.force)
+    else:
+        output_path(args.output if args.output is not None else "report.html", "-o", force=args.force)
     plan = Plan.load(args.plan)
     if args.model:
         from backends.torch.module import capture_for
         from partitioner.model_source import load_model
 
-        loaded = load_model(args.model, device="meta")
-        capture_for(plan, loaded.module, loaded.example_inputs)  # raises PlanMismatch with both fingerprints
+        loaded = load_model(args.model, device="meta", input_shapes=input_shapes(args.input_shape))
+        if loaded.is_onnx:
+            from backends.onnx_parts import graph_for
+
+            graph_for(plan, loaded.module, loaded.input_shapes)  # raises PlanMismatch with both fingerprints
+        else:
+            capture_for(plan, loaded.module, loaded.example_inputs)
     if args.format == "png":
-        folder = Path(args.output or "report-png")
+        folder = Path(args.output if args.output is not None else "report-png")
         for path in write_pngs(plan, folder, force=args.force):
             print(f"wrote {path}")
         return 0
-    path = write_report(plan, args.output or "report.html", force=args.force)
+    path = write_report(plan, args.output if args.output is not None else "report.html", force=args.force)
     print(f"wrote {path}")
     return 0
 

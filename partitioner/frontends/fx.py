@@ -12,11 +12,12 @@ view. The caller's model and graph are never modified.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import operator
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +28,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from partitioner.errors import CaptureError
+from partitioner.frontends.inputs import dynamic_dims, export_dynamic_shapes
+from partitioner.frontends.names import check_fx_names
 from partitioner.frontends.aten_costs import FlopTable, classify, dominant_class, op_name
 from partitioner.ir import NOT_A_TENSOR, Op, OpClass, OpGraph, Param, Tensor
 
@@ -51,6 +54,7 @@ def from_module(
     capture: Capture | str = Capture.EXPORT,
     *,
     name: str | None = None,
+    dynamic_shapes: Any = None,
 ) -> OpGraph:
     """Capture ``model`` called on ``example_inputs`` as an OpGraph.
 
@@ -59,6 +63,9 @@ def from_module(
         example_inputs: a tensor or a tuple of positional arguments.
         capture: ``"export"`` (torch.export, the default) or ``"symbolic_trace"``.
         name: the graph's name (default: the model's class name).
+        dynamic_shapes: dimensions that may vary at run time (export only), in any form
+            :func:`partitioner.frontends.inputs.dynamic_dims` reads, e.g. ``("batch", "seq")``;
+            costs are those of the example sizes.
 
     Returns:
         The OpGraph, with ``graph.source`` holding the ExportedProgram or GraphModule.
@@ -77,10 +84,16 @@ def from_module(
     args = _as_args(example_inputs)
     name = name or type(model).__name__
     params = _ParamTable.of_module(model)
+    dims = dynamic_dims(dynamic_shapes, args)
+    if any(dims) and mode is not Capture.EXPORT:
+        raise CaptureError("dynamic shapes need capture='export' (torch.export's Dim); "
+                           "symbolic_trace records one shape")
     if mode is Capture.EXPORT:
-        program = _export(model, args)
+        program = _export(model, args, export_dynamic_shapes(dims))
         source = _export_source(program, params, args)
     else:
+        check_fx_names(model, "capture='symbolic_trace'",  # fx writes these names as code while tracing
+                       hint="or capture with torch.export (capture='export', the default)")
         gm = _symbolic_trace(model)
         source = _Source(gm, program=gm, params=params, inputs=dict(zip(_placeholders(gm), args)), root=model)
         _check_arity(gm, args, "symbolic_trace")
@@ -115,6 +128,31 @@ def from_graph_module(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *
     return _lower(source, name or "compiled", "in the torch.compile graph,", "")
 
 
+@contextlib.contextmanager
+def capture_mode(model: Any, *, training: bool) -> Iterator[None]:
+    """Capture a training plan's model in train mode, whatever mode the caller left it in.
+
+    torch.export records the mode (batch norm and dropout become other ops), so ``plan
+    --training``, ``emit`` of a training plan and ``check --training`` must all capture in train
+    mode; each submodule's own flag is put back afterwards. For inference the model is captured
+    in the mode it is in.
+
+    Example:
+        >>> with capture_mode(model, training=True):          # doctest: +SKIP
+        ...     graph = from_module(model, inputs)
+    """
+    if not training or not isinstance(model, torch.nn.Module):
+        yield
+        return
+    modes = [(m, m.training) for m in model.modules()]
+    model.train()
+    try:
+        yield
+    finally:
+        for module, mode in modes:
+            module.training = mode
+
+
 # --------------------------------------------------------------------------------------------
 # Capture
 # --------------------------------------------------------------------------------------------
@@ -137,9 +175,9 @@ def _as_args(example_inputs: Any) -> tuple:
     return (example_inputs,)
 
 
-def _export(model: torch.nn.Module, args: tuple) -> torch.export.ExportedProgram:
+def _export(model: torch.nn.Module, args: tuple, dynamic_shapes: Any = None) -> torch.export.ExportedProgram:
     try:
-        return torch.export.export(model, args, strict=False)
+        return torch.export.export(model, args, dynamic_shapes=dynamic_shapes, strict=False)
     except Exception as exc:  # torch raises many types here; re-raised with the capture named
         raise CaptureError(
             f"torch.export could not capture {type(model).__name__}: {_first_line(exc)}\n"
@@ -189,7 +227,10 @@ def _export_source(program: torch.export.ExportedProgram, params: _ParamTable, a
             param_placeholders[ph] = canonical
         elif spec.kind is InputKind.USER_INPUT:
             inputs[ph] = next(user_values)
-        else:  # lifted constant tensors, custom objects, tokens
+        elif spec.kind is InputKind.CONSTANT_TENSOR:  # a plain tensor attribute: held like a buffer
+            value = program.constants.get(spec.target)
+            param_placeholders[ph] = params.canonical(spec.target) or params.add(spec.target, value, trainable=False)
+        else:  # custom objects, tokens
             inputs[ph] = program.constants.get(spec.target)
     return _Source(
         program.graph_module, program=program, params=params, inputs=inputs, param_placeholders=param_placeholders
@@ -656,4 +697,4 @@ def _kind_of(node: torch.fx.Node, gm: torch.nn.Module) -> str:
     return f"{module}.{qual}" if module else qual
 
 
-__all__ = ["Capture", "from_module", "from_graph_module"]
+__all__ = ["Capture", "capture_mode", "from_module", "from_graph_module"]

@@ -5,8 +5,10 @@ The file (``format_version`` 1) holds these top-level keys, in this order::
     format_version  1
     model           {"name", "fingerprint", "op_count", "modules": {op: module path},
                      "param_ops": [ops that own parameters or buffers],
-                     optional "capture": "export" | "symbolic_trace",
-                     optional "inputs": [{"shape", "dtype"}, ...] to re-capture the model,
+                     optional "capture": "export" | "symbolic_trace" | "onnx" (imported ONNX),
+                     optional "inputs": [{"shape", "dtype", optional "dynamic"} or {"value"}, ...]:
+                     each positional input as passed (None and numbers by value), to
+                     re-capture the model and check calls,
                      optional "edges": [[producer op, consumer op], ...] to draw the graph,
                      optional "param_names": {op: [parameters it owns]} for device maps,
                      optional "op_bytes": {op: [output bytes, parameter bytes]}}
@@ -26,6 +28,9 @@ The file (``format_version`` 1) holds these top-level keys, in this order::
     solver          {"name", "status", "objective", "bound", "gap", "seconds"}
     baselines       {name: {"total_s", "feasible", "note"}}
     constraints     optional {"pins", "memory_caps", "streaming", "align_modules"}
+    costs           optional {"model": "analytic" | "profiled", "source": costs file,
+                     "measured": {device: ops measured}, "fell_back": {device: [ops priced analytically]},
+                     "unsupported": {op: {device: why it failed when measured}}}; absent = analytic
     pipeline        optional {"micro_batches", "schedule", "world_size", "stages": [...], ...}:
                     pipeline stages, their ranks and hosts (see partitioner.plan.pipeline)
 
@@ -36,9 +41,9 @@ is a :class:`PlanFormatError` naming the file and the field path (``solver.gap``
 ``placement["linear_3"]``).
 
 Modules: ``record`` (the :class:`Plan` record), ``values`` (its value types and format
-constants), ``reader`` (reading and validating files), ``device_map`` (the accelerate-style
-module view), ``summary`` (the text for people), ``from_solve`` (a plan from a solver's solution),
-``pipeline`` (the optional pipeline section).
+constants), ``reader`` (reading and validating files), ``consistency`` (the sections agree
+with each other), ``device_map`` (the accelerate-style module view), ``summary`` (the text for
+people), ``from_solve`` (a plan from a solver's solution), ``pipeline`` (the optional pipeline section).
 """
 
 from partitioner.plan.record import Plan

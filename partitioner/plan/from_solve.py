@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from partitioner.plan.pipeline import pipeline_record
-from partitioner.plan.values import BaselineInfo, SolverInfo, TransferInfo
+from partitioner.plan.values import BaselineInfo, InputSpec, SolverInfo, TransferInfo
 
 if TYPE_CHECKING:
     from partitioner.solvers.problem import Evaluation, Problem, Solution
@@ -29,8 +29,17 @@ def fields_from_solution(
     model_name: str | None = None,
     capture: str = "export",
     constraints: Mapping[str, Any] | None = None,
+    inputs: tuple[InputSpec, ...] | None = None,
+    ilp: Solution | None = None,
+    requested_gap: float | None = None,
 ) -> dict[str, Any]:
-    """The fields of the plan of ``solution`` (see :meth:`Plan.from_solution`)."""
+    """The fields of the plan of ``solution`` (see :meth:`Plan.from_solution`).
+
+    ``inputs`` are the model's positional inputs as passed (default: the graph's input tensors).
+    ``ilp`` is the ILP's own solution when ``solution`` is another solver's placement that beat
+    it (kept beside it in the plan); ``requested_gap`` the gap the ILP was asked for. The bound is
+    written as the solver proved it (never clamped to the objective), the gap from the two.
+    """
     from partitioner.solvers.problem import evaluate
 
     ev = evaluation if evaluation is not None else evaluate(problem, solution.placement)
@@ -41,7 +50,8 @@ def fields_from_solution(
     order = placement.order or problem.nodes
     return dict(
         model_name=model_name or graph.name,
-        inputs=tuple((graph.tensors[t].shape, graph.tensors[t].dtype) for t in graph.inputs),
+        inputs=inputs if inputs is not None else tuple(
+            InputSpec("tensor", graph.tensors[t].shape, graph.tensors[t].dtype) for t in graph.inputs),
         capture=capture,
         edges=tuple((u, v) for u, v in graph.dag.edges),
         param_names={op.name: tuple(n for p in op.owned_params for n in (p, *graph.params[p].aliases))
@@ -49,6 +59,7 @@ def fields_from_solution(
         op_bytes={op.name: (sum(graph.tensors[t].nbytes for t in op.outputs), op.param_bytes)
                   for op in graph.topological_order()},
         constraints=dict(constraints or {}),
+        costs=problem.costs.record(),
         pipeline=pipeline_record(problem, placement) if problem.options.pipeline is not None else {},
         fingerprint=graph.fingerprint(),
         op_count=len(graph),
@@ -70,18 +81,26 @@ def fields_from_solution(
                    "lower_bound_s": lower_bound if lower_bound is not None else solution.bound,
                    "per_op_s": _per_op_seconds(problem, device),
                    "per_op_device_s": _per_op_device_seconds(problem)},
-        solver=SolverInfo(solution.solver, getattr(solution.status, "value", solution.status),
-                          ev.total_s, _bound(ev.total_s, solution.bound), _gap(ev.total_s, solution.bound),
-                          solution.seconds),
+        solver=_solver_info(problem, solution, ev.total_s, ilp, requested_gap),
         baselines={name: b if isinstance(b, BaselineInfo) else
                    BaselineInfo(b.total_s, b.feasible, "; ".join(b.violations[:1]))
                    for name, b in (baselines or {}).items()},
     )
 
 
-def _bound(objective: float, bound: float | None) -> float | None:
-    """A solver's bound can exceed the evaluated objective by its tolerance: never report it above."""
-    return None if bound is None else min(bound, objective)
+def _solver_info(problem: Problem, solution: Solution, objective: float, ilp: Solution | None,
+                 requested_gap: float | None) -> SolverInfo:
+    nodes = len(problem.nodes) if problem.graph is not problem.original else None
+    own = None
+    if ilp is not None and ilp.solver != solution.solver:  # the plan carries another solver's placement
+        own = SolverInfo(ilp.solver, _word(ilp.status), ilp.objective, ilp.bound, _gap(ilp.objective, ilp.bound),
+                         ilp.seconds, requested_gap, nodes, ilp.note)
+    return SolverInfo(solution.solver, _word(solution.status), objective, solution.bound,
+                      _gap(objective, solution.bound), solution.seconds, requested_gap, nodes, solution.note, own)
+
+
+def _word(status: Any) -> str:
+    return getattr(status, "value", status)
 
 
 def _gap(objective: float | None, bound: float | None) -> float | None:
@@ -95,14 +114,13 @@ def _gap(objective: float | None, bound: float | None) -> float | None:
 
 def _per_op_device_seconds(problem: Problem) -> dict[str, dict[str, float | None]]:
     """Each op's time on every device of the profile (None where the device cannot run it)."""
-    from cost_models.analytic import op_time
-    from cost_models.training import training_op_time
-
-    cost = training_op_time if problem.options.training else op_time
+    costs = problem.costs
+    cost = costs.training_op_time if problem.options.training else costs.op_time
     out: dict[str, dict[str, float | None]] = {}
     for op in problem.original.topological_order():
         out[op.name] = {
-            d.name: cost(op, d).seconds if d.supports(op.kind, op.op_class.value) else None
+            d.name: cost(op, d).seconds
+            if d.supports(op.kind, op.op_class.value) and costs.unsupported(op, d) is None else None
             for d in problem.devices.devices
         }
     return out
@@ -110,9 +128,6 @@ def _per_op_device_seconds(problem: Problem) -> dict[str, dict[str, float | None
 
 def _per_op_seconds(problem: Problem, device: Mapping[str, str]) -> dict[str, float]:
     """Each op's own time on its device, the cost model's view of the problem's node times."""
-    from cost_models.analytic import op_time
-    from cost_models.training import training_op_time
-
-    cost = training_op_time if problem.options.training else op_time
+    cost = problem.costs.training_op_time if problem.options.training else problem.costs.op_time
     ops = problem.original.ops
     return {op: cost(ops[op], problem.devices.device(d)).seconds for op, d in device.items()}

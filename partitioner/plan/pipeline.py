@@ -157,6 +157,7 @@ def summary_lines(plan: Any) -> list[str]:
           stage 0  rank 0  host0/cpu     24 ops  compute 51.0 µs  send 20.3 µs (2.00 KiB)  1 in flight  83.75 KiB
     """
     from cost_models.units import format_bytes, format_seconds
+    from partitioner.terminal import one_line
 
     section = plan.pipeline
     if not section:
@@ -164,11 +165,11 @@ def summary_lines(plan: Any) -> list[str]:
     lines = [f"  pipeline   {section['world_size']} stages, {section['schedule']}, {section['micro_batches']} "
              f"micro-batches: bottleneck {format_seconds(section['bottleneck_s'])} per micro-batch, bubble "
              f"{format_seconds(section['bubble_s'])}, optimizer {format_seconds(section['optimizer_s'])}"]
-    width = max(len(st["device"]) for st in section["stages"])
+    width = max(len(one_line(st["device"])) for st in section["stages"])
     for st in section["stages"]:
         send = (f"send {format_seconds(st['send_s'])} ({format_bytes(st['send_bytes'])})"
                 if st["index"] + 1 < section["world_size"] else "returns the outputs")
-        lines.append(f"  stage {st['index']}  rank {st['rank']}  {st['device']:<{width}} {st['ops']:>5} ops  compute "
+        lines.append(f"  stage {st['index']}  rank {st['rank']}  {one_line(st['device']):<{width}} {st['ops']:>5} ops  compute "
                      f"{format_seconds(st['compute_s'])}  {send}  {st['in_flight']} in flight  "
                      f"{format_bytes(st['memory'])}")
     return lines

@@ -20,10 +20,15 @@ from partitioner.errors import ProfileError
 from partitioner.plan.pipeline import read_pipeline
 from partitioner.plan.values import (
     _BASELINE_KEYS, _MEMORY_KEYS, _MODEL_KEYS, _OBJECTIVES, _OPTIMIZERS, _PREDICTED_MAPS,
-    _PREDICTED_OPTIONAL, _PREDICTED_REQUIRED, _REPLAN, _SOLVER_KEYS, _STREAM_MODES, _TRANSFER_KEYS,
+    _PREDICTED_OPTIONAL, _PREDICTED_REQUIRED, _REPLAN, _SOLVER_KEYS, _SOLVER_OPTIONAL, _STATUSES, _STREAM_MODES,
+    _TRANSFER_KEYS,
     _TRANSFER_KINDS, FORMAT_VERSION, TOP_LEVEL_KEYS, BaselineInfo, PlanFormatError, SolverInfo,
-    TransferInfo, _finite_or_none,
+    InputSpec, TransferInfo, _finite_or_none,
 )
+
+#: dtypes a plan's tensor inputs may have (torch's names; the same as a profile's)
+_TENSOR_DTYPES = ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8",
+                  "bool", "complex64", "complex128", "float8_e4m3fn", "float8_e5m2")
 
 
 def plan_fields(d: Any, source: str) -> dict[str, Any]:
@@ -32,7 +37,7 @@ def plan_fields(d: Any, source: str) -> dict[str, Any]:
     top = r.mapping(d, "")
     if "format_version" in top:
         _check_version(r, top["format_version"])
-    r.keys(top, "", TOP_LEVEL_KEYS, ("constraints", "pipeline"))
+    r.keys(top, "", TOP_LEVEL_KEYS, ("constraints", "costs", "pipeline"))
     model = r.keys(top["model"], "model", _MODEL_KEYS, ("capture", "inputs", "edges", "param_names", "op_bytes"))
     return dict(
         model_name=r.string(model["name"], "model.name"),
@@ -63,6 +68,7 @@ def plan_fields(d: Any, source: str) -> dict[str, Any]:
         op_bytes=r.string_map(model.get("op_bytes", {}), "model.op_bytes",
                               lambda v, q: tuple(r.count(x, f"{q}[{i}]") for i, x in enumerate(r.array(v, q)))),
         constraints=_read_constraints(r, top.get("constraints", {})),
+        costs=_read_costs(r, top.get("costs", {})),
         pipeline=read_pipeline(r, top.get("pipeline", {})),
         source=source,
     )
@@ -87,6 +93,25 @@ def _read_constraints(r: FieldReader, value: Any) -> dict[str, Any]:
     return out
 
 
+def _read_costs(r: FieldReader, value: Any) -> dict[str, Any]:
+    """``costs``: the cost model that priced the plan (absent in older plans: the analytic one)."""
+    c = r.mapping(value, "costs")
+    if not c:
+        return {}
+    c = r.keys(c, "costs", ("model",), ("source", "measured", "fell_back", "unsupported"))
+    out: dict[str, Any] = {"model": r.string(c["model"], "costs.model")}
+    if "source" in c:
+        out["source"] = r.string(c["source"], "costs.source")
+    if "measured" in c:
+        out["measured"] = r.string_map(c["measured"], "costs.measured", r.count)
+    if "fell_back" in c:
+        out["fell_back"] = r.string_map(c["fell_back"], "costs.fell_back", r.string_list)
+    if "unsupported" in c:
+        out["unsupported"] = r.string_map(c["unsupported"], "costs.unsupported",
+                                          lambda v, q: r.string_map(v, q, r.string))
+    return out
+
+
 def _read_edge(r: FieldReader, value: Any, path: str) -> tuple[str, str]:
     pair = r.array(value, path)
     if len(pair) != 2:
@@ -94,10 +119,33 @@ def _read_edge(r: FieldReader, value: Any, path: str) -> tuple[str, str]:
     return r.string(pair[0], f"{path}[0]"), r.string(pair[1], f"{path}[1]")
 
 
-def _read_input(r: FieldReader, value: Any, path: str) -> tuple[tuple[int, ...], str]:
-    item = r.keys(value, path, ("shape", "dtype"))
+def _read_input(r: FieldReader, value: Any, path: str) -> InputSpec:
+    item = r.mapping(value, path)
+    if "value" in item:
+        r.keys(item, path, ("value",))
+        v = item["value"]
+        if v is not None and (not isinstance(v, (bool, int, float)) or
+                              (isinstance(v, float) and not math.isfinite(v))):
+            r.expected(_field(path, "value"), "null, true, false or a number", v)
+        kind = "none" if v is None else "bool" if isinstance(v, bool) else type(v).__name__
+        return InputSpec(kind, value=v)
+    item = r.keys(value, path, ("shape", "dtype"), ("dynamic",))
     shape = tuple(r.count(v, f"{path}.shape[{i}]") for i, v in enumerate(r.array(item["shape"], f"{path}.shape")))
-    return shape, r.string(item["dtype"], f"{path}.dtype")
+    dtype = r.string(item["dtype"], f"{path}.dtype")
+    if dtype not in _TENSOR_DTYPES:
+        r.fail(_field(path, "dtype"), f"{_show(dtype)} is not a tensor dtype; expected one of "
+                                      f"{', '.join(_TENSOR_DTYPES)}")
+    dynamic = {}
+    for key, dim in r.mapping(item.get("dynamic", {}), _field(path, "dynamic")).items():
+        q = _key(_field(path, "dynamic"), key)
+        if not key.isdigit() or int(key) >= len(shape):
+            r.fail(q, f"expected a dimension of the shape (0 to {len(shape) - 1})")
+        d = r.keys(dim, q, ("name", "min", "max"))
+        lo, hi = r.count(d["min"], _field(q, "min")), d["max"]
+        if hi is not None and (r.count(hi, _field(q, "max")) < max(lo, 1)):
+            r.fail(_field(q, "max"), f"{hi} is below min {lo}")
+        dynamic[int(key)] = (r.string(d["name"], _field(q, "name")), lo, hi)
+    return InputSpec("tensor", shape, dtype, dynamic=dynamic)
 
 
 def _show(value: Any) -> str:
@@ -205,6 +253,9 @@ def parse_json(text: str, source: str) -> Any:
 
     try:
         return json.loads(text, parse_constant=reject_constant, object_pairs_hook=_no_duplicates(source))
+    except RecursionError:
+        raise PlanFormatError(f"{source}: arrays or objects are nested too deeply (thousands of levels) "
+                              f"for a plan: the file is not a plan; {_REPLAN}") from None
     except json.JSONDecodeError as err:
         if err.pos >= len(text.rstrip()) or err.msg.startswith("Unterminated string"):
             last = text.rstrip().count("\n") + 1
@@ -213,6 +264,13 @@ def parse_json(text: str, source: str) -> Any:
                 f"interrupted copy or write?); restore it or {_REPLAN}") from None
         raise PlanFormatError(f"{source}: line {err.lineno}, column {err.colno}: JSON syntax error: "
                               f"{err.msg}") from None
+    except ValueError as err:  # an integer of more digits than Python converts (4300 by default)
+        raise PlanFormatError(f"{source}: a number in the file is too long to read ({_first(err)}); "
+                              f"no plan field needs one; {_REPLAN}") from None
+
+
+def _first(err: BaseException) -> str:
+    return str(err).split(";")[0].strip()
 
 
 def _no_duplicates(source: str) -> Callable[[list[tuple[str, Any]]], dict[str, Any]]:
@@ -255,15 +313,25 @@ def _read_transfer(r: FieldReader, value: Any, path: str) -> TransferInfo:
     )
 
 
-def _read_solver(r: FieldReader, value: Any) -> SolverInfo:
-    s = r.keys(value, "solver", _SOLVER_KEYS)
+def _read_solver(r: FieldReader, value: Any, path: str = "solver") -> SolverInfo:
+    optional = _SOLVER_OPTIONAL if path == "solver" else tuple(k for k in _SOLVER_OPTIONAL if k != "ilp")
+    s = r.keys(value, path, _SOLVER_KEYS, optional)
+    status = r.string(s["status"], f"{path}.status")
+    if status not in _STATUSES:
+        r.fail(f"{path}.status", f"unknown status {_show(status)}; a plan's status is one of "
+                                 f"{', '.join(_STATUSES[:-1])}")
+    nodes = s.get("nodes")
     return SolverInfo(
-        name=r.string(s["name"], "solver.name"),
-        status=r.string(s["status"], "solver.status"),
-        objective=r.number_or_null(s["objective"], "solver.objective"),
-        bound=r.number_or_null(s["bound"], "solver.bound"),
-        gap=r.number_or_null(s["gap"], "solver.gap"),
-        seconds=r.number(s["seconds"], "solver.seconds"),
+        name=r.string(s["name"], f"{path}.name"),
+        status=status,
+        objective=r.number_or_null(s["objective"], f"{path}.objective"),
+        bound=r.number_or_null(s["bound"], f"{path}.bound"),
+        gap=r.number_or_null(s["gap"], f"{path}.gap"),
+        seconds=r.number(s["seconds"], f"{path}.seconds"),
+        requested_gap=r.number_or_null(s.get("requested_gap"), f"{path}.requested_gap"),
+        nodes=r.count(nodes, f"{path}.nodes") if nodes is not None else None,
+        note=r.string(s.get("note", ""), f"{path}.note"),
+        ilp=_read_solver(r, s["ilp"], f"{path}.ilp") if s.get("ilp") is not None else None,
     )
 
 
@@ -335,6 +403,9 @@ def check_references(plan: Any, r: FieldReader) -> None:
     for op in plan.predicted.get("per_op_s", {}):
         op_ok(op, _key("predicted.per_op_s", op))
     r.number(plan.solver.seconds, "solver.seconds")
+    from partitioner.plan.consistency import check_sections  # after the references: it relies on them
+
+    check_sections(plan, r)
 
 
 def _check_choice(r: FieldReader, value: Any, path: str, choices: Sequence[str]) -> None:

@@ -14,7 +14,7 @@ and the views users call); reading and validating files is :mod:`partitioner.pla
 module-level view :mod:`partitioner.plan.device_map`, the text summary
 :mod:`partitioner.plan.summary`, and building from a solve :mod:`partitioner.plan.from_solve`.
 Running a plan is a backend's job (:mod:`backends`): :meth:`Plan.emit` and :meth:`Plan.emit_source`
-delegate to :mod:`backends.torch`.
+delegate to :mod:`backends.torch`, :meth:`Plan.emit_onnx` to :mod:`backends.onnx_parts`.
 """
 
 from __future__ import annotations
@@ -30,19 +30,22 @@ from typing import TYPE_CHECKING, Any
 
 from cost_models.profiles import DeviceSet
 from partitioner.errors import HetpartError, PlanMismatch
-from partitioner.files import refuse_overwrite, write_atomic
+from partitioner.files import read_text, refuse_overwrite, write_atomic
 from partitioner.plan.pipeline import check_pipeline
 from partitioner.plan.reader import FieldReader, check_references, parse_json, plan_fields, read_memory, read_predicted
 from partitioner.plan.values import (
-    _REPLAN, _SOLVER_KEYS, FORMAT_VERSION, BaselineInfo, SolverInfo, TransferInfo, _freeze, _plain,
-    _transfer_dict,
+    _REPLAN, FORMAT_VERSION, BaselineInfo, InputSpec, SolverInfo, TransferInfo, _freeze, _plain,
+    _transfer_dict, input_spec,
 )
 
 if TYPE_CHECKING:  # the solver package is imported only by from_solution, when called
     from partitioner.ir import OpGraph
     from partitioner.solvers.problem import Evaluation, Problem, Solution
 
-__all__ = ["Plan"]
+__all__ = ["MAX_PLAN_BYTES", "Plan"]
+
+#: The largest plan file read (a 100,000-op plan is about 100 MB).
+MAX_PLAN_BYTES = 2**30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,12 +82,13 @@ class Plan:
     predicted: Mapping[str, Any]               # see the module docstring
     solver: SolverInfo
     baselines: Mapping[str, BaselineInfo]
-    inputs: tuple[tuple[tuple[int, ...], str], ...] = ()  # (shape, dtype) of each graph input, for re-capture
-    capture: str = "export"                    # how the model was captured ("export" | "symbolic_trace")
+    inputs: tuple[InputSpec, ...] = ()         # each positional input as passed when planning, for re-capture
+    capture: str = "export"                    # how the model was captured ("export" | "symbolic_trace" | "onnx")
     edges: tuple[tuple[str, str], ...] = ()    # (producer op, consumer op) of every graph edge, for drawing
     param_names: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)  # op -> its parameters
     op_bytes: Mapping[str, tuple[int, int]] = dataclasses.field(default_factory=dict)  # op -> (output, parameter) bytes
     constraints: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # pins, caps, streaming, alignment
+    costs: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # the cost model that priced it ({}: analytic)
     pipeline: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # stages, ranks, schedule (plan/pipeline.py)
     source: str = dataclasses.field(default="<plan>", compare=False, repr=False)
 
@@ -97,10 +101,11 @@ class Plan:
             object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name))))
         for name in ("param_ops", "schedule", "transfers"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
-        object.__setattr__(self, "inputs", tuple((tuple(shape), dtype) for shape, dtype in self.inputs))
+        object.__setattr__(self, "inputs", tuple(input_spec(v) for v in self.inputs))
         object.__setattr__(self, "edges", tuple((u, v) for u, v in self.edges))
         object.__setattr__(self, "op_bytes", MappingProxyType({op: tuple(b) for op, b in self.op_bytes.items()}))
         object.__setattr__(self, "constraints", _freeze(dict(self.constraints)))
+        object.__setattr__(self, "costs", _freeze(dict(self.costs)))
         object.__setattr__(self, "pipeline", _freeze(dict(self.pipeline)))
         object.__setattr__(self, "param_names",
                            MappingProxyType({op: tuple(names) for op, names in self.param_names.items()}))
@@ -126,7 +131,7 @@ class Plan:
             "model": {"name": self.model_name, "fingerprint": self.fingerprint,
                       "op_count": self.op_count, "modules": self.modules,
                       "param_ops": self.param_ops, "capture": self.capture,
-                      "inputs": [{"shape": list(shape), "dtype": dtype} for shape, dtype in self.inputs],
+                      "inputs": [spec.to_dict() for spec in self.inputs],
                       "edges": [list(e) for e in self.edges],
                       "param_names": {op: list(names) for op, names in self.param_names.items()},
                       "op_bytes": {op: list(pair) for op, pair in self.op_bytes.items()}},
@@ -141,11 +146,13 @@ class Plan:
             "transfers": [_transfer_dict(t) for t in self.transfers],
             "memory": self.memory,
             "predicted": self.predicted,
-            "solver": {f: getattr(self.solver, f) for f in _SOLVER_KEYS},
+            "solver": self.solver.to_dict(),
             "baselines": {name: dataclasses.asdict(b) for name, b in self.baselines.items()},
         }
         if self.constraints:
             out["constraints"] = _plain(self.constraints)
+        if self.costs:
+            out["costs"] = _plain(self.costs)
         if self.pipeline:
             out["pipeline"] = _plain(self.pipeline)
         return _plain(out)
@@ -187,11 +194,11 @@ class Plan:
         """
         path = Path(path)
         try:
-            text = path.read_text(encoding="utf-8")
+            text = read_text(path, what="plan file", max_bytes=MAX_PLAN_BYTES)
         except FileNotFoundError:
             raise HetpartError(f"{path}: no such plan file; make one with `hetpart plan MODEL ...`") from None
-        except (OSError, UnicodeDecodeError) as err:
-            raise HetpartError(f"{path}: cannot read the plan file: {err}") from None
+        except OSError as err:
+            raise HetpartError(f"{path}: cannot read the plan file: {err.strerror or err}") from None
         return cls.from_json(text, str(path))
 
     @classmethod
@@ -224,6 +231,7 @@ class Plan:
         """
         found = graph.fingerprint()
         if found == self.fingerprint:
+            self._check_ops(graph)
             return
         lines = [
             f"{self.source} was made for another graph:",
@@ -234,6 +242,25 @@ class Plan:
         lines.append("the model, its input shapes or the capture mode changed since the plan was "
                      f"made; {_REPLAN}")
         raise PlanMismatch("\n".join(lines))
+
+    def _check_ops(self, graph: OpGraph) -> None:
+        """The fingerprint is a string anyone can copy: the ops, their edges and the ops owning
+        parameters must be the graph's too."""
+        lines = _op_difference(self.placement, graph.ops)
+        if not lines:
+            edges = set(graph.dag.edges)
+            if self.edges and set(self.edges) != edges:
+                odd = sorted(set(self.edges) ^ edges)[:3]
+                lines.append(f"  edges differ: {', '.join(f'{u} -> {v}' for u, v in odd)}")
+            owning = [op.name for op in graph.topological_order() if op.owned_params]
+            if set(self.param_ops) != set(owning):
+                odd = sorted(set(self.param_ops) ^ set(owning))[:3]
+                lines.append(f"  ops owning parameters differ: {', '.join(odd)}")
+        if lines:
+            raise PlanMismatch("\n".join([
+                f"{self.source} carries the fingerprint of model {graph.name!r} ({self.fingerprint}), but "
+                f"not its ops (the plan file was edited or copied from another plan):", *lines,
+                f"the plan cannot be run on this model; {_REPLAN}"]))
 
     def check_devices(self, devices: DeviceSet) -> None:
         """Raise PlanMismatch unless ``devices`` equals the device set the plan was made for.
@@ -303,7 +330,8 @@ class Plan:
         """Write one readable Python file that runs this placement, like :meth:`emit` does.
 
         The file defines ``PartitionedModel`` (the model's parameter names, explicit
-        ``.to(device)`` transfers, one commented part per device run) and ``build()``; see
+        ``.to(device)`` transfers, one commented part per device run) and ``build(weights)``, which
+        loads the weights from the original model or a state-dict file; see
         :mod:`backends.torch.source`. It is written atomically and never over an existing
         file unless ``force``.
 
@@ -318,6 +346,34 @@ class Plan:
         from backends.torch.source import emit_source
 
         return emit_source(self, model, path, device_map, example_inputs=example_inputs, force=force)
+
+    def emit_onnx(
+        self,
+        directory: str | os.PathLike[str],
+        model: Any,
+        *,
+        input_shapes: Mapping[str, Any] | None = None,
+        force: bool = False,
+    ) -> Path:
+        """Write this plan for an ONNX model as one ONNX model per part plus ``manifest.json``.
+
+        ``model`` is the ``.onnx`` path (or ``ModelProto``) the plan was made for; each part runs in
+        an onnxruntime session with its device's provider (:mod:`backends.onnx_parts`; open the
+        folder with ``backends.onnx_parts.load_parts(directory, device_map)`` or
+        ``hetpart run DIR``). The folder appears whole or not at all; an existing one is replaced
+        only with ``force``.
+
+        Raises:
+            HetpartError: ``directory`` exists and ``force`` is false.
+            PlanMismatch: the model is not the one the plan was made for.
+
+        Example:
+            >>> plan.emit_onnx("parts", "model.onnx")        # doctest: +SKIP
+            PosixPath('parts')
+        """
+        from backends.onnx_parts import emit_onnx
+
+        return emit_onnx(self, model, directory, input_shapes=input_shapes, force=force)
 
     def per_device_ops(self) -> dict[str, list[str]]:
         """Ops computed on each device (every device of the set, in profile order).
@@ -357,7 +413,7 @@ class Plan:
         ``evaluation`` defaults to ``evaluate(problem, solution.placement)``; keyword arguments
         (``baselines``: names to their evaluations or ready BaselineInfo values; ``lower_bound``:
         the cheap physical bound printed beside the solver's own; ``model_name``, ``capture``,
-        ``constraints``) are those of :func:`partitioner.plan.from_solve.fields_from_solution`.
+        ``constraints``; the cost model is the problem's) are those of :func:`partitioner.plan.from_solve.fields_from_solution`.
 
         Example:
             >>> plan = Plan.from_solution(problem, ilp.solve(problem))   # doctest: +SKIP

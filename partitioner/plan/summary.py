@@ -1,7 +1,7 @@
 """The plan as a few lines for people: devices with their ops, memory and busy time; solver; baselines.
 
 In: a :class:`~partitioner.plan.record.Plan`. Out: the text ``hetpart plan`` prints and
-``Plan.summary()`` returns.
+``Plan.summary()`` returns; every name from the plan is on one line, control characters escaped.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from typing import Any
 from cost_models.units import format_bytes, format_seconds
 from partitioner.plan.pipeline import summary_lines
 from partitioner.plan.values import TransferInfo
+from partitioner.terminal import one_line
 
 
 def summary_text(plan: Any) -> str:
@@ -22,39 +23,99 @@ def summary_text(plan: Any) -> str:
     """
     mode = "training step" if plan.training else "inference"
     total = plan.predicted["total_s"]
-    lines = [f"plan for {plan.model_name!r} ({plan.op_count} ops) on {plan.devices.name}: "
+    lines = [f"plan for '{one_line(plan.model_name)}' ({plan.op_count} ops) on {one_line(plan.devices.name)}: "
              f"{plan.objective}, {mode}, predicted {_seconds(total)} per step"]
-    lower = plan.predicted.get("lower_bound_s")
-    s = plan.solver
-    gap = "" if s.gap is None else f", gap {s.gap:.2%}"
-    lines.append(f"  solver     {s.name}: {s.status} in {format_seconds(s.seconds)}, bound "
-                 f"{_seconds(s.bound)}{gap}; physical lower bound {_seconds(lower)}")
+    lines += solver_lines(plan)
+    lines.append(f"  costs      {costs_text(plan)}")
     lines += summary_lines(plan)
     busy = plan.predicted["per_device_s"]
     for device, ops in plan.per_device_ops().items():
         mem = plan.memory.get(device, {})
         used, cap = mem.get("used", 0), mem.get("capacity", plan.devices.device(device).memory)
-        lines.append(f"  {device:<10} {len(ops):>5} ops  busy {_seconds(busy.get(device)):>9}  memory "
+        lines.append(f"  {one_line(device):<10} {len(ops):>5} ops  busy {_seconds(busy.get(device)):>9}  memory "
                      f"{format_bytes(used)} of {format_bytes(cap)} ({used / cap:.0%})")
     for label, seconds in plan.predicted.get("per_link_s", {}).items():
         if seconds:
-            lines.append(f"  link {label:<16} busy {_seconds(seconds)}")
+            lines.append(f"  link {one_line(label):<16} busy {_seconds(seconds)}")
     kinds: dict[str, list[TransferInfo]] = {}
     for t in plan.transfers:
         kinds.setdefault(t.kind, []).append(t)
     for kind, items in kinds.items():
-        lines.append(f"  {kind} transfers: {len(items)} per step, {format_bytes(sum(t.bytes for t in items))}, "
+        lines.append(f"  {one_line(kind)} transfers: {len(items)} per step, {format_bytes(sum(t.bytes for t in items))}, "
                      f"{_seconds(sum(t.seconds for t in items))}")
     if plan.weights:
         lines.append(f"  streamed weights: {len(plan.weights)} ops ({plan.stream_mode})")
     for name, b in plan.baselines.items():
         if b.total_s is None:
-            lines.append(f"  baseline {name:<20} n/a")
+            lines.append(f"  baseline {one_line(name):<20} n/a")
             continue
         speedup = f"  speed-up {b.total_s / total:7.2f}x" if total else ""
-        fits = "" if b.feasible else "  (does not fit: " + (b.note or "over a cap") + ")"
-        lines.append(f"  baseline {name:<20} {_seconds(b.total_s):>9}{speedup}{fits}")
+        fits = "" if b.feasible else "  (does not fit: " + one_line(b.note or "over a cap") + ")"
+        lines.append(f"  baseline {one_line(name):<20} {_seconds(b.total_s):>9}{speedup}{fits}")
     return "\n".join(lines)
+
+
+def solver_lines(plan: Any) -> list[str]:
+    """The solver's lines: whose placement, what is proven (status, bound, gap, over what), the
+    lower bound every placement obeys, and the ILP's own result when a baseline's placement won.
+
+    Example:
+        >>> solver_lines(plan)[0]                         # doctest: +SKIP
+        '  solver     ilp:highs: within gap in 2.10 s (gap 0.42%, asked 1.00%), bound 5.55 ms'
+    """
+    s = plan.solver
+    lines = [f"  solver     {s.name}: {proof_text(s, format_seconds(s.seconds))}"]
+    if s.ilp is not None:
+        lines.append(f"  ILP        {s.ilp.name}: {proof_text(s.ilp)}, its placement {_seconds(s.ilp.objective)}; "
+                     f"the plan keeps {s.name}'s, which is faster")
+    lower = plan.predicted.get("lower_bound_s")
+    if lower is not None:
+        lines.append(f"  lower bound {_seconds(lower)} for any placement (memory-aware)")
+    if s.note:
+        lines.append(f"  note       {s.note}")
+    return lines
+
+
+def proof_text(s: Any, took: str = "") -> str:
+    """``within gap in 2.1 s (gap 0.42%, asked 1.00%), bound 5.55 ms over placements keeping 120
+    groups whole`` for a SolverInfo (``took``: the time, when it is to be shown)."""
+    parts = [s.status + (f" in {took}" if took else "")]
+    if s.gap is not None:
+        asked = f", asked {s.requested_gap:.2%}" if s.requested_gap is not None else ""
+        parts.append(f" (gap {s.gap:.2%}{asked})")
+    if s.bound is not None:
+        scope = f" over placements keeping {s.nodes} groups whole" if s.nodes else ""
+        parts.append(f", bound {_seconds(s.bound)}{scope}")
+    return "".join(parts)
+
+
+def costs_text(plan: Any, shown: int = 3) -> str:
+    """Which cost model priced the plan: ``analytic (roofline of the profile)``, or for a measured
+    one ``profiled (costs.json): cpu 150 ops measured, 12 priced analytically (a, b, c, ...)``.
+
+    Example:
+        >>> costs_text(plan)                               # doctest: +SKIP
+        'analytic (roofline of the profile)'
+    """
+    costs = plan.costs or {"model": "analytic"}
+    if costs["model"] == "analytic":
+        return "analytic (roofline of the profile)"
+    source = f" ({costs['source']})" if costs.get("source") else ""
+    measured, fell_back = costs.get("measured", {}), costs.get("fell_back", {})
+    parts = []
+    for device in plan.devices.names():
+        n, analytic = measured.get(device, 0), fell_back.get(device, ())
+        if not n and not analytic:
+            continue
+        text = f"{device} {n} ops measured" if n else f"{device} not measured"
+        if analytic:
+            more = ", ..." if len(analytic) > shown else ""
+            text += f", {len(analytic)} priced analytically ({', '.join(analytic[:shown])}{more})"
+        parts.append(text)
+    unsupported = costs.get("unsupported", {})
+    if unsupported:
+        parts.append(f"{len(unsupported)} ops failed on a device when measured and are not placed there")
+    return f"{costs['model']}{source}: " + ("; ".join(parts) or "nothing measured")
 
 
 def _seconds(value: float | None) -> str:

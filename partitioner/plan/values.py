@@ -27,6 +27,8 @@ TOP_LEVEL_KEYS: tuple[str, ...] = (
 _MODEL_KEYS = ("name", "fingerprint", "op_count", "modules", "param_ops")
 _TRANSFER_KEYS = ("tensor", "from", "to", "bytes", "seconds", "kind")
 _SOLVER_KEYS = ("name", "status", "objective", "bound", "gap", "seconds")
+_SOLVER_OPTIONAL = ("requested_gap", "nodes", "note", "ilp")  # written when set
+_STATUSES = ("optimal", "within gap", "time limit", "heuristic", "infeasible", "feasible")  # "feasible": older plans
 _BASELINE_KEYS = ("total_s", "feasible", "note")
 _MEMORY_KEYS = ("used", "capacity")
 _PREDICTED_REQUIRED = ("total_s", "per_device_s", "per_link_s")
@@ -46,24 +48,50 @@ class PlanFormatError(HetpartError, ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class SolverInfo:
-    """Which solver made the plan and what it proved.
+    """Which solver's placement the plan carries and what is proven about it.
+
+    ``name`` is the solver whose placement the plan holds (``"ilp:highs"``, or a baseline such as
+    ``"heft+local-search"`` when it beat the ILP's incumbent; the ILP's own result is then kept in
+    ``ilp``). ``status`` is "optimal" (proven gap about 0), "within gap" (proven within
+    ``requested_gap``), "time limit" (stopped further away), "heuristic" (nothing proven) or
+    "infeasible"; plans written before these words may say "feasible" for "time limit".
+    ``bound`` is the ILP's proven lower bound over every placement of the problem it solved:
+    with ``nodes`` set, the graph was coarsened to that many groups and the bound covers the
+    placements that keep each group on one device.
 
     Example:
         >>> SolverInfo("ilp", "optimal", 0.0123, 0.0121, float("nan"), 2.5).gap is None
         True
     """
 
-    name: str                 # "ilp", "greedy", "heft", "single-device"
-    status: str               # "optimal" | "feasible" | "heuristic" | "infeasible"
+    name: str                 # solver whose placement the plan holds: "ilp:highs", "heft", "single:cuda:0", ...
+    status: str               # "optimal" | "within gap" | "time limit" | "heuristic" | "infeasible"
     objective: float | None   # the placement's predicted objective, seconds
-    bound: float | None       # a proven lower bound on the objective (None: heuristic)
+    bound: float | None       # a proven lower bound on the objective (None: nothing proven)
     gap: float | None         # (objective - bound) / objective, None when unknown
     seconds: float            # wall time of the solve
+    requested_gap: float | None = None  # the relative gap the solver was asked to reach
+    nodes: int | None = None            # coarse groups the ILP placed (None: every op on its own)
+    note: str = ""                      # what the solver said (a time-out, a fallback)
+    ilp: SolverInfo | None = None       # the ILP's own result, when the plan carries another placement
 
     def __post_init__(self) -> None:
-        for name in ("objective", "bound", "gap"):
+        for name in ("objective", "bound", "gap", "requested_gap"):
             object.__setattr__(self, name, _finite_or_none(getattr(self, name)))
         object.__setattr__(self, "seconds", float(self.seconds))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``solver`` object of a plan file: the required keys, then the optional ones set."""
+        out: dict[str, Any] = {f: getattr(self, f) for f in _SOLVER_KEYS}
+        if self.requested_gap is not None:
+            out["requested_gap"] = self.requested_gap
+        if self.nodes is not None:
+            out["nodes"] = self.nodes
+        if self.note:
+            out["note"] = self.note
+        if self.ilp is not None:
+            out["ilp"] = self.ilp.to_dict()
+        return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +130,73 @@ class BaselineInfo:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "total_s", _finite_or_none(self.total_s))
+
+
+#: The kinds of model input a plan records; anything else is passed to ``emit(example_inputs=...)``.
+INPUT_KINDS = ("tensor", "none", "bool", "int", "float")
+
+
+@dataclasses.dataclass(frozen=True)
+class InputSpec:
+    """One positional input of the model as the user passed it when planning.
+
+    A tensor is written ``{"shape", "dtype"}`` (plus ``"dynamic": {"0": {"name": "batch",
+    "min": 0, "max": null}}`` for the dimensions declared dynamic); ``None`` and plain numbers
+    are written ``{"value": ...}``.
+
+    Example:
+        >>> InputSpec("tensor", (2, 16), "int64", dynamic={0: ("batch", 0, None)}).dynamic_names()
+        {0: 'batch'}
+    """
+
+    kind: str                                  # one of INPUT_KINDS
+    shape: tuple[int, ...] = ()                # tensors: the example's shape (what was costed)
+    dtype: str = ""                            # tensors: "float32", "int64", ...
+    value: bool | int | float | None = None    # "none", "bool", "int", "float": the value itself
+    dynamic: Mapping[int, tuple[str, int, int | None]] = dataclasses.field(
+        default_factory=dict)                  # dim -> (name, min, max or None): sizes the plan runs
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
+        object.__setattr__(self, "dynamic", MappingProxyType(
+            {int(d): (str(n), int(lo), None if hi is None else int(hi)) for d, (n, lo, hi) in self.dynamic.items()}))
+
+    # Plans before inputs had kinds held (shape, dtype) pairs; an InputSpec still reads as one.
+    def __iter__(self) -> Any:
+        return iter((self.shape, self.dtype))
+
+    def __getitem__(self, index: int) -> Any:
+        return (self.shape, self.dtype)[index]
+
+    def __len__(self) -> int:
+        return 2
+
+    def dynamic_names(self) -> dict[int, str]:
+        """Dimension → name of the dimensions declared dynamic."""
+        return {d: name for d, (name, _, _) in self.dynamic.items()}
+
+    def describe(self) -> str:
+        """``int64[batch=2, 16]``, ``None``, ``3``: what the plan was made for, for messages."""
+        if self.kind != "tensor":
+            return repr(self.value)
+        dims = [f"{self.dynamic[i][0]}={s}" if i in self.dynamic else str(s) for i, s in enumerate(self.shape)]
+        return f"{self.dtype}[{', '.join(dims)}]"
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.kind != "tensor":
+            return {"value": self.value}
+        out: dict[str, Any] = {"shape": list(self.shape), "dtype": self.dtype}
+        if self.dynamic:
+            out["dynamic"] = {str(d): {"name": n, "min": lo, "max": hi} for d, (n, lo, hi) in self.dynamic.items()}
+        return out
+
+
+def input_spec(value: Any) -> InputSpec:
+    """An :class:`InputSpec` from one, or from a ``(shape, dtype)`` pair (plans before inputs had kinds)."""
+    if isinstance(value, InputSpec):
+        return value
+    shape, dtype = value
+    return InputSpec("tensor", tuple(shape), str(dtype))
 
 
 def _finite_or_none(value: float | None) -> float | None:

@@ -28,6 +28,8 @@ from cost_models.units import format_bytes, format_seconds
 from partitioner.report.layout import GraphLayout, graph_layout
 from partitioner.report.pipeline import pipeline_html
 from partitioner.files import refuse_overwrite, write_atomic
+from partitioner.plan.summary import costs_text, proof_text
+from partitioner.plan.values import SolverInfo
 from partitioner.report.svg import ZOOM_SCRIPT, device_colours, gantt_svg, graph_svg, memory_svg
 from partitioner.report.timeline import timeline
 
@@ -158,7 +160,7 @@ def _summary(plan: Plan) -> str:
         ("mode", "training step, optimizer " + _e(plan.optimizer) if plan.training else "inference"),
         ("predicted time", f"<b>{_e(_s(p.get('total_s')))}</b> per step"),
         ("critical path", _e(_s(p.get("critical_path_s")))),
-        ("lower bound", _e(_s(p.get("lower_bound_s"))) + ' <span class="muted">(physical bound: '
+        ("lower bound", _e(_s(p.get("lower_bound_s"))) + ' <span class="muted">(memory-aware: '
                         'no placement can be faster)</span>'),
     ]
     if plan.weights:
@@ -189,14 +191,30 @@ def _devices(plan: Plan) -> str:
 
 def _solver(plan: Plan) -> str:
     s = plan.solver
+    rows = _solver_rows(s)
+    if s.ilp is not None:
+        rows.append(("ILP's own result", _e(f"{s.ilp.name}: {proof_text(s.ilp)}, placement {_s(s.ilp.objective)}; "
+                                            f"the plan keeps {s.name}'s, which is faster")))
+    if s.note:
+        rows.append(("note", _e(s.note)))
+    rows.append(("cost model", _e(costs_text(plan))))
+    return _kv(rows)
+
+
+def _solver_rows(s: SolverInfo) -> list[tuple[str, str]]:
     status = _e(s.status)
     if s.status == "optimal":
         status = f'<span class="good">{status}</span>'
-    elif s.status == "infeasible":
+    elif s.status in ("infeasible", "time limit"):
         status = f'<span class="bad">{status}</span>'
-    return _kv([("solver", _e(s.name)), ("status", status), ("objective", _e(_s(s.objective))),
-                ("bound", _e(_s(s.bound))), ("gap", "unknown" if s.gap is None else f"{s.gap:.2%}"),
-                ("solve time", _e(format_seconds(s.seconds)))])
+    gap = "unknown" if s.gap is None else f"{s.gap:.2%}"
+    if s.gap is not None and s.requested_gap is not None:
+        gap += f" (asked {s.requested_gap:.2%})"
+    bound = _e(_s(s.bound))
+    if s.bound is not None and s.nodes:
+        bound += f' <span class="muted">(over placements keeping the {s.nodes} coarse groups whole)</span>'
+    return [("placement from", _e(s.name)), ("status", status), ("objective", _e(_s(s.objective))),
+            ("bound", bound), ("gap", gap), ("solve time", _e(format_seconds(s.seconds)))]
 
 
 def _baselines(plan: Plan) -> str:

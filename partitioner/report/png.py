@@ -24,11 +24,12 @@ from partitioner.errors import HetpartError
 from partitioner.files import refuse_overwrite, write_atomic
 from partitioner.report.svg import device_colours, time_ticks
 from partitioner.report.timeline import Timeline, timeline
+from partitioner.terminal import one_line
 
 if TYPE_CHECKING:
     from partitioner.plan import Plan
 
-__all__ = ["write_pngs", "PNG_NAMES"]
+__all__ = ["check_png_folder", "write_pngs", "PNG_NAMES"]
 
 #: The files :func:`write_pngs` writes, in order.
 PNG_NAMES = ("gantt.png", "memory.png")
@@ -47,13 +48,46 @@ def write_pngs(plan: Plan, folder: str | os.PathLike[str], *, force: bool = Fals
     """
     folder = Path(folder)
     paths = [folder / name for name in PNG_NAMES]
-    refuse_overwrite(paths, force=force)
+    check_png_folder(folder, force=force)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise HetpartError(f"cannot make the folder {folder} for the PNG charts: {err.strerror or err}") from err
     images = (_gantt(plan, timeline(plan)), _memory(plan))
     return [write_atomic(path, data) for path, data in zip(paths, images)]
+
+
+def check_png_folder(folder: str | os.PathLike[str], *, force: bool = False) -> Path:
+    """Raise unless the charts can be written into ``folder`` (checked before any work).
+
+    The folder may be missing (it is made, with its parents, when the charts are written); it
+    must not be a file, nor lie under one, and existing charts in it need ``force``.
+
+    Raises:
+        HetpartError: the folder is a file or lies under one, or a chart exists without ``force``
+            or is not a regular file.
+
+    Example:
+        >>> check_png_folder("report-png")                    # doctest: +SKIP
+        PosixPath('report-png')
+    """
+    folder = Path(folder)
+    if not str(folder).strip():
+        raise HetpartError("-o is empty: give a folder for the PNG charts, e.g. -o report-png")
+    existing = folder
+    while not existing.exists() and not existing.is_symlink() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise HetpartError(f"cannot write the PNG charts into {folder}: {existing} is not a folder")
+    if folder.is_dir():
+        refuse_overwrite([folder / name for name in PNG_NAMES], force=force)
+    return folder
+
+
+def _text(value: str) -> str:
+    """A name as matplotlib draws it literally: ``$`` would start mathtext (and a lone one fails),
+    control characters would draw as boxes or break lines."""
+    return one_line(value).replace("$", r"\$")
 
 
 def _figure(width: float, height: float) -> Any:
@@ -92,13 +126,13 @@ def _gantt(plan: Plan, tl: Timeline) -> bytes:
                                edgecolor="#333", linewidth=0.3)
     if total:
         ax.axvline(total / scale, color="black", linestyle="--", linewidth=0.8)
-    ax.set_yticks(range(len(tl.rows)), list(reversed(tl.rows)))
+    ax.set_yticks(range(len(tl.rows)), [_text(r) for r in reversed(tl.rows)])
     ax.set_ylim(-0.6, len(tl.rows) - 0.4)
     ax.set_xlim(0, end / scale * 1.01)
     ax.set_xlabel(f"time ({unit})")
-    ax.set_title(f"{plan.model_name} on {plan.devices.name}: {plan.objective}, predicted "
-                 f"{format_seconds(total) if total else 'unknown'}", fontsize=10)
-    ax.legend(handles=[Patch(facecolor=c, edgecolor="#333", label=d) for d, c in colours.items()],
+    ax.set_title(_text(f"{plan.model_name} on {plan.devices.name}: {plan.objective}, predicted "
+                       f"{format_seconds(total) if total else 'unknown'}"), fontsize=10)
+    ax.legend(handles=[Patch(facecolor=c, edgecolor="#333", label=_text(d)) for d, c in colours.items()],
               loc="upper right", fontsize=8)
     ax.grid(axis="x", color="#ddd", linewidth=0.5)
     return _png(fig)
@@ -119,9 +153,9 @@ def _memory(plan: Plan) -> bytes:
         ax.barh(y, min(share, 100), color="#d62728" if share > 100 else colours[device])
         ax.text(101, y, f"{format_bytes(used)} of {format_bytes(capacity)} ({share:.1f}%)",
                 va="center", fontsize=8)
-    ax.set_yticks(range(len(names)), list(reversed(names)))
+    ax.set_yticks(range(len(names)), [_text(n) for n in reversed(names)])
     ax.set_xlim(0, 150)
     ax.set_xticks([0, 25, 50, 75, 100])
     ax.set_xlabel("memory used, % of capacity")
-    ax.set_title(f"memory of {plan.model_name} on {plan.devices.name}", fontsize=10)
+    ax.set_title(_text(f"memory of {plan.model_name} on {plan.devices.name}"), fontsize=10)
     return _png(fig)

@@ -3,8 +3,10 @@
 The ILP (``ilp.py``, the default) and the baselines it is compared with and warm-started from:
 ``single:<device>`` (everything on one device), ``greedy`` (accelerate's ``infer_auto_device_map``
 fill with ``dispatch_model``'s run-time semantics), ``sequential-fill`` (the same fill, computing
-where placed), ``heft`` (list scheduling by upward rank); for pipeline problems the splits users
-make today (``pipeline_baselines.py``) and the exact chain dynamic program (``pipeline_dp.py``).
+where placed), ``heft`` (list scheduling by upward rank); for ONNX graphs also ``ort-fallback``
+(onnxruntime's provider order) and ``openvino-pipeline`` (OpenVINO HETERO's split by weight bytes);
+for pipeline problems the splits users make today (``pipeline_baselines.py``) and the exact chain
+dynamic program (``pipeline_dp.py``).
 All are costed by :func:`~partitioner.solvers.problem.evaluate`.
 """
 
@@ -15,12 +17,16 @@ from collections.abc import Sequence
 from partitioner.errors import SolverUnavailable
 from partitioner.solvers.greedy import solve_greedy, solve_sequential_fill
 from partitioner.solvers.heft import solve_heft
+from partitioner.solvers.openvino_pipeline import solve_openvino_pipeline
+from partitioner.solvers.ort_fallback import solve_ort_fallback
 from partitioner.solvers.pipeline_baselines import PIPELINE_BASELINES, run_pipeline_baseline
 from partitioner.solvers.problem import Problem, Solution
 from partitioner.solvers.single import solve_single
 
 #: Baselines besides ``single:<device>``, in the order plans list them.
 BASELINE_NAMES: tuple[str, ...] = ("greedy", "sequential-fill", "heft")
+#: Baselines of the placements ONNX users get today, listed after the others in ONNX plans.
+ONNX_BASELINE_NAMES: tuple[str, ...] = ("ort-fallback", "openvino-pipeline")
 
 
 def run_baseline(name: str, problem: Problem, *, no_split: Sequence[str] = ()) -> Solution:
@@ -39,7 +45,12 @@ def run_baseline(name: str, problem: Problem, *, no_split: Sequence[str] = ()) -
         return solve_heft(problem)
     if name in PIPELINE_BASELINES:
         return run_pipeline_baseline(name, problem)
+    if name == "ort-fallback":
+        return solve_ort_fallback(problem)
+    if name == "openvino-pipeline":
+        return solve_openvino_pipeline(problem)
     raise SolverUnavailable(
-        f"unknown solver {name!r}: use 'auto', 'highs', 'cbc', {', '.join(repr(b) for b in BASELINE_NAMES)} "
+        f"unknown solver {name!r}: use 'auto', 'highs', 'cbc', "
+        f"{', '.join(repr(b) for b in BASELINE_NAMES + ONNX_BASELINE_NAMES)} "
         f"or 'single:<device>'"
     )

@@ -1,106 +1,58 @@
-"""The placement ILP (PuLP; HiGHS or CBC). The only module that imports pulp.
+"""``solve_ilp``: the placement ILP, built, scaled, solved on HiGHS or CBC, and checked.
 
-In: a :class:`~partitioner.solvers.problem.Problem` and an optional warm-start placement. Out: a
-:class:`~partitioner.solvers.problem.Solution` with the solver's status and proven bound.
+In: a :class:`~partitioner.solvers.problem.Problem`, limits and an optional warm start. Out: a
+:class:`~partitioner.solvers.problem.Solution` whose ``objective`` is the solver's value of its
+placement (checked against :func:`~partitioner.solvers.problem.evaluate`) and whose ``bound`` is
+the solver's proven lower bound, both in seconds.
 
-The model is :func:`~partitioner.solvers.problem.evaluate` written as linear constraints
-(``DESIGN.md``, "Solvers"):
+The model is :mod:`partitioner.solvers.formulation` (the rows, once), or for pipeline stages
+(``Options.pipeline``) :mod:`partitioner.solvers.pipeline_formulation`; this module chooses the
+units and runs a back end: :mod:`~partitioner.solvers.highs` (highspy) or
+:mod:`~partitioner.solvers.cbc` (PuLP's CBC, the only module that imports pulp).
 
-* ``x[v,d]`` binary, one device per node (pins and unsupported pairs are simply absent);
-* ``s[v,d]`` binary, node ``v`` computes on accelerator ``d`` with its weights streamed from the
-  host (``s <= x``; inference only);
-* ``y[t,a,b]`` in [0, 1], tensor ``t`` crosses from ``a`` to ``b`` once however many consumers
-  it has there: ``y[t,a,b] >= x[producer,a] + x[consumer,b] - 1``;
-* ``z[p,d]`` in [0, 1], a shared parameter is copied to ``d`` where it is not resident;
-* memory per device: parameters resident + stream buffers + activations ``<= capacity``;
-* latency: ``T >= compute + transfers``, ``T >=`` each link's load (streamed weights overlap);
-  throughput: ``T >=`` each device's and link's load; makespan: start/finish times with
-  precedence (transfer delays on cut edges) and no overlap of independent nodes on a device
-  (big-M disjunctions), ``T >=`` every finish and link load.
+Numerics. Solvers' tolerances are absolute (about 1e-6 to 1e-9) and HiGHS reads 1e20 as
+infinity, so the numbers must stay in a sane range whatever the profile says:
 
-Pipeline stages (``Options.pipeline``; the semantics of :mod:`partitioner.solvers.pipeline`,
-written linearly in :class:`_PipelineModel`, devices ``a < b`` in profile order):
-
-* ``x[v,d]`` as above, with ``stage_order``: every edge goes to the same or a later device;
-* ``used[d]`` binary, the device holds a node; ``first[a]`` / ``after[a]``: some used device at or
-  before / after ``a``;
-* ``cross[t,a]`` in [0, 1], tensor ``t`` is alive across the cut after device ``a``:
-  ``>= P[producer,a] - P[consumer,a]`` with ``P[v,a] = sum_{d <= a} x[v,d]`` (graph inputs are
-  produced at the first stage, graph outputs read by the last);
-* ``e[a,b]`` in [0, 1], ``a`` and ``b`` are consecutive stages:
-  ``>= used[a] + used[b] - 1 - sum_{a<m<b} used[m]``; ``h[t,a,b] >= cross[t,a] + e[a,b] - 1``: the
-  tensor is sent from ``a`` to ``b``;
-* ``tau >=`` every stage time and every boundary time, ``omega >=`` every optimizer step, and
-  the objective ``(M - 1) tau + sum of stage times + sum of boundary times + omega``;
-* memory per device: parameters + tied copies (``z``) + working set + in-flight activations, with
-  GPipe's ``M`` or, for 1F1B, ``k`` = the stages from this one to the last, chosen by binaries
-  ``r[d,k]`` (``sum_k r[d,k] >=`` that count; the cap holds for the largest ``k`` with ``r = 1``);
-  ``sum used`` equals the stage count asked for, or is at most the devices (1F1B: ``<= M``).
-
-Constraint names carry node and device names (``mem_cap[cuda:0]``, ``assign[layers_3_attn]``),
-sanitised to letters, digits and ``_``.
+* time is written in units that put the reference cost (the warm start's objective, else the
+  physical lower bound) near ``REFERENCE``; memory in megabytes;
+* an option that alone would cost more than the warm start's whole objective (a node on a
+  device with a launch of 1e9 s, a copy over a link of 1e-10 B/s) cannot be in a better
+  placement, so it is left out of the model (``Formulation.cutoff``): the model keeps every
+  placement at least as good as the warm start, and its coefficients stay within a factor
+  ``REFERENCE`` of the objective;
+* without a warm start, the time unit shrinks until the largest coefficient is at most
+  ``MAX_COEFFICIENT``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
-import os
-import re
-import tempfile
 import time
-import warnings
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
-import networkx as nx
-import pulp
+from partitioner.errors import HetpartError, SolverUnavailable
+from partitioner.solvers import cbc, highs
+from partitioner.solvers.bounds import physical_lower_bound
+from partitioner.solvers.formulation import Formulation, Units
+from partitioner.solvers.highs import Progress, ProgressFn, RunResult
+from partitioner.solvers.makespan import MAX_NODES as MAKESPAN_MAX_NODES
+from partitioner.solvers.pipeline_formulation import PipelineFormulation
+from partitioner.solvers.problem import Placement, Problem, Solution, Status, evaluate
 
-from partitioner.errors import SolverUnavailable
-from partitioner.solvers.problem import (
-    Objective,
-    Placement,
-    Problem,
-    Solution,
-    Status,
-    StreamMode,
-    list_schedule,
-)
+__all__ = ["MAKESPAN_MAX_NODES", "Progress", "ProgressFn", "available_solvers", "resolve_solver", "solve_ilp",
+           "status_for_gap"]
 
 log = logging.getLogger(__name__)
 
-MAKESPAN_MAX_NODES = 400
-# Units inside the model: solvers' tolerances are absolute (about 1e-7 to 1e-9), op times are
-# micro- to milliseconds and memory is up to 1e11 bytes, so time is in microseconds and memory in
-# megabytes there; solutions and bounds are converted back to seconds.
-TS = 1e6    # model time units per second
-MS = 1e-6   # model memory units per byte  # the disjunctive model grows with independent pairs; coarsen above this
-
-
-@dataclass(frozen=True)
-class Progress:
-    """A solver progress report: elapsed seconds, best objective found, best bound, relative gap."""
-
-    seconds: float
-    incumbent: float | None
-    bound: float | None
-    gap: float | None
-
-
-ProgressFn = Callable[[Progress], None]
+REFERENCE = 1e4          # model time units of the reference cost
+MAX_COEFFICIENT = 1e12   # the largest time coefficient allowed without a warm start
+OPTIMAL_GAP = 1e-6       # a relative gap this small is "optimal"
+AGREEMENT = 1e-6         # relative difference allowed between the solver's objective and evaluate()
 
 
 def available_solvers() -> list[str]:
     """Names of the ILP solvers installed here (``"highs"``, ``"cbc"``)."""
-    names = []
-    if pulp.HiGHS().available():
-        names.append("highs")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        if pulp.PULP_CBC_CMD(msg=False).available():
-            names.append("cbc")
-    return names
+    return [name for name, ok in (("highs", highs.available()), ("cbc", cbc.available())) if ok]
 
 
 def resolve_solver(name: str) -> str:
@@ -118,6 +70,41 @@ def resolve_solver(name: str) -> str:
     return name
 
 
+def status_for_gap(gap: float | None, requested: float) -> Status:
+    """The words for a proven gap: "optimal" (about 0), "within gap" (at most the requested gap)
+    or "time limit" (the solver stopped further away, or proved nothing).
+
+    Example:
+        >>> status_for_gap(0.004, 0.01).value
+        'within gap'
+    """
+    if gap is None or not math.isfinite(gap):
+        return Status.TIME_LIMIT
+    if gap <= OPTIMAL_GAP:
+        return Status.OPTIMAL
+    if gap <= requested * (1 + 1e-9) + 1e-12:
+        return Status.WITHIN_GAP
+    return Status.TIME_LIMIT
+
+
+def relative_gap(objective: float | None, bound: float | None) -> float | None:
+    """``(objective - bound) / objective`` (0 when both are 0); None when either is unknown."""
+    if objective is None or bound is None or not math.isfinite(objective) or not math.isfinite(bound):
+        return None
+    if objective <= 0:
+        return 0.0 if bound >= objective else None
+    return max(0.0, (objective - bound) / objective)
+
+
+def check_limits(time_limit: float, gap: float) -> None:
+    """Refuse a time limit that is not a positive number of seconds and a gap that is negative
+    or not a number (the last guard; the CLI and ``partition`` check their own arguments)."""
+    if not isinstance(time_limit, (int, float)) or not math.isfinite(time_limit) or time_limit <= 0:
+        raise HetpartError(f"time_limit must be a positive number of seconds, not {time_limit!r}")
+    if not isinstance(gap, (int, float)) or not math.isfinite(gap) or gap < 0:
+        raise HetpartError(f"gap must be a relative gap >= 0 (0.01 for 1%), not {gap!r}")
+
+
 def solve_ilp(
     problem: Problem,
     *,
@@ -127,784 +114,127 @@ def solve_ilp(
     warm_start: Placement | None = None,
     progress: ProgressFn | None = None,
 ) -> Solution:
-    """Solve the placement ILP for ``problem``.
+    """Solve the placement ILP for ``problem`` within ``time_limit`` seconds, building included.
 
     Parameters:
         solver: ``"highs"``, ``"cbc"`` or ``"auto"``.
-        time_limit: seconds; a feasible incumbent at the limit is returned with its gap.
+        time_limit: seconds for everything this call does; a feasible incumbent at the limit is
+            returned with its gap.
         gap: relative optimality gap at which the solver stops.
-        warm_start: a placement to start from (the best baseline).
+        warm_start: a feasible placement to start from (the best baseline); it also bounds the
+            model (options dearer than it are left out) and sets its units. Without one, the best
+            feasible of HEFT and the single-device placements is used.
         progress: called about once a second with the incumbent and bound (HiGHS only).
 
     Returns:
-        A Solution whose ``bound`` is the solver's proven lower bound on the objective.
+        A Solution: ``status`` says "optimal" (proven gap about 0), "within gap" or "time limit";
+        ``bound`` is a proven lower bound on the objective of every placement of ``problem``;
+        ``objective`` is the solver's value of its placement, equal to ``evaluate``'s.
+
+    Raises:
+        HetpartError: a time limit that is not positive, or a gap that is negative or not a number.
 
     Example:
         >>> sol = solve_ilp(problem, time_limit=10, gap=0.0)   # doctest: +SKIP
         >>> sol.status, sol.bound
     """
+    check_limits(time_limit, gap)
     name = resolve_solver(solver)
     start = time.perf_counter()
-    model = _PipelineModel(problem) if problem.options.pipeline is not None else _Model(problem)
+    incumbent = None
+    if warm_start is None:
+        warm_start = _quick_start(problem)
     if warm_start is not None:
-        model.set_start(warm_start)
-    log.debug("ILP for %s: %d variables, %d constraints", problem.graph.name,
-              len(model.prob.variables()), len(model.cons))
-    if name == "highs":
-        outcome = _run_highs(model, time_limit, gap, warm_start is not None, progress)
+        ev = evaluate(problem, warm_start)
+        incumbent = ev.total_s if ev.feasible and math.isfinite(ev.total_s) else None
+        if incumbent is None:
+            warm_start = None
+    units = _units(problem, incumbent)
+    if problem.options.pipeline is not None:
+        model: Formulation = PipelineFormulation(problem, units, cutoff=incumbent)
     else:
-        outcome = _run_cbc(model, time_limit, gap, warm_start is not None)
-    seconds = time.perf_counter() - start
-    bound = outcome.bound / TS if outcome.bound is not None else None
-    if outcome.status is Status.INFEASIBLE:
-        return Solution(f"ilp:{name}", Placement({}), Status.INFEASIBLE, None, seconds, outcome.note)
-    if not outcome.has_solution:
-        note = f"{outcome.note}; no incumbent within {time_limit:g} s".lstrip("; ")
-        return Solution(f"ilp:{name}", warm_start or Placement({}), Status.FEASIBLE, bound, seconds, note)
-    return Solution(f"ilp:{name}", model.placement(), outcome.status, bound, seconds, outcome.note)
-
-
-# --------------------------------------------------------------------------------------------
-# The model
-# --------------------------------------------------------------------------------------------
-
-
-_UNSAFE = re.compile(r"[^A-Za-z0-9_]")
-
-
-def _name(kind: str, *parts: str) -> str:
-    return kind + "".join("[" + _UNSAFE.sub("_", p) + "]" for p in parts)
-
-
-def _safe(text: str) -> str:
-    return _UNSAFE.sub("_", text)
-
-
-class _Model:
-    """The PuLP model of one problem, with handles on its variables."""
-
-    def __init__(self, problem: Problem) -> None:
-        self.p = problem
-        self.prob = pulp.LpProblem(_safe(f"place_{problem.graph.name}"), pulp.LpMinimize)
-        self.cons: dict[str, pulp.LpConstraint] = {}
-        self._counter = 0
-        self._assignment()
-        self._streaming()
-        self._transfers()
-        self._shared()
-        self._memory()
-        self._link_budgets()
-        self._stages()
-        self._objective()
-        self.prob.extend(self.cons)
-
-    # -- helpers ------------------------------------------------------------------------------
-
-    def _var(self, name: str, cat: str = pulp.LpContinuous, low: float = 0.0, up: float | None = None) -> pulp.LpVariable:
-        self._counter += 1
-        return self.prob.add_variable(f"{_safe(name)}_{self._counter}", lowBound=low, upBound=up, cat=cat)
-
-    def _add(self, name: str, terms: dict, sense: int, rhs: float = 0.0) -> None:
-        """Add ``sum(coef * var) (sense) rhs`` named ``name`` (made unique)."""
-        key = name if name not in self.cons else f"{name}_{len(self.cons)}"
-        expr = pulp.LpAffineExpression(terms)
-        self.cons[_safe(key)] = pulp.LpConstraint(expr, sense, rhs=rhs)
-
-    def x(self, node: str, device: str) -> pulp.LpVariable | float:
-        """The assignment variable, or 1.0 / 0.0 where the node has one allowed device or none here."""
-        if device not in self.p.allowed[node]:
-            return 0.0
-        return self.xv[node].get(device, 1.0)
-
-    # -- variables and constraints ------------------------------------------------------------
-
-    def _assignment(self) -> None:
-        self.xv: dict[str, dict[str, pulp.LpVariable]] = {}
-        for n in self.p.nodes:
-            allowed = self.p.allowed[n]
-            if len(allowed) == 1:
-                self.xv[n] = {}
-                continue
-            self.xv[n] = {d: self._var(_name("x", n, d), pulp.LpBinary, 0, 1) for d in allowed}
-            self._add(_name("assign", n), {v: 1.0 for v in self.xv[n].values()}, pulp.LpConstraintEQ, 1.0)
-
-    def _streaming(self) -> None:
-        self.sv: dict[str, dict[str, pulp.LpVariable]] = {}
-        host = self.p.host
-        for n in self.p.streamable:
-            targets = [d for d in self.p.allowed[n] if d != host]
-            if not targets:
-                continue
-            self.sv[n] = {d: self._var(_name("s", n, d), pulp.LpBinary, 0, 1) for d in targets}
-            for d, s in self.sv[n].items():
-                xv = self.x(n, d)
-                if isinstance(xv, pulp.LpVariable):
-                    self._add(_name("stream_le_x", n, d), {s: 1.0, xv: -1.0}, pulp.LpConstraintLE)
-
-    def _lin(self, *pairs: tuple[float, object]) -> dict:
-        """Terms of ``sum(coef * (var or constant))`` as a dict; constants are returned under None."""
-        terms: dict = {}
-        for coef, v in pairs:
-            if coef == 0:
-                continue
-            if isinstance(v, pulp.LpVariable):
-                terms[v] = terms.get(v, 0.0) + coef
-            else:
-                terms[None] = terms.get(None, 0.0) + coef * float(v)
-        return terms
-
-    def _ge_sum(self, name: str, lhs: pulp.LpVariable, pairs: list[tuple[float, object]]) -> None:
-        """``lhs >= sum(coef * (var or constant))``."""
-        terms = self._lin(*pairs)
-        const = terms.pop(None, 0.0)
-        row = {lhs: 1.0}
-        for v, c in terms.items():
-            row[v] = row.get(v, 0.0) - c
-        self._add(name, row, pulp.LpConstraintGE, const)
-
-    def _transfers(self) -> None:
-        """y[t,a,b] >= x[producer,a] + x[consumer,b] - 1 for every consumer on b."""
-        self.yv: dict[tuple[str, str, str], pulp.LpVariable] = {}
-        self.y_const: list[tuple[str, str, str]] = []  # transfers forced by fixed placements
-        p = self.p
-        for t in p.tensors:
-            sources = p.allowed[t.producer] if t.producer is not None else (p.host,)
-            for c in t.consumers:
-                for b in p.allowed[c]:
-                    for a in sources:
-                        if a == b:
-                            continue
-                        xa = self.x(t.producer, a) if t.producer is not None else 1.0
-                        xb = self.x(c, b)
-                        if not isinstance(xa, pulp.LpVariable) and not isinstance(xb, pulp.LpVariable):
-                            if xa + xb >= 2 and (t.name, a, b) not in self.y_const:
-                                self.y_const.append((t.name, a, b))
-                            continue
-                        key = (t.name, a, b)
-                        y = self.yv.get(key)
-                        if y is None:
-                            y = self.yv[key] = self._var(_name("y", t.name, a, b), up=1.0)
-                        self._ge_sum(_name("send", t.name, c, a, b), y, [(1.0, xa), (1.0, xb), (-1.0, 1.0)])
-        self.tensor_bytes = {t.name: t.bytes for t in p.tensors}
-
-    def resident(self, node: str, device: str) -> list[tuple[float, object]]:
-        """Linear terms of 'node's own parameters live on device'."""
-        if device == self.p.host:
-            return [(1.0, self.x(node, device))] + [(1.0, s) for s in self.sv.get(node, {}).values()]
-        terms: list[tuple[float, object]] = [(1.0, self.x(node, device))]
-        s = self.sv.get(node, {}).get(device)
-        if s is not None:
-            terms.append((-1.0, s))
-        return terms
-
-    def _shared(self) -> None:
-        self.zv: dict[tuple[str, str], pulp.LpVariable] = {}
-        for sp in self.p.shared:
-            for u in sp.users:
-                for d in self.p.allowed[u]:
-                    z = self.zv.get((sp.name, d))
-                    if z is None:
-                        z = self.zv[(sp.name, d)] = self._var(_name("z", sp.name, d), up=1.0)
-                    pairs = [(1.0, self.x(u, d))] + [(-c, v) for c, v in self.resident(sp.owner, d)]
-                    self._ge_sum(_name("shared", sp.name, u, d), z, pairs)
-
-    def _memory(self) -> None:
-        """Parameters resident + saved activations + largest working set + stream buffer <= capacity."""
-        p = self.p
-        factor = p.buffer_factor(StreamMode.PREFETCH)
-        for d in p.device_names:
-            pairs: list[tuple[float, object]] = []
-            for n in p.nodes:
-                pairs += [(MS * coef * p.param_mem[n], v) for coef, v in self.resident(n, d)]
-                if p.saved[n]:
-                    pairs.append((MS * p.saved[n], self.x(n, d)))
-            work = self._var(_name("work", d))
-            pairs.append((1.0, work))
-            for n in p.nodes:
-                if p.work_mem[n] > 0 and d in p.allowed[n]:
-                    self._ge_sum(_name("working_set", n, d), work, [(MS * p.work_mem[n], self.x(n, d))])
-            streamed = [(n, self.sv[n][d]) for n in self.sv if d in self.sv[n]]
-            if streamed:
-                buffer = self._var(_name("stream_buffer", d))
-                pairs.append((1.0, buffer))
-                for n, s in streamed:
-                    self._ge_sum(_name("buffer", n, d), buffer, [(MS * factor * p.param_bytes[n], s)])
-            terms = self._lin(*pairs)
-            const = terms.pop(None, 0.0)
-            self._add(_name("mem_cap", d), terms, pulp.LpConstraintLE, MS * p.capacity[d] - const)
-
-    def _link_terms(self, label: str, *, budget: bool = False) -> list[tuple[float, object]]:
-        """Load on link ``label``: seconds (or bytes when ``budget``) of transfers and streams over it."""
-        p = self.p
-        pairs: list[tuple[float, object]] = []
-        factor = 2 if p.options.training else 1
-        for (t, a, b), y in self.yv.items():
-            if label in p.hops(a, b):
-                nbytes = self.tensor_bytes[t]
-                pairs.append((MS * nbytes if budget else TS * factor * p.hop_s(nbytes, a, b, label), y))
-        for (t, a, b) in self.y_const:
-            if label in p.hops(a, b):
-                nbytes = self.tensor_bytes[t]
-                pairs.append((MS * nbytes if budget else TS * factor * p.hop_s(nbytes, a, b, label), 1.0))
-        for n, per_d in self.sv.items():
-            for d, s in per_d.items():
-                if label in p.hops(p.host, d):
-                    nbytes = p.param_bytes[n]
-                    pairs.append((MS * nbytes if budget else TS * p.hop_s(nbytes, p.host, d, label), s))
-        return pairs
-
-    def _link_budgets(self) -> None:
-        for label, limit in self.p.options.link_budget.items():
-            if label not in self.p.link_labels:
-                continue
-            terms = self._lin(*self._link_terms(label, budget=True))
-            const = terms.pop(None, 0.0)
-            self._add(_name("link_budget", label), terms, pulp.LpConstraintLE, MS * limit - const)
-
-    def _stages(self) -> None:
-        if self.p.options.contiguous_stages:
-            self._stage_order()
-
-    def _stage_order(self) -> None:
-        """Devices form a pipeline in profile order: no edge goes back to an earlier device."""
-        stage = {d: i for i, d in enumerate(self.p.device_names)}
-        for t in self.p.tensors:
-            if t.producer is None:
-                continue
-            for c in t.consumers:
-                pairs = [(float(stage[d]), self.x(c, d)) for d in self.p.allowed[c]]
-                pairs += [(-float(stage[d]), self.x(t.producer, d)) for d in self.p.allowed[t.producer]]
-                terms = self._lin(*pairs)
-                const = terms.pop(None, 0.0)
-                self._add(_name("stage_order", t.producer, c), terms, pulp.LpConstraintGE, -const)
-
-    # -- objectives ---------------------------------------------------------------------------
-
-    def _compute_terms(self, device: str | None = None) -> list[tuple[float, object]]:
-        p = self.p
-        pairs: list[tuple[float, object]] = []
-        for n in p.nodes:
-            for d in p.allowed[n]:
-                if device is None or d == device:
-                    pairs.append((TS * p.compute[n][d], self.x(n, d)))
-            for d in p.device_names:  # the optimizer step runs where the parameters live
-                if p.opt_step[n][d] and (device is None or d == device):
-                    pairs += [(TS * p.opt_step[n][d] * c, v) for c, v in self.resident(n, d)]
-        return pairs
-
-    def _stream_issue_terms(self, device: str | None = None) -> list[tuple[float, object]]:
-        """Each prefetched copy's issue latency, charged to the node that waits for it."""
-        return [
-            (TS * self.p.stream_issue_s(d), s)
-            for per_d in self.sv.values() for d, s in per_d.items() if device is None or d == device
-        ]
-
-    def _transfer_terms(self) -> list[tuple[float, object]]:
-        p = self.p
-        pairs = [(TS * p.transfer_s(self.tensor_bytes[t], a, b), y) for (t, a, b), y in self.yv.items()]
-        pairs += [(TS * p.transfer_s(self.tensor_bytes[t], a, b), 1.0) for (t, a, b) in self.y_const]
-        return pairs
-
-    def _shared_terms(self, device: str | None = None) -> list[tuple[float, object]]:
-        shared = {sp.name: sp for sp in self.p.shared}
-        return [
-            (TS * self.p.shared_param_s(shared[name], d), z)
-            for (name, d), z in self.zv.items() if device is None or d == device
-        ]
-
-    def _objective(self) -> None:
-        p = self.p
-        self.T = self._var("T")
-        objective = p.options.objective
-        if objective is Objective.LATENCY:
-            self._ge_sum("critical_path", self.T, self._compute_terms() + self._transfer_terms()
-                         + self._shared_terms() + self._stream_issue_terms())
-        elif objective is Objective.THROUGHPUT:
-            for d in p.device_names:
-                self._ge_sum(_name("device_load", d), self.T, self._compute_terms(d) + self._shared_terms(d)
-                             + self._stream_issue_terms(d))
-        else:
-            self._makespan()
-        for label in p.link_labels:
-            pairs = self._link_terms(label)
-            if pairs:
-                self._ge_sum(_name("link_load", label), self.T, pairs)
-        self.prob.setObjective(pulp.LpAffineExpression({self.T: 1.0}))
-
-    def _makespan(self) -> None:
-        p = self.p
-        if len(p.nodes) > MAKESPAN_MAX_NODES:
-            raise SolverUnavailable(
-                f"the makespan ILP takes at most {MAKESPAN_MAX_NODES} nodes, {p.graph.name!r} has {len(p.nodes)}: "
-                f"coarsen the graph (partition(..., coarsen=True)) or use objective 'latency'"
-            )
-        horizon = TS * sum(max(p.compute[n].values()) for n in p.nodes) + TS * sum(
-            max((p.transfer_s(t.bytes, a, b) for a in p.device_names for b in p.device_names if a != b), default=0.0)
-            for t in p.tensors
-        )
-        self.big_m = horizon * 1.01 + 1e-6
-        self.S = {n: self._var(_name("start", n), up=horizon) for n in p.nodes}
-        self.F = {n: self._var(_name("finish", n), up=horizon) for n in p.nodes}
-        for n in p.nodes:
-            pairs = [(TS * p.compute[n][d], self.x(n, d)) for d in p.allowed[n]]
-            pairs += [(TS * p.stream_issue_s(d), s) for d, s in self.sv.get(n, {}).items()]
-            terms = self._lin(*pairs)
-            const = terms.pop(None, 0.0)
-            row = {self.F[n]: 1.0, self.S[n]: -1.0}
-            for v, c in terms.items():
-                row[v] = row.get(v, 0.0) - c
-            self._add(_name("duration", n), row, pulp.LpConstraintEQ, const)
-        self._precedence()
-        self._no_overlap()
-        makespan = self._var("makespan")
-        for n in p.nodes:
-            self._add(_name("ends_after", n), {makespan: 1.0, self.F[n]: -1.0}, pulp.LpConstraintGE)
-        opt = self._var("optimizer_step")
-        for d in p.device_names:
-            pairs = [(TS * p.opt_step[n][d] * c, v) for n in p.nodes if p.opt_step[n][d] for c, v in self.resident(n, d)]
-            if pairs:
-                self._ge_sum(_name("optimizer", d), opt, pairs)
-        pairs = [(1.0, makespan), (1.0, opt)] + self._shared_terms()
-        self._ge_sum("total", self.T, pairs)
-
-    def _precedence(self) -> None:
-        p = self.p
-        self.edge_vars: dict[tuple[str, str, str, str], pulp.LpVariable] = {}
-        for t in p.tensors:
-            for c in t.consumers:
-                if t.producer is None:
-                    pairs = [(1.0, 0.0)] + [
-                        (TS * p.transfer_s(t.bytes, p.host, b), self.x(c, b)) for b in p.allowed[c] if b != p.host
-                    ]
-                    self._ge_sum(_name("input_ready", t.name, c), self.S[c], pairs)
-                    continue
-                pairs: list[tuple[float, object]] = [(1.0, self.F[t.producer])]
-                for a in p.allowed[t.producer]:
-                    for b in p.allowed[c]:
-                        if a == b:
-                            continue
-                        e = self._var(_name("cut", t.name, c, a, b), up=1.0)
-                        self.edge_vars[(t.name, c, a, b)] = e
-                        self._ge_sum(_name("cut_def", t.name, c, a, b), e,
-                                     [(1.0, self.x(t.producer, a)), (1.0, self.x(c, b)), (-1.0, 1.0)])
-                        pairs.append((TS * p.transfer_s(t.bytes, a, b), e))
-                self._ge_sum(_name("after", t.producer, c), self.S[c], pairs)
-        for u, v in p.graph.dag.edges:  # edges whose tensors carry no bytes still order the nodes
-            self._add(_name("order", u, v), {self.S[v]: 1.0, self.F[u]: -1.0}, pulp.LpConstraintGE)
-
-    def _no_overlap(self) -> None:
-        p = self.p
-        closure = nx.transitive_closure_dag(p.graph.dag)
-        self.ov: dict[tuple[str, str], pulp.LpVariable] = {}
-        m = self.big_m
-        for i, u in enumerate(p.nodes):
-            for v in p.nodes[i + 1:]:
-                if closure.has_edge(u, v) or closure.has_edge(v, u):
-                    continue
-                shared = [d for d in p.allowed[u] if d in p.allowed[v]]
-                if not shared:
-                    continue
-                o = self._var(_name("before", u, v), pulp.LpBinary, 0, 1)
-                self.ov[(u, v)] = o
-                for d in shared:
-                    xu, xv = self.x(u, d), self.x(v, d)
-                    # S_v >= F_u - M(1 - o) - M(2 - xu - xv)
-                    self._ge_sum(_name("u_then_v", u, v, d), self.S[v],
-                                 [(1.0, self.F[u]), (m, o), (-3 * m, 1.0), (m, xu), (m, xv)])
-                    # S_u >= F_v - M o - M(2 - xu - xv)
-                    self._ge_sum(_name("v_then_u", u, v, d), self.S[u],
-                                 [(1.0, self.F[v]), (-m, o), (-2 * m, 1.0), (m, xu), (m, xv)])
-
-    # -- warm start and reading the answer ------------------------------------------------------
-
-    def set_start(self, placement: Placement) -> None:
-        """Give every variable the value ``placement`` implies."""
-        p = self.p
-        dev = placement.device
-        for n, per_d in self.xv.items():
-            for d, v in per_d.items():
-                v.setInitialValue(1.0 if dev.get(n) == d else 0.0)
-        for n, per_d in self.sv.items():
-            for d, v in per_d.items():
-                v.setInitialValue(1.0 if n in placement.streamed and dev.get(n) == d else 0.0)
-        producer = {t.name: t.producer for t in p.tensors}
-        consumers = {t.name: t.consumers for t in p.tensors}
-        for (t, a, b), y in self.yv.items():
-            src = dev[producer[t]] if producer[t] is not None else p.host
-            y.setInitialValue(1.0 if src == a and any(dev[c] == b for c in consumers[t]) else 0.0)
-        owner = {sp.name: sp for sp in p.shared}
-        for (name, d), z in self.zv.items():
-            sp = owner[name]
-            home = placement.residence(sp.owner)
-            z.setInitialValue(1.0 if home != d and any(dev[u] == d for u in sp.users) else 0.0)
-        if p.options.objective is Objective.MAKESPAN:
-            times = list_schedule(p, placement)
-            for n in p.nodes:
-                self.S[n].setInitialValue(TS * times[n][0])
-                self.F[n].setInitialValue(TS * times[n][1])
-            for (t, c, a, b), e in self.edge_vars.items():
-                e.setInitialValue(1.0 if dev[producer[t]] == a and dev[c] == b else 0.0)
-            for (u, v), o in self.ov.items():
-                o.setInitialValue(1.0 if times[u][0] <= times[v][0] else 0.0)
-        for var in self.prob.variables():  # auxiliaries (T, work, buffers...) start at zero
-            if var.varValue is None:
-                var.setInitialValue(0.0)
-
-    def placement(self) -> Placement:
-        p = self.p
-        device: dict[str, str] = {}
-        for n in p.nodes:
-            if not self.xv[n]:
-                device[n] = p.allowed[n][0]
-            else:
-                device[n] = max(self.xv[n], key=lambda d: (self.xv[n][d].varValue or 0.0))
-        streamed = {
-            n: p.host for n, per_d in self.sv.items()
-            if device[n] in per_d and (per_d[device[n]].varValue or 0.0) > 0.5
-        }
-        order: tuple[str, ...] = ()
-        if p.options.objective is Objective.MAKESPAN:
-            # by start, then end: a zero-length node at the same instant goes before a long one
-            order = tuple(sorted(p.nodes, key=lambda n: (round(self.S[n].varValue or 0.0, 6),
-                                                         round(self.F[n].varValue or 0.0, 6), p.index[n])))
-            order = _topological_repair(p, order)
-        return Placement(device, streamed, StreamMode.PREFETCH, order)
-
-
-def _topological_repair(p: Problem, order: tuple[str, ...]) -> tuple[str, ...]:
-    """Sort by start time but never before a predecessor (rounding in the solver's times)."""
-    rank = {n: i for i, n in enumerate(order)}
-    return tuple(nx.lexicographical_topological_sort(p.graph.dag, key=lambda n: (rank[n], p.index[n])))
-
-
-# --------------------------------------------------------------------------------------------
-# Pipeline stages (see the module docstring and partitioner/solvers/pipeline.py)
-# --------------------------------------------------------------------------------------------
-
-
-class _PipelineModel(_Model):
-    """The pipeline-stage model of a problem whose ``options.pipeline`` is set."""
-
-    def __init__(self, problem: Problem) -> None:
-        from partitioner.solvers.pipeline import Schedule
-
-        self.p = problem
-        self.spec = problem.options.pipeline
-        self.gpipe = self.spec.schedule is Schedule.GPIPE
-        self.prob = pulp.LpProblem(_safe(f"pipeline_{problem.graph.name}"), pulp.LpMinimize)
-        self.cons: dict[str, pulp.LpConstraint] = {}
-        self._counter = 0
-        self.sv: dict[str, dict[str, pulp.LpVariable]] = {}  # no weight streaming in a pipeline
-        self.D = list(problem.device_names)
-        self._assignment()
-        self._stage_order()
-        self._used()
-        self._crossings()
-        self._boundaries()
-        self._pipeline_memory()
-        self._pipeline_objective()
-        self.prob.extend(self.cons)
-
-    def _prefix(self, node: str, a: int) -> list[tuple[float, object]]:
-        """``P[node, a]``: the node sits on device ``a`` or before."""
-        return [(1.0, self.x(node, d)) for d in self.D[: a + 1] if d in self.p.allowed[node]]
-
-    def _used(self) -> None:
-        p, D = self.p, self.D
-        self.used = {d: self._var(_name("used", d), pulp.LpBinary, 0, 1) for d in D}
-        for d in D:
-            holders = [n for n in p.nodes if d in p.allowed[n]]
-            for n in holders:
-                self._ge_sum(_name("used_ge", d, n), self.used[d], [(1.0, self.x(n, d))])
-            terms = self._lin(*[(1.0, self.x(n, d)) for n in holders])
-            const = terms.pop(None, 0.0)
-            terms[self.used[d]] = terms.get(self.used[d], 0.0) - 1.0
-            self._add(_name("used_le", d), terms, pulp.LpConstraintGE, -const)
-        most = self.spec.max_stages(len(D))
-        count = {self.used[d]: 1.0 for d in D}
-        if self.spec.stages is not None:
-            self._add("stage_count", count, pulp.LpConstraintEQ, float(self.spec.stages))
-        else:
-            self._add("stage_count", count, pulp.LpConstraintLE, float(most))
-        self.first = {a: self._var(_name("first", D[a]), up=1.0) for a in range(len(D) - 1)}
-        self.after = {a: self._var(_name("after", D[a]), up=1.0) for a in range(len(D) - 1)}
-        for a in range(len(D) - 1):
-            for d in D[: a + 1]:
-                self._add(_name("first_ge", D[a], d), {self.first[a]: 1.0, self.used[d]: -1.0}, pulp.LpConstraintGE)
-            for d in D[a + 1:]:
-                self._add(_name("after_ge", D[a], d), {self.after[a]: 1.0, self.used[d]: -1.0}, pulp.LpConstraintGE)
-
-    def _crossings(self) -> None:
-        """cross[t,a]: tensor t alive across the cut after device a (relayed through every stage)."""
-        p, D = self.p, self.D
-        outputs = set(p.graph.outputs)
-        self.cross: dict[tuple[str, int], pulp.LpVariable] = {}
-        self.crossing: list[tuple[str, int]] = []
-        for t in p.graph.tensors.values():
-            readers = [c for c in t.consumers if c in p.index]
-            if t.nbytes <= 0 or (not readers and t.name not in outputs):
-                continue
-            self.crossing.append((t.name, t.nbytes))
-            for a in range(len(D) - 1):
-                source = self._prefix(t.producer, a) if t.producer is not None else [(1.0, self.first[a])]
-                var = self.cross[(t.name, a)] = self._var(_name("cross", t.name, D[a]), up=1.0)
-                for c in readers:
-                    self._ge_sum(_name("cross_ge", t.name, c, D[a]), var,
-                                 source + [(-coef, v) for coef, v in self._prefix(c, a)])
-                if t.name in outputs:
-                    self._ge_sum(_name("cross_out", t.name, D[a]), var,
-                                 source + [(1.0, self.after[a]), (-1.0, 1.0)])
-
-    def _boundaries(self) -> None:
-        """e[a,b]: consecutive stages; h[t,a,b]: t sent from a to b; the boundary times."""
-        p, D = self.p, self.D
-        self.e: dict[tuple[int, int], pulp.LpVariable] = {}
-        self.h: dict[tuple[str, int, int], pulp.LpVariable] = {}
-        self.boundary: dict[tuple[int, int], list[tuple[float, object]]] = {}
-        for a in range(len(D)):
-            for b in range(a + 1, len(D)):
-                e = self.e[(a, b)] = self._var(_name("next", D[a], D[b]), up=1.0)
-                self._ge_sum(_name("next_ge", D[a], D[b]), e,
-                             [(1.0, self.used[D[a]]), (1.0, self.used[D[b]]), (-1.0, 1.0)]
-                             + [(-1.0, self.used[D[m]]) for m in range(a + 1, b)])
-                pairs = []
-                for t, nbytes in self.crossing:
-                    h = self.h[(t, a, b)] = self._var(_name("send", t, D[a], D[b]), up=1.0)
-                    self._ge_sum(_name("send_ge", t, D[a], D[b]), h,
-                                 [(1.0, self.cross[(t, a)]), (1.0, e), (-1.0, 1.0)])
-                    pairs.append((TS * p.transfer_s(nbytes, D[a], D[b]), h))
-                self.boundary[(a, b)] = pairs
-
-    def _pipeline_memory(self) -> None:
-        p, D = self.p, self.D
-        from cost_models.training import parse_optimizer
-
-        factor = 2 + parse_optimizer(p.options.optimizer).state_copies if p.options.training else 1
-        self.work: dict[str, pulp.LpVariable] = {}
-        self.z: dict[tuple[str, str], pulp.LpVariable] = {}
-        self.r: dict[tuple[str, int], pulp.LpVariable] = {}
-        most = self.spec.max_stages(len(D))
-        for i, d in enumerate(D):
-            pairs: list[tuple[float, object]] = [(MS * p.param_mem[n], self.x(n, d)) for n in p.nodes]
-            work = self.work[d] = self._var(_name("work", d))
-            pairs.append((1.0, work))
-            for n in p.nodes:
-                if p.work_mem[n] > 0 and d in p.allowed[n]:
-                    self._ge_sum(_name("working_set", n, d), work, [(MS * p.work_mem[n], self.x(n, d))])
-            for sp in p.shared:
-                z = self.z[(sp.name, d)] = self._var(_name("tied", sp.name, d), up=1.0)
-                for u in sp.users:
-                    self._ge_sum(_name("tied_ge", sp.name, u, d), z, [(1.0, self.x(u, d)), (-1.0, self.x(sp.owner, d))])
-                pairs.append((MS * factor * sp.bytes, z))
-            saved = [(MS * p.saved[n], self.x(n, d)) for n in p.nodes if p.saved[n]]
-            if not saved:
-                self._cap(d, pairs, "")
-            elif self.gpipe:
-                self._cap(d, pairs + [(self.spec.micro_batches * c, v) for c, v in saved], "")
-            else:  # 1F1B: k = stages from this one to the last, via r[d,k] (see the module docstring)
-                r = {k: self._var(_name("in_flight", d, str(k)), pulp.LpBinary, 0, 1) for k in range(1, most + 1)}
-                self.r.update({(d, k): v for k, v in r.items()})
-                for k in range(1, most):
-                    self._add(_name("in_flight_order", d, str(k)), {r[k]: 1.0, r[k + 1]: -1.0}, pulp.LpConstraintGE)
-                row = {v: 1.0 for v in r.values()}
-                for later in D[i:]:
-                    row[self.used[later]] = row.get(self.used[later], 0.0) - 1.0
-                row[self.used[d]] = row.get(self.used[d], 0.0) - most
-                self._add(_name("in_flight_count", d), row, pulp.LpConstraintGE, -float(most))
-                big = MS * sum(p.saved[n] for n in p.nodes if d in p.allowed[n])
-                for k, v in r.items():
-                    self._cap(d, pairs + [(min(k, self.spec.micro_batches) * c, x) for c, x in saved]
-                              + [(big * most, v), (-big * most, 1.0)], str(k))
-
-    def _cap(self, d: str, pairs: list[tuple[float, object]], suffix: str) -> None:
-        terms = self._lin(*pairs)
-        const = terms.pop(None, 0.0)
-        self._add(_name("mem_cap", d, suffix) if suffix else _name("mem_cap", d), terms, pulp.LpConstraintLE,
-                  MS * self.p.capacity[d] - const)
-
-    def _pipeline_objective(self) -> None:
-        p, D = self.p, self.D
-        self.tau = self._var("bottleneck")
-        self.omega = self._var("optimizer_step")
-        total: list[tuple[float, object]] = []
-        for d in D:
-            stage = [(TS * p.compute[n][d], self.x(n, d)) for n in p.nodes if d in p.allowed[n]]
-            self._ge_sum(_name("stage_time", d), self.tau, stage)
-            total += stage
-            if p.options.training:
-                self._ge_sum(_name("optimizer", d), self.omega,
-                             [(TS * p.opt_step[n][d], self.x(n, d)) for n in p.nodes if p.opt_step[n][d]])
-        # at most `most` stages, each at most tau: a cut that tightens the LP relaxation
-        stages = [(TS * p.compute[n][d], self.x(n, d)) for d in D for n in p.nodes if d in p.allowed[n]]
-        self._ge_sum("bottleneck_share", self.tau, [(c / self.spec.max_stages(len(D)), v) for c, v in stages])
-        for (a, b), pairs in self.boundary.items():
-            if pairs:
-                self._ge_sum(_name("boundary_time", D[a], D[b]), self.tau, pairs)
-                total += pairs
-        self.T = self._var("T")
-        self._ge_sum("step", self.T, total + [(float(self.spec.micro_batches - 1), self.tau), (1.0, self.omega)])
-        self.prob.setObjective(pulp.LpAffineExpression({self.T: 1.0}))
-
-    def set_start(self, placement: Placement) -> None:
-        """Every variable's value under ``placement`` (via the pipeline semantics)."""
-        from partitioner.solvers.pipeline import pipeline_cost
-
-        p, D, dev = self.p, self.D, placement.device
-        for n, per_d in self.xv.items():
-            for d, v in per_d.items():
-                v.setInitialValue(1.0 if dev.get(n) == d else 0.0)
-        used = {d: any(dev[n] == d for n in p.nodes) for d in D}
-        for d in D:
-            self.used[d].setInitialValue(float(used[d]))
-        for a in range(len(D) - 1):
-            self.first[a].setInitialValue(float(any(used[d] for d in D[: a + 1])))
-            self.after[a].setInitialValue(float(any(used[d] for d in D[a + 1:])))
-        stages = [d for d in D if used[d]]
-        for (a, b), e in self.e.items():
-            e.setInitialValue(float(D[a] in stages and D[b] in stages and stages.index(D[b]) == stages.index(D[a]) + 1))
-        cost = pipeline_cost(p, placement)
-        sent = {(t, D.index(st.device)) for st in cost.stages for t in st.sends}
-        order = {d: i for i, d in enumerate(D)}
-        live = {}
-        for st in cost.stages[:-1]:
-            nxt = order[cost.stages[st.index + 1].device]
-            for t in st.sends:
-                for a in range(order[st.device], nxt):
-                    live[(t, a)] = 1.0
-        for (t, a), v in self.cross.items():
-            v.setInitialValue(live.get((t, a), 0.0))
-        for (t, a, b), h in self.h.items():
-            h.setInitialValue(float((t, a) in sent and self.e[(a, b)].varValue == 1.0))
-        for (name, d), z in self.z.items():
-            sp = next(s for s in p.shared if s.name == name)
-            z.setInitialValue(float(dev[sp.owner] != d and any(dev[u] == d for u in sp.users)))
-        for (d, k), r in self.r.items():
-            count = len(stages) - stages.index(d) if d in stages else 0
-            r.setInitialValue(float(k <= count))
-        for d, w in self.work.items():
-            w.setInitialValue(MS * max((p.work_mem[n] for n in p.nodes if dev[n] == d), default=0))
-        times = [st.compute_s for st in cost.stages] + [st.send_s for st in cost.stages[:-1]]
-        self.tau.setInitialValue(TS * max(times, default=0.0))
-        self.omega.setInitialValue(TS * cost.optimizer_s)
-        self.T.setInitialValue(TS * cost.step_s)
-
-
-# --------------------------------------------------------------------------------------------
-# Running the solvers
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Outcome:
-    status: Status
-    has_solution: bool
-    bound: float | None
-    note: str = ""
-
-
-@contextlib.contextmanager
-def _quiet_stdout() -> Iterator[None]:
-    """HiGHS prints a banner on stdout when created; keep the CLI's stdout clean (e.g. --json)."""
-    try:
-        fd = os.dup(1)
-    except OSError:
-        yield
-        return
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 1)
-            yield
-    finally:
-        os.dup2(fd, 1)
-        os.close(fd)
-
-
-def _run_highs(model: _Model, time_limit: float, gap: float, warm: bool, progress: ProgressFn | None) -> _Outcome:
-    import highspy
-
-    prob = model.prob
-    with _quiet_stdout():
-        solver = pulp.HiGHS(msg=False, timeLimit=time_limit, gapRel=gap, threads=1)
-        solver.createAndConfigureSolver(prob)
-    h = prob.solverModel
-    solver.buildSolverModel(prob)
-    if warm:
-        values = [float(v.varValue) if v.varValue is not None else 0.0 for v in prob.variables()]
-        sol = highspy.HighsSolution()
-        sol.col_value = values
-        sol.value_valid = True
-        h.setSolution(sol)
-    if progress is not None:
-        _attach_progress(h, progress)
-    solver.callSolver(prob)
-    status, _ = solver.findSolutionValues(prob)
-    info = h.getInfo()
-    model_status = h.getModelStatus()
-    has_solution = info.primal_solution_status == 2  # kSolutionStatusFeasible
-    bound = float(info.mip_dual_bound) if math.isfinite(info.mip_dual_bound) else None
-    if model_status == highspy.HighsModelStatus.kInfeasible:
-        return _Outcome(Status.INFEASIBLE, False, None, "HiGHS proved the model infeasible")
-    if model_status == highspy.HighsModelStatus.kOptimal:
-        if bound is None:  # an LP (no integers left after fixing): the objective is the bound
-            bound = float(info.objective_function_value)
-        return _Outcome(Status.OPTIMAL, has_solution, bound)
-    note = f"HiGHS stopped: {h.modelStatusToString(model_status)}"
-    return _Outcome(Status.FEASIBLE, has_solution, bound, note)
-
-
-def _attach_progress(h, progress: ProgressFn) -> None:  # noqa: ANN001 - a highspy.Highs
-    import highspy
-
-    started = time.perf_counter()
-    last = [0.0]
-
-    def on_event(callback_type, message, data_out, data_in, user_data):  # noqa: ANN001, ARG001
-        now = time.perf_counter() - started
-        if now - last[0] < 1.0:
-            return
-        last[0] = now
-        primal = data_out.mip_primal_bound
-        dual = data_out.mip_dual_bound
-        progress(Progress(
-            now,
-            float(primal) / TS if math.isfinite(primal) else None,
-            float(dual) / TS if math.isfinite(dual) else None,
-            float(data_out.mip_gap) if math.isfinite(data_out.mip_gap) else None,
-        ))
-
-    h.setCallback(on_event, None)
-    h.startCallback(highspy.cb.HighsCallbackType.kCallbackMipInterrupt)
-
-
-_CBC_BOUND = re.compile(r"^(?:Lower bound|Best possible):\s*(-?[\d.eE+]+)", re.MULTILINE)
-_CBC_RESULT = re.compile(r"^Result - (.+)$", re.MULTILINE)
-
-
-def _run_cbc(model: _Model, time_limit: float, gap: float, warm: bool) -> _Outcome:
-    prob = model.prob
-    with tempfile.TemporaryDirectory(prefix="hetpart-cbc-") as tmp:
-        log_path = os.path.join(tmp, "cbc.log")
-        with warnings.catch_warnings():  # PuLP 3 deprecates the bundled CBC; it is the one we want
-            warnings.simplefilter("ignore", DeprecationWarning)
-            solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=max(1, int(math.ceil(time_limit))), gapRel=gap,
-                                       warmStart=warm, logPath=log_path, threads=1)
-            try:
-                prob.solve(solver)
-            except pulp.PulpSolverError as exc:  # CBC died (seen on 10,000-op graphs): no incumbent to read
-                tail = open(log_path).read()[-300:] if os.path.exists(log_path) else ""
-                return _Outcome(Status.FEASIBLE, False, None, f"CBC failed: {exc}; log ends: {tail.strip()[-120:]}")
-        text = open(log_path).read() if os.path.exists(log_path) else ""
-    result = _CBC_RESULT.search(text)
-    result_text = result.group(1).strip() if result else pulp.LpStatus[prob.status]
-    bound_match = _CBC_BOUND.search(text)
-    objective = pulp.value(prob.objective)
-    if prob.status == pulp.LpStatusInfeasible:
-        return _Outcome(Status.INFEASIBLE, False, None, f"CBC: {result_text}")
-    has_solution = prob.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible)
-    if prob.sol_status == pulp.LpSolutionOptimal:
-        bound = float(bound_match.group(1)) if bound_match else (float(objective) if objective is not None else None)
-        if bound is not None and objective is not None:
-            bound = min(bound, float(objective))
-        return _Outcome(Status.OPTIMAL, has_solution, bound)
-    bound = float(bound_match.group(1)) if bound_match else None
-    return _Outcome(Status.FEASIBLE, has_solution, bound, f"CBC: {result_text}")
+        model = Formulation(problem, units, cutoff=incumbent)
+    start_vector = model.start_values(model.canonical(warm_start)) if warm_start is not None else None
+    log.debug("ILP for %s: %d columns, %d rows, built in %.2f s", problem.graph.name, model.milp.num_cols,
+              model.milp.num_rows, time.perf_counter() - start)
+    left = time_limit - (time.perf_counter() - start)
+    if name == "highs":
+        run = highs.run_highs(model.milp, time_limit=max(left, 0.05), gap=gap, start=start_vector,
+                              progress=progress, scale=units.time)
+    else:
+        run = cbc.run_cbc(model.milp, time_limit=max(left, 0.05), gap=gap, start=start_vector)
+    return _solution(problem, model, run, f"ilp:{name}", warm_start, gap, time.perf_counter() - start)
+
+
+def _quick_start(problem: Problem) -> Placement | None:
+    """A start when the caller gives none: the best feasible of HEFT (pipelines: the stage
+    dynamic program) and every single device. It bounds the model (and so its numbers) as a
+    caller's warm start would."""
+    from partitioner.solvers.heft import solve_heft
+    from partitioner.solvers.pipeline_dp import solve_pipeline_dp
+    from partitioner.solvers.single import solve_single
+
+    first = solve_pipeline_dp(problem) if problem.options.pipeline is not None else solve_heft(problem)
+    best, best_total = None, math.inf
+    for sol in [first] + [solve_single(problem, d) for d in problem.device_names]:
+        if not sol.placement.device:
+            continue
+        ev = evaluate(problem, sol.placement)
+        if ev.feasible and ev.total_s < best_total:
+            best, best_total = sol.placement, ev.total_s
+    return best
+
+
+def _units(problem: Problem, incumbent: float | None) -> Units:
+    """Time units that put the reference cost near REFERENCE (see the module docstring)."""
+    reference = incumbent if incumbent else physical_lower_bound(problem)
+    if not reference or not math.isfinite(reference) or reference <= 0:
+        return Units()
+    time_unit = REFERENCE / reference
+    if incumbent is None:
+        largest = _largest_time(problem)
+        if largest * time_unit > MAX_COEFFICIENT:
+            time_unit = MAX_COEFFICIENT / largest
+    return Units(time=time_unit)
+
+
+def _largest_time(problem: Problem) -> float:
+    """The largest time any single option of ``problem`` costs (compute or one copy), seconds."""
+    p = problem
+    largest = max((t for n in p.nodes for t in p.compute[n].values()), default=0.0)
+    for t in p.tensors:
+        for a in p.device_names:
+            for b in p.device_names:
+                if a != b:
+                    largest = max(largest, p.transfer_s(t.bytes, a, b))
+    return largest
+
+
+def _solution(problem: Problem, model: Formulation, run: RunResult, name: str, warm_start: Placement | None,
+              gap: float, seconds: float) -> Solution:
+    tu = model.units.time
+    bound = run.bound / tu if run.bound is not None else None
+    if run.state == "infeasible":
+        if warm_start is not None:  # the start is feasible: the solver's "infeasible" is numerical noise
+            return Solution(name, warm_start, Status.TIME_LIMIT, None, seconds,
+                            "the solver called the model infeasible although the warm start fits; keeping the start")
+        return Solution(name, Placement({}), Status.INFEASIBLE, None, seconds, run.note)
+    if run.values is None:
+        note = f"{run.note}; no incumbent found".lstrip("; ")
+        fallback = warm_start or Placement({})
+        objective = evaluate(problem, warm_start).total_s if warm_start is not None else None
+        return Solution(name, fallback, Status.TIME_LIMIT, bound, seconds, note, objective)
+    placement = model.placement(run.values)
+    objective = run.objective / tu if run.objective is not None else None
+    ev = evaluate(problem, placement)
+    note = run.note
+    slack = AGREEMENT * max(abs(ev.total_s), 1e-300) + 1e-15
+    if objective is not None and ev.total_s < objective - slack and run.state != "optimal":
+        objective = ev.total_s  # an incumbent stopped early need not be tight: its placement costs less
+    if objective is None or abs(ev.total_s - objective) > slack:
+        # the model and evaluate() disagree (a bug): say so; the status follows evaluate()
+        note = (f"{note}; the solver's objective {objective!r} s differs from the evaluation "
+                f"{ev.total_s!r} s of its placement").lstrip("; ")
+        log.warning("%s: %s", name, note)
+    status = status_for_gap(relative_gap(ev.total_s, bound), gap)
+    return Solution(name, placement, status, bound, seconds, note, objective)

@@ -44,15 +44,13 @@ import functools
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
-from cost_models.analytic import op_time, transfer_time
+from cost_models.costs import ANALYTIC, CostModel
 from cost_models.profiles import DeviceKind, DeviceSet
 from cost_models.training import (
     Optimizer,
-    optimizer_step_time,
     parameter_memory,
     parse_optimizer,
     saved_activation_bytes,
-    training_op_time,
 )
 from partitioner.errors import HetpartError, UnsupportedOp
 from partitioner.ir import OpGraph
@@ -177,8 +175,10 @@ class Problem:
         pins: Mapping[str, str] | None = None,
         members: Mapping[str, Sequence[str]] | None = None,
         original: OpGraph | None = None,
+        costs: CostModel | None = None,
     ) -> None:
         self.graph = graph
+        self.costs = costs or ANALYTIC  # op, copy and optimizer-step times (cost_models.costs)
         self.original = original or graph
         self.devices = devices
         self.options = dataclasses.replace(options, optimizer=parse_optimizer(options.optimizer))
@@ -206,6 +206,7 @@ class Problem:
     def _resolve_pins(self, pins: Mapping[str, str]) -> dict[str, str]:
         """Pins map op names or globs over op names / module paths to a device; resolved per node."""
         resolved: dict[str, str] = {}
+        by: dict[str, str] = {}  # node -> the pattern that pinned it first
         for pattern, device in pins.items():
             if device not in self.device_names:
                 raise HetpartError(
@@ -220,8 +221,11 @@ class Problem:
                     for op in ops
                 ):
                     if resolved.get(node, device) != device:
-                        raise HetpartError(f"node {node!r} is pinned to both {resolved[node]} and {device}")
+                        raise HetpartError(
+                            f"pins {by[node]!r}={resolved[node]} and {pattern!r}={device} both match "
+                            f"{self._pinned_what(node)}, which must run on one device; drop or narrow one pin")
                     resolved[node] = device
+                    by.setdefault(node, pattern)
                     matched = True
             if not matched:
                 raise HetpartError(
@@ -230,18 +234,36 @@ class Problem:
                 )
         return resolved
 
+    def _pinned_what(self, node: str) -> str:
+        """``op 'linear_3'``, or the module a group of ops kept together comes from."""
+        members = self.members[node]
+        if len(members) == 1:
+            return f"op {members[0]!r}"
+        paths = [self.original.ops[m].module_path.split(".") for m in members if self.original.ops[m].module_path]
+        common: list[str] = []
+        for atoms in zip(*paths):
+            if len(set(atoms)) > 1:
+                break
+            common.append(atoms[0])
+        where = f"module {'.'.join(common)!r}" if common and len(paths) == len(members) else "one group"
+        return f"{where} ({len(members)} ops kept together, e.g. {members[0]!r})"
+
     def _allowed(self) -> dict[str, tuple[str, ...]]:
         allowed: dict[str, tuple[str, ...]] = {}
         for node in self.nodes:
             ops = [self.original.ops[m] for m in self.members[node]]
             ok = tuple(
                 d.name for d in self.devices.devices
-                if all(d.supports(op.kind, op.op_class.value) for op in ops)
+                if all(d.supports(op.kind, op.op_class.value) and self.costs.unsupported(op, d) is None
+                       for op in ops)
             )
             if not ok:
+                measured = [f"{d.name}: {why}" for d in self.devices.devices for op in ops
+                            if (why := self.costs.unsupported(op, d)) is not None]
                 raise UnsupportedOp(
-                    f"op {node!r} ({ops[0].kind}) is supported by no device of profile {self.devices.name!r}; "
-                    f"add a device that runs {ops[0].op_class.value} ops"
+                    f"op {node!r} ({ops[0].kind}) is supported by no device of profile {self.devices.name!r}"
+                    + (f" (failed when measured: {'; '.join(measured)})" if measured else "")
+                    + f"; add a device that runs {ops[0].op_class.value} ops"
                 )
             pinned = self.pins.get(node)
             if pinned is not None:
@@ -256,9 +278,10 @@ class Problem:
 
     def _cost_nodes(self) -> None:
         training, opt = self.options.training, self.options.optimizer
-        cost = training_op_time if training else op_time
+        cost = self.costs.training_op_time if training else self.costs.op_time
         self.compute: dict[str, dict[str, float]] = {}
         self.param_bytes: dict[str, int] = {}
+        self.stream_parts: dict[str, tuple[int, ...]] = {}  # each member op's own weights: streamed one copy per op
         self.param_mem: dict[str, int] = {}
         self.trainable: dict[str, int] = {}
         self.work_mem: dict[str, int] = {}
@@ -271,6 +294,7 @@ class Problem:
                 d: sum(cost(op, self.devices.device(d)).seconds for op in ops) for d in self.allowed[node]
             }
             self.param_bytes[node] = sum(op.param_bytes for op in ops)
+            self.stream_parts[node] = tuple(op.param_bytes for op in ops if op.param_bytes > 0)
             self.param_mem[node] = sum(parameter_memory(op, opt, training=training) for op in ops)
             self.trainable[node] = sum(op.trainable_param_bytes for op in ops)
             self.work_mem[node] = max(
@@ -279,8 +303,9 @@ class Problem:
             self.saved[node] = sum(
                 saved_activation_bytes(op, sum(tensors[t].nbytes for t in op.outputs)) for op in ops
             ) if training else 0
-            self.opt_step[node] = {
-                d.name: optimizer_step_time(self.trainable[node], d, opt).seconds if training else 0.0
+            self.opt_step[node] = {  # one optimizer step per member op, as on the original graph
+                d.name: sum(self.costs.optimizer_step_time(op.trainable_param_bytes, d, opt).seconds for op in ops)
+                if training else 0.0
                 for d in self.devices.devices
             }
 
@@ -293,15 +318,17 @@ class Problem:
         return tuple(out)
 
     def _shared_params(self) -> tuple[SharedParam, ...]:
+        """Parameters read by ops other than their owner op, as nodes: the owner's node and the
+        nodes of the other readers. A reader in the owner's own (coarse) node counts too: when
+        that node streams its weights, the reader copies the parameter like any other."""
         out = []
-        owner_of = {p: n for n in self.nodes for p in self.graph.ops[n].owned_params}
-        for p in self.graph.params.values():
-            owner = owner_of.get(p.name)
-            if owner is None:
+        group_of = {op: n for n in self.nodes for op in self.members[n]}
+        for p in self.original.params.values():
+            if p.owner is None or p.owner not in group_of:
                 continue
-            users = tuple(u for u in dict.fromkeys(p.users) if u != owner and u in self.graph.ops)
+            users = tuple(dict.fromkeys(group_of[u] for u in p.users if u != p.owner and u in group_of))
             if users:
-                out.append(SharedParam(p.name, owner, users, p.nbytes))
+                out.append(SharedParam(p.name, group_of[p.owner], users, p.nbytes))
         return tuple(out)
 
     # -- transfer costs -----------------------------------------------------------------------
@@ -309,13 +336,13 @@ class Problem:
     @functools.cache  # noqa: B019 - the problem is immutable and lives as long as its solve
     def transfer_s(self, nbytes: int, src: str, dst: str) -> float:
         """Seconds per step to move ``nbytes`` of activations src -> dst (training: and the gradient back)."""
-        one = transfer_time(nbytes, src, dst, self.devices).seconds
+        one = self.costs.transfer_time(nbytes, src, dst, self.devices).seconds
         return 2 * one if self.options.training else one
 
     @functools.cache  # noqa: B019
     def stream_s(self, nbytes: int, src: str, dst: str, mode: StreamMode) -> float:
         """Seconds per step to bring ``nbytes`` of weights from ``src`` to ``dst``."""
-        return transfer_time(nbytes, src, dst, self.devices, pinned=mode is StreamMode.PREFETCH).seconds
+        return self.costs.transfer_time(nbytes, src, dst, self.devices, pinned=mode is StreamMode.PREFETCH).seconds
 
     @functools.cache  # noqa: B019
     def hops(self, src: str, dst: str) -> tuple[str, ...]:
@@ -336,9 +363,34 @@ class Problem:
         """Seconds a prefetched weight copy to ``dst`` adds to its node: the route's latency."""
         return sum(link.latency for link in self.devices.route(self.host, dst))
 
+    def node_stream_s(self, node: str, src: str, dst: str, mode: StreamMode) -> float:
+        """Seconds per step to stream every member op's weights of ``node`` (one copy per op)."""
+        return sum(self.stream_s(b, src, dst, mode) for b in self.stream_parts[node])
+
+    def node_stream_issue_s(self, node: str, dst: str) -> float:
+        """Issue latency a prefetched ``node`` pays on ``dst``: once per member op's copy."""
+        return len(self.stream_parts[node]) * self.stream_issue_s(dst)
+
+    def node_stream_hop_s(self, node: str, src: str, dst: str, label: str, pinned: bool = True) -> float:
+        """Seconds link ``label`` is busy streaming ``node``'s weights (one copy per member op)."""
+        return sum(self.hop_s(b, src, dst, label, pinned) for b in self.stream_parts[node])
+
+    def stream_buffer_bytes(self, node: str, mode: StreamMode) -> int:
+        """Device buffer ``node``'s streamed weights need: its largest member copy, once or twice."""
+        return self.buffer_factor(mode) * max(self.stream_parts[node], default=0)
+
     def shared_param_s(self, param: SharedParam, dst: str) -> float:
         """Seconds to copy a shared parameter to ``dst``, from the slowest possible source."""
         return max((self.transfer_s(param.bytes, s, dst) for s in self.device_names if s != dst), default=0.0)
+
+    def fits_alone(self, node: str, device: str) -> bool:
+        """Whether ``node`` alone fits on ``device``: its working set, saved activations and its
+        parameters, or its stream buffer where it may stream them there. When it does not, no
+        feasible placement puts it there."""
+        weights = self.param_mem[node]
+        if node in self.streamable and device != self.host:
+            weights = min(weights, self.stream_buffer_bytes(node, StreamMode.PREFETCH))
+        return self.work_mem[node] + self.saved[node] + weights <= self.capacity[device]
 
     def buffer_factor(self, mode: StreamMode) -> int:
         """Reused device buffers for streamed weights: two for double-buffered prefetch, one for sync."""
@@ -373,10 +425,13 @@ def evaluate(problem: Problem, placement: Placement) -> Evaluation:
     for t in transfers:
         if t.kind == "param":  # costed on the critical path from the slowest source (see docstring)
             continue
-        pinned = not (t.kind == "weights" and placement.stream_mode is StreamMode.SYNC)
-        factor = 2 if p.options.training and t.kind == "activation" else 1
         for label in p.hops(t.src, t.dst):
-            link_load[label] += factor * p.hop_s(t.bytes, t.src, t.dst, label, pinned)
+            if t.kind == "weights":
+                pinned = placement.stream_mode is not StreamMode.SYNC
+                link_load[label] += p.node_stream_hop_s(t.tensor, t.src, t.dst, label, pinned)
+            else:
+                factor = 2 if p.options.training else 1
+                link_load[label] += factor * p.hop_s(t.bytes, t.src, t.dst, label)
     busy = {d: 0.0 for d in p.device_names}
     opt = {d: 0.0 for d in p.device_names}
     for n in p.nodes:
@@ -386,7 +441,7 @@ def evaluate(problem: Problem, placement: Placement) -> Evaluation:
         if t.kind == "param":
             busy[t.dst] += t.seconds
         elif t.kind == "weights" and placement.stream_mode is StreamMode.PREFETCH:
-            busy[t.dst] += p.stream_issue_s(t.dst)
+            busy[t.dst] += p.node_stream_issue_s(t.tensor, t.dst)
     critical = sum(t.seconds for t in transfers if t.kind == "activation")
     if placement.stream_mode is StreamMode.SYNC:
         critical += sum(t.seconds for t in transfers if t.kind == "weights")
@@ -446,7 +501,7 @@ def _transfers(p: Problem, placement: Placement) -> list[Transfer]:
     for n, home in placement.streamed.items():
         if home != x[n] and p.param_bytes[n]:
             out.append(Transfer(n, home, x[n], p.param_bytes[n],
-                                p.stream_s(p.param_bytes[n], home, x[n], placement.stream_mode), "weights"))
+                                p.node_stream_s(n, home, x[n], placement.stream_mode), "weights"))
     for sp in p.shared:
         home = placement.residence(sp.owner)
         for dst in dict.fromkeys(x[u] for u in sp.users):
@@ -462,12 +517,11 @@ def memory_use(p: Problem, placement: Placement) -> dict[str, int]:
     buffers = {d: 0 for d in p.device_names}
     work = {d: 0 for d in p.device_names}
     saved = {d: 0 for d in p.device_names}
-    factor = p.buffer_factor(placement.stream_mode)
     for n in p.nodes:
         d = x[n]
         params[placement.residence(n)] += p.param_mem[n]
         if n in placement.streamed and placement.streamed[n] != d:
-            buffers[d] = max(buffers[d], factor * p.param_bytes[n])
+            buffers[d] = max(buffers[d], p.stream_buffer_bytes(n, placement.stream_mode))
         work[d] = max(work[d], p.work_mem[n])
         saved[d] += p.saved[n]
     return {d: params[d] + buffers[d] + work[d] + saved[d] for d in p.device_names}
@@ -489,9 +543,9 @@ def list_schedule(p: Problem, placement: Placement) -> dict[str, tuple[float, fl
         finish = start + p.compute[n].get(d, float("inf"))
         if n in placement.streamed and placement.streamed[n] != d:
             if placement.stream_mode is StreamMode.SYNC:
-                finish += p.stream_s(p.param_bytes[n], placement.streamed[n], d, StreamMode.SYNC)
+                finish += p.node_stream_s(n, placement.streamed[n], d, StreamMode.SYNC)
             else:
-                finish += p.stream_issue_s(d)
+                finish += p.node_stream_issue_s(n, d)
         times[n] = (start, finish)
         end[n] = finish
         free[d] = finish
@@ -519,12 +573,14 @@ def accelerator_devices(devices: DeviceSet) -> tuple[str, ...]:
 
 
 class Status(str, enum.Enum):
-    """How a solver's answer stands."""
+    """How a solver's answer stands (the words plans, summaries and reports show)."""
 
-    OPTIMAL = "optimal"        # proven optimal within the requested relative gap
-    FEASIBLE = "feasible"      # a feasible incumbent at the time limit; the gap says how far it may be
-    HEURISTIC = "heuristic"    # a constructive baseline: no bound
-    INFEASIBLE = "infeasible"  # the solver proved there is no placement within the limits
+    OPTIMAL = "optimal"          # proven optimal: the relative gap is about 0 (at most 1e-6)
+    WITHIN_GAP = "within gap"    # proven within the requested relative gap; the gap says how far
+    TIME_LIMIT = "time limit"    # stopped by the time limit before reaching the requested gap
+    HEURISTIC = "heuristic"      # a constructive baseline: no bound
+    INFEASIBLE = "infeasible"    # the solver proved there is no placement within the limits
+    FEASIBLE = "time limit"      # the word before "time limit" (an alias, for callers that used it)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -532,7 +588,9 @@ class Solution:
     """What a solver returns: a placement and what it knows about it.
 
     ``bound`` is a proven lower bound on the objective (``None`` for heuristics); ``seconds`` is
-    the wall time the solver took. The predicted cost comes from :func:`evaluate`.
+    the wall time the solver took; ``objective`` is the solver's own value of its placement (the
+    ILP's incumbent; ``None`` for heuristics), which :func:`evaluate` must reproduce. The
+    predicted cost comes from :func:`evaluate`.
     """
 
     solver: str
@@ -541,6 +599,7 @@ class Solution:
     bound: float | None = None
     seconds: float = 0.0
     note: str = ""
+    objective: float | None = None
 
 
 def explain_infeasibility(problem: Problem) -> str:

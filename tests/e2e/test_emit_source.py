@@ -5,6 +5,11 @@ imported from the file, loaded with the original's state_dict and compared with 
 with ``plan.emit``: outputs and the gradient of every parameter. A model whose module, parameter
 and buffer names (and model name) hold quotes, newlines and Python code gives a file in which
 those names are string literals only, that runs no injected code and still computes the model.
+
+Generated modules run under strict devices (:mod:`backends.torch.strict`): the file is written
+with every logical device bound to its own CPU tag, built under the mode, and its forward fails on
+the first op reading a tensor from another logical device; each step's copies and the resident
+bytes must equal the plan's transfers and parameter bytes.
 """
 
 from __future__ import annotations
@@ -23,8 +28,11 @@ import torch
 from torch import nn
 
 import models
-from partitioner import partition
+from backends.torch.source import op_lines
+from backends.torch.strict import StrictRun
+from partitioner import Plan, partition
 from partitioner.errors import HetpartError
+from tests.e2e.placements import DLRM_PLACEMENT, factory_plan, plan_with_placement
 
 BIND = {"cuda:0": "cpu", "npu:0": "cpu"}
 _counter = itertools.count()
@@ -57,24 +65,47 @@ def _spread_pins(model: nn.Module) -> dict[str, str]:
 
 def _built(model: nn.Module, path: Path) -> nn.Module:
     """The generated module, weights loaded from ``model``."""
-    generated = _load(path).build()
-    generated.load_state_dict(model.state_dict())
-    return generated
+    return _load(path).build(model)
 
 
-def assert_same_outputs(reference: nn.Module, generated: nn.Module, inputs: tuple) -> None:
+class Strict:
+    """A plan's generated file (and its ``plan.emit``) under strict devices."""
+
+    def __init__(self, plan: Plan, model: nn.Module) -> None:
+        self.plan, self.model, self.run = plan, model, StrictRun(plan)
+        self.bind = self.run.device_map
+
+    def built(self, path: Path) -> nn.Module:
+        """The file's module built under the mode (parameters tagged where it puts them), watched line by line."""
+        with self.run:
+            generated = _built(self.model, path)
+        return self.run.watch(generated, op_lines(self.plan, self.model, self.bind))
+
+    def emitted(self) -> nn.Module:
+        with self.run:
+            return self.run.watch(self.plan.emit(self.model, self.bind))
+
+    def forward(self, module: nn.Module, inputs: tuple) -> list[torch.Tensor]:
+        with self.run:
+            got = _outputs(self.run.step(module, *inputs))
+        report = self.run.report()
+        assert report.passed, report.to_text()
+        return got
+
+
+def assert_same_outputs(reference: nn.Module, generated: nn.Module, inputs: tuple, strict: Strict) -> None:
     with torch.no_grad():
-        expected, got = _outputs(reference(*inputs)), _outputs(generated(*inputs))
+        expected, got = _outputs(reference(*inputs)), strict.forward(generated, inputs)
     assert len(expected) == len(got)
     for e, g in zip(expected, got):
         torch.testing.assert_close(g, e)
 
 
-def assert_same_gradients(model: nn.Module, generated: nn.Module, inputs: tuple) -> None:
+def assert_same_gradients(model: nn.Module, generated: nn.Module, inputs: tuple, strict: Strict) -> None:
     model.zero_grad()
     generated.zero_grad()
     _loss(_outputs(model(*inputs))).backward()
-    _loss(_outputs(generated(*inputs))).backward()
+    _loss(strict.forward(generated, inputs)).backward()  # backward outside the mode
     ours = dict(generated.named_parameters(remove_duplicate=False))
     theirs = dict(model.named_parameters(remove_duplicate=False))
     assert list(ours) == list(theirs)
@@ -127,44 +158,69 @@ def test_zoo_file_equals_model_and_emit(name: str, tmp_path: Path) -> None:
     plan = partition(model, inputs, "cpu-gpu-npu", pins=_spread_pins(model), model_name=name)
     assert len(set(plan.placement.values())) >= 2, plan.placement
 
-    path = plan.emit_source(tmp_path / "placed.py", model, BIND)
+    strict = Strict(plan, model)
+    path = plan.emit_source(tmp_path / "placed.py", model, strict.bind)
     text = path.read_text(encoding="utf-8")
     tree = ast.parse(text)
     assert ".to(DEVICE_" in text
-    assert "# --- part 1 on " in text and "(bound to cpu) ---" in text
+    assert "# --- part 1 on " in text and "(bound to cpu:" in text
     assert "torch.ops.aten." in text
     assert imported_modules(tree) <= {"torch"}, "a plan without streamed weights needs only torch"
 
-    generated = _built(model, path)
+    generated = strict.built(path)
     assert isinstance(generated, nn.Module) and type(generated).__name__ == "PartitionedModel"
     assert list(generated.state_dict()) == list(model.state_dict())
     generated.train()
-    assert_same_outputs(model, generated, inputs)
-    emitted = plan.emit(model, BIND)
-    assert_same_outputs(emitted, generated, inputs)
-    assert_same_gradients(model, generated, inputs)
+    assert_same_outputs(model, generated, inputs, strict)
+    emitted = Strict(plan, model)
+    assert_same_outputs(emitted.emitted(), generated, inputs, strict)
+    assert_same_gradients(model, generated, inputs, strict)
+
+
+def test_a_file_copies_a_tensor_once_to_each_device_that_reads_it(tmp_path: Path) -> None:
+    """dlrm placed by hand (see tests/e2e/test_emit.py DLRM_PLACEMENT): ``stack`` read on two other
+    devices, an item of ``embedding_bag`` taken on another device, a literal buffer on cuda:0."""
+    model, inputs = models.get("dlrm", "tiny")
+    plan = plan_with_placement(model, inputs, DLRM_PLACEMENT)
+    assert {("stack", "cuda:0"), ("stack", "npu:0"), ("embedding_bag.0", "cuda:0")} <= {
+        (t.tensor, t.dst) for t in plan.transfers}
+    strict = Strict(plan, model)
+    generated = strict.built(plan.emit_source(tmp_path / "dlrm.py", model, strict.bind))
+    assert strict.run.mode.device_of(generated.get_buffer("interaction.rows")) == "cuda:0"
+    assert_same_outputs(model, generated, inputs, strict)
+
+
+def test_a_factory_in_a_file_creates_its_tensor_on_its_own_device(tmp_path: Path) -> None:
+    plan, model, inputs = factory_plan()
+    strict = Strict(plan, model)
+    generated = strict.built(plan.emit_source(tmp_path / "positions.py", model, strict.bind))
+    assert_same_outputs(model, generated, inputs, strict)
 
 
 def test_tied_weights_stay_one_parameter(tmp_path: Path) -> None:
     model, inputs = models.get("gpt", "tiny")
     plan = partition(model, inputs, "cpu-gpu-npu", pins={"lm_head": "cuda:0"}, model_name="gpt")
-    generated = _built(model, plan.emit_source(tmp_path / "gpt.py", model, BIND))
+    strict = Strict(plan, model)
+    generated = strict.built(plan.emit_source(tmp_path / "gpt.py", model, strict.bind))
     assert generated.get_parameter("lm_head.weight") is generated.get_parameter("tok_emb.weight")
     assert len(list(generated.parameters())) == len(list(model.parameters()))
-    assert_same_outputs(model, generated, inputs)
+    assert_same_outputs(model, generated, inputs, strict)
 
 
 def test_streamed_weights_go_through_the_streamer(tmp_path: Path) -> None:
     model, inputs = models.get("gpt", "tiny")
     plan = partition(model, inputs, "cpu-gpu-npu", memory={"cuda:0": "80KB"}, pins={"*": "cuda:0"})
     assert plan.weights, "the cap should force streaming"
-    path = plan.emit_source(tmp_path / "streamed.py", model, BIND)
+    strict = Strict(plan, model)
+    path = plan.emit_source(tmp_path / "streamed.py", model, strict.bind)
     text = path.read_text(encoding="utf-8")
     assert "WeightStreamer(self, [" in text and "._hetpart_streamer.get(" in text
     assert imported_modules(ast.parse(text)) <= {"torch", "backends.torch"}
-    generated = _built(model, path)
-    assert_same_outputs(model, generated, inputs)
-    assert_same_outputs(plan.emit(model, BIND), generated, inputs)
+    generated = strict.built(path)
+    for op in plan.weights:  # streamed weights live on the host
+        assert {strict.run.mode.device_of(generated.get_parameter(n)) for n in plan.param_names[op]} == {"cpu"}
+    assert_same_outputs(model, generated, inputs, strict)
+    assert_same_outputs(Strict(plan, model).emitted(), generated, inputs, strict)
 
 
 def test_a_file_emitted_before_the_backends_move_still_runs(tmp_path: Path) -> None:
@@ -172,7 +228,8 @@ def test_a_file_emitted_before_the_backends_move_still_runs(tmp_path: Path) -> N
     partitioner.codegen.prefetch: they run as before, with a warning that says to re-emit."""
     model, inputs = models.get("gpt", "tiny")
     plan = partition(model, inputs, "cpu-gpu-npu", memory={"cuda:0": "80KB"}, pins={"*": "cuda:0"})
-    path = plan.emit_source(tmp_path / "streamed.py", model, BIND)
+    strict = Strict(plan, model)
+    path = plan.emit_source(tmp_path / "streamed.py", model, strict.bind)
     new_import = "from backends.torch import WeightStreamer"
     text = path.read_text(encoding="utf-8")
     assert new_import in text
@@ -180,8 +237,8 @@ def test_a_file_emitted_before_the_backends_move_still_runs(tmp_path: Path) -> N
     sys.modules.pop("partitioner.codegen", None)
     sys.modules.pop("partitioner.codegen.prefetch", None)
     with pytest.warns(FutureWarning, match="re-emit"):
-        generated = _built(model, path)
-    assert_same_outputs(model, generated, inputs)
+        generated = strict.built(path)
+    assert_same_outputs(model, generated, inputs, strict)
 
 
 # --------------------------------------------------------------------------------------------
@@ -248,7 +305,8 @@ def test_hostile_names_give_a_safe_working_file(tmp_path: Path, monkeypatch: pyt
     plan = partition(model, (x,), "cpu-gpu-npu", pins={"linear_1": "cuda:0", "linear_3": "npu:0"},
                      model_name=EVIL_MODEL_NAME)
     assert len(set(plan.placement.values())) >= 2
-    path = plan.emit_source(tmp_path / "hostile.py", model, BIND)
+    strict = Strict(plan, model)
+    path = plan.emit_source(tmp_path / "hostile.py", model, strict.bind)
     text = path.read_text(encoding="utf-8")
 
     tree = ast.parse(text)
@@ -266,11 +324,11 @@ def test_hostile_names_give_a_safe_working_file(tmp_path: Path, monkeypatch: pyt
             assert token.type in (tokenize.STRING, tokenize.COMMENT), token
     assert "\n# model        'evil\\n" in text  # the model name is escaped in the header comment
 
-    generated = _built(model, path)
+    generated = strict.built(path)
     assert not (tmp_path / SENTINEL).exists()
     assert list(generated.state_dict()) == list(model.state_dict())
-    assert_same_outputs(model, generated, (x,))
-    assert_same_gradients(model, generated, (x,))
+    assert_same_outputs(model, generated, (x,), strict)
+    assert_same_gradients(model, generated, (x,), strict)
     assert not (tmp_path / SENTINEL).exists()
 
 
@@ -292,7 +350,9 @@ def test_refuses_to_overwrite_unless_forced(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mlp.py"], "no temporary file left behind"
     again = plan.emit_source(tmp_path / "again.py", model, BIND)
     assert again.read_text(encoding="utf-8") == path.read_text(encoding="utf-8"), "the same plan gives the same file"
-    assert_same_outputs(model, _built(model, path), inputs)
+    strict = Strict(plan, model)
+    assert_same_outputs(model, strict.built(plan.emit_source(tmp_path / "strict.py", model, strict.bind)), inputs,
+                        strict)
 
 
 def test_unbound_device_is_an_error_before_writing(tmp_path: Path) -> None:

@@ -136,9 +136,8 @@ def test_emit_writes_a_file_that_imports_and_runs(
     assert code == 0, err
     assert f"wrote {target}" in out
     assert "gpt:tiny" in out and "cuda:0" in out and "(bound to cpu)" in out
-    placed = _import(target).build()
     model, inputs = models.get("gpt", "tiny")
-    placed.load_state_dict(model.state_dict())
+    placed = _import(target).build(model)
     with torch.no_grad():
         torch.testing.assert_close(placed(*inputs), model(*inputs))
 

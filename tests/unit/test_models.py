@@ -12,7 +12,7 @@ import models
 from models._zoo import Built
 from partitioner.errors import HetpartError, UnknownModel
 
-EXPECTED_NAMES = ["bert", "convnet", "dlrm", "emb-transformer", "gpt", "mlp", "two-branch"]
+EXPECTED_NAMES = ["bart", "bert", "convnet", "convnext", "dlrm", "emb-transformer", "gpt", "mlp", "moe", "t5", "two-branch"]
 ALL = pytest.mark.parametrize("name", EXPECTED_NAMES)
 
 
@@ -68,7 +68,7 @@ def test_unknown_name_lists_known_models() -> None:
 
 
 def test_unknown_entry_raises() -> None:
-    with pytest.raises(UnknownModel, match="known models are bert, convnet"):
+    with pytest.raises(UnknownModel, match="known models are bart, bert, convnet"):
         models.entry("resnet-9000")
 
 

@@ -184,6 +184,7 @@ BAD_FIELDS = {
     "training not a bool": (_set(("training",), "yes"), 'training: expected true or false, got "yes"'),
     "objective unknown": (_set(("objective",), "speed"), 'objective: "speed" is not one of latency, throughput, makespan'),
     "scheduled op not placed": (_set(("schedule", 2), "nope"), "schedule[2]: op 'nope' is not an op of the plan"),
+    "op scheduled twice": (_set(("schedule", 1), "embedding"), "schedule[1]: 'embedding' appears twice"),
     "streamed op not placed": (_set(("weights", "nope"), "cpu"), "weights[\"nope\"]: op 'nope' is not an op of the plan"),
     "module of an unknown op": (_set(("model", "modules", "nope"), "x"), "model.modules[\"nope\"]: op 'nope'"),
     "param op without a module": (_set(("model", "param_ops"), ["relu_0", "ghost"]), "model.param_ops[1]: op 'ghost'"),

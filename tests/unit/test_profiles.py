@@ -191,10 +191,10 @@ def test_routes():
         two.route("cuda:0", "cuda:7")
 
 
-def test_route_without_links_raises():
-    ds = DeviceSet("x", (Device("cpu", "cpu", 1, 1e9, 1e9, 0), Device("cuda:0", "gpu", 1, 1e9, 1e9, 0)))
-    with pytest.raises(ProfileError, match="no route from cpu to cuda:0"):
-        ds.route("cpu", "cuda:0")
+def test_a_device_without_a_route_to_its_host_is_refused_when_the_profile_is_made():
+    with pytest.raises(ProfileError, match=r"device 'cuda:0' has no link to its host CPU 'cpu'.*between = \["
+                                           r"\"cpu\", \"cuda:0\"\]"):
+        DeviceSet("x", (Device("cpu", "cpu", 1, 1e9, 1e9, 0), Device("cuda:0", "gpu", 1, 1e9, 1e9, 0)))
 
 
 def test_route_across_hosts():

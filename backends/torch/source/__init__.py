@@ -13,7 +13,9 @@ Out: the text of a Python module (:func:`source_text`) or that file written atom
   is the captured aten graph in the plan's issue order, one commented part per device run, with
   an explicit ``.to(DEVICE_...)`` wherever a value crosses logical devices and streamed weights
   fetched through hetpart's :class:`~backends.torch.streaming.WeightStreamer`;
-* ``def build() -> PartitionedModel``.
+* ``def build(weights) -> PartitionedModel``: the module with the model's weights loaded from the
+  original model, its state_dict or a ``torch.save``'d state-dict file (``load_weights``);
+  ``PartitionedModel()`` alone has empty parameters.
 
 It behaves as ``plan.emit(model, device_map)``: same parameter homes, streamed weights, issue
 order and factory devices; transfers are written per *logical* device pair, so a copy between
@@ -43,6 +45,7 @@ from typing import Any
 import torch
 
 from backends.binding import bind_devices
+from backends.strict_devices import Site
 from backends.torch.module import capture_for
 from backends.torch.source.forward import ForwardPrinter
 from backends.torch.source.layout import plan_layout
@@ -50,7 +53,7 @@ from backends.torch.source.template import Names, render
 from partitioner.errors import HetpartError, VerificationError
 from partitioner.files import refuse_overwrite, write_atomic
 
-__all__ = ["emit_source", "source_text"]
+__all__ = ["emit_source", "op_lines", "source_text"]
 
 
 log = logging.getLogger(__name__)
@@ -98,6 +101,27 @@ def source_text(
         >>> "class PartitionedModel" in source_text(plan, model, {"cuda:0": "cpu"})   # doctest: +SKIP
         True
     """
+    return _generate(plan, model, device_map, example_inputs)[0]
+
+
+def op_lines(
+    plan: Any,
+    model: torch.nn.Module,
+    device_map: Mapping[str, str] | None = None,
+    *,
+    example_inputs: Any = None,
+) -> dict[int, Site]:
+    """What each line of the forward of the file :func:`emit_source` writes does, by line number:
+    the plan op it runs, or the tensor it copies (for :class:`backends.torch.strict.StrictRun`).
+
+    Example:
+        >>> run.watch(generated, op_lines(plan, model, run.device_map))   # doctest: +SKIP
+    """
+    return _generate(plan, model, device_map, example_inputs)[1]
+
+
+def _generate(plan: Any, model: torch.nn.Module, device_map: Mapping[str, str] | None,
+              example_inputs: Any) -> tuple[str, dict[int, Site]]:
     if plan.capture != "export":
         raise HetpartError(f"emit_source needs a plan captured with torch.export, not {plan.capture!r}: "
                            f"re-plan with capture='export' (CLI: --capture export)")
@@ -105,9 +129,9 @@ def source_text(
     program = capture_for(plan, model, example_inputs).source
     names = Names()
     layout = plan_layout(plan, model, program, binding, names)
-    text = render(plan, layout, ForwardPrinter(plan, program, layout, names).lines())
+    text, sites = render(plan, layout, ForwardPrinter(plan, program, layout, names).lines())
     try:
         compile(text, "<hetpart source>", "exec", dont_inherit=True)
     except SyntaxError as err:  # a generator bug, never the user's: say where
         raise VerificationError(f"generated source does not compile at line {err.lineno}: {err.msg}") from err
-    return text
+    return text, sites

@@ -19,6 +19,7 @@ import torch.fx
 import torch.utils._pytree as pytree
 from torch.export.graph_signature import OutputKind
 
+from backends.strict_devices import Site, schema_name
 from backends.torch.module import STREAMER_ATTR
 from backends.torch.source.layout import Layout, tensor_placeholders
 from backends.torch.source.template import (
@@ -41,12 +42,14 @@ class Body:
     weights: list[str]        # lines reading parameters and buffers
     lines: list[str]          # the parts, buffer updates and the return
     out_spec: str | None      # the output's tree spec (JSON) when the return needs it
+    sites: dict[int, Site] = dataclasses.field(default_factory=dict)  # index in lines -> what it does
 
 
 @dataclasses.dataclass
 class _Part:
     device: str
     lines: list[str] = dataclasses.field(default_factory=list)
+    sites: list[Site | None] = dataclasses.field(default_factory=list)  # beside lines
     defined: list[str] = dataclasses.field(default_factory=list)   # values to free after the part
     used: set[str] = dataclasses.field(default_factory=set)
 
@@ -61,7 +64,7 @@ class ForwardPrinter:
         self.target_of = {node: target for target, node in self.targets.items()}
         self.streamed = {t for t, _ in layout.streamed}
         self.var: dict[torch.fx.Node, str] = {}
-        self.copies: dict[tuple[torch.fx.Node, str], str] = {}
+        self.copies: dict[tuple[torch.fx.Node, str, bool], str] = {}
         self.inputs: list[str] = []
         self.weights: list[str] = []
 
@@ -72,9 +75,12 @@ class ForwardPrinter:
         tail = _Part("")
         tail.lines, out_spec = self._epilogue(tail)
         body: list[str] = []
+        sites: dict[int, Site] = {}
         freed: set[str] = set()
         for i, part in enumerate(parts):
-            body += ([""] if body else []) + part.lines
+            body += [""] if body else []
+            sites.update({len(body) + j: site for j, site in enumerate(part.sites) if site is not None})
+            body += part.lines
             if i + 1 == len(parts):
                 break
             later = set().union(tail.used, *(p.used for p in parts[i + 1:]))
@@ -82,7 +88,7 @@ class ForwardPrinter:
             freed.update(dead)
             if dead:  # values no later part reads: free them, as the fx code of plan.emit does
                 body += wrapped("del ", dead)
-        return Body(self.inputs, self.weights, body + [""] + tail.lines, out_spec)
+        return Body(self.inputs, self.weights, body + [""] + tail.lines, out_spec, sites)
 
     # -- naming ----------------------------------------------------------------------------------
 
@@ -94,7 +100,8 @@ class ForwardPrinter:
             if target is None:
                 self.var[node] = self.names.make(node.name, "x")
                 self.inputs.append(self.var[node])
-            elif target not in self.streamed and node.users:
+            elif node.users and (target not in self.streamed or  # read in place, or copied by a tied reader
+                                 any(u.name not in self.plan.weights for u in node.users if u.op != "output")):
                 self.var[node] = self.names.make(joined(target), "w")
                 self.weights.append(f"{self.var[node]} = _get(self, {ascii(target)})")
         _check_inputs(self.program, len(self.inputs))
@@ -107,13 +114,14 @@ class ForwardPrinter:
         for node in order:
             device = self.plan.placement.get(node.name, parts[-1].device if parts else "")
             if not parts or device != parts[-1].device:
-                parts.append(_Part(device, [self._header(len(parts) + 1, device)]))
+                parts.append(_Part(device, [self._header(len(parts) + 1, device)], [None]))
                 module = None
             part = parts[-1]
             self._statement(node, part)  # any transfers, then the call: the module comment goes between
             path = self.plan.modules.get(node.name, "")
             if path and path != module:
                 part.lines.insert(len(part.lines) - 1, f"# {comment_text(path)}")
+                part.sites.insert(len(part.sites) - 1, None)
             module = path or module
         return parts
 
@@ -124,21 +132,32 @@ class ForwardPrinter:
 
     def _statement(self, node: torch.fx.Node, part: _Part) -> None:
         device = self.plan.placement.get(node.name)
-        args = {a: self.var[a] if device is None else self._fetch(a, device, part) for a in node.all_input_nodes}
+        args = {a: self.var[a] if device is None else self._fetch(a, device, part, node.name in self.plan.weights)
+                for a in node.all_input_nodes}
         expr = self._call(node, args, device)
+        site = Site(op=node.name, call=schema_name(node.target)) if device is not None else None
+        item = _item_of(node)
+        if item is not None and device is not None and self.plan.placement.get(item[0].name, device) != device:
+            # an item of a multi-output op placed elsewhere: copied to its own device as it is taken
+            expr = f"{expr}.to({self.layout.device_var[device]})"
+            source, index = item
+            many = len(pytree.tree_leaves(source.meta.get("val"))) > 1
+            site = site._replace(tensor=f"{source.name}.{index}" if many else source.name)
         out = self.names.make(node.name, "v")
         self.var[node] = out
         part.lines.append(f"{out} = {expr}")
+        part.sites.append(site)
         part.defined.append(out)
         part.used.update(args.values())
 
-    def _fetch(self, arg: torch.fx.Node, device: str, part: _Part) -> str:
-        """The name of ``arg`` on ``device``: itself, or a copy made once per value and device."""
+    def _fetch(self, arg: torch.fx.Node, device: str, part: _Part, streams: bool) -> str:
+        """The name of ``arg`` on ``device``: itself, or a copy made once per value and device (a
+        streamed weight is fetched by the op streaming it; another reader copies it from the host)."""
         target = self.target_of.get(arg)
-        streamed = target is not None and target in self.streamed
+        streamed = streams and target is not None and target in self.streamed
         if not streamed and (not _is_tensor(arg) or self._device_of(arg, target) == device):
             return self.var[arg]
-        key = (arg, device)
+        key = (arg, device, streamed)
         if key not in self.copies:
             device_var = self.layout.device_var[device]
             tag = device_tag(device)
@@ -150,6 +169,7 @@ class ForwardPrinter:
                 name = self.names.make(f"{source}_{tag}" if tag else "", "v")
                 part.lines.append(f"{name} = {source}.to({device_var})")
                 part.used.add(source)
+            part.sites.append(Site(tensor=target if target is not None else arg.name, kind="weights" if streamed else ""))
             part.defined.append(name)
             self.copies[key] = name
         return self.copies[key]
@@ -247,6 +267,14 @@ def _issue_order(graph: torch.fx.Graph, schedule: Sequence[str]) -> list[torch.f
             scheduled.discard(node.name)
             issue(node)
     return order
+
+
+def _item_of(node: torch.fx.Node) -> tuple[torch.fx.Node, int] | None:
+    """(multi-output node, index) when ``node`` takes an item of a tuple; None otherwise."""
+    if node.target is not operator.getitem or not isinstance(node.args[0], torch.fx.Node):
+        return None
+    source, index = node.args[0], node.args[1]
+    return (source, index) if not _is_tensor(source) and isinstance(index, int) else None
 
 
 def _is_tensor(node: torch.fx.Node) -> bool:

@@ -60,7 +60,7 @@ def plan_layout(plan: Any, model: torch.nn.Module, program: Any, binding: Mappin
     constants = _constants(program, by_name, home_of_target)
     target_device = {t: home_by_id.get(id(by_name[t]), d) if t in by_name else d
                      for t, d in home_of_target.items()}
-    return Layout(binding, device_var, tensors + constants, target_device, _streamed(plan, targets))
+    return Layout(binding, device_var, tensors + constants, target_device, _streamed(plan, targets, home_of_target))
 
 
 def tensor_placeholders(program: Any) -> dict[str, torch.fx.Node]:
@@ -83,22 +83,33 @@ def _named_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _homes(plan: Any, targets: Mapping[str, torch.fx.Node]) -> dict[str, str]:
-    """Each read tensor's logical home: its first reader's device, or where its streamed weights live."""
+    """Each read tensor's logical home, as :func:`backends.torch.module.emit_module` puts it: with the
+    op owning it in the plan (its first reader for plans that do not record owners), on the host
+    when that op streams its weights; a tensor the capture lifted as a constant is an input of the
+    plan, on the host."""
+    owner_of = {name: op for op, names in plan.param_names.items() for name in names}
+    host = plan.devices.host_device().name
     homes: dict[str, str] = {}
     for target, node in targets.items():
         readers = [u.name for u in node.users if u.op != "output" and u.name in plan.placement]
-        if readers:
+        if not readers:
+            continue
+        owner = owner_of.get(target)
+        if owner not in plan.placement:
+            if plan.param_names:
+                homes[target] = host
+                continue
             owner = readers[0]
-            homes[target] = plan.weights.get(owner, plan.placement[owner])
+        homes[target] = plan.weights.get(owner, plan.placement[owner])
     return homes
 
 
-def _streamed(plan: Any, targets: Mapping[str, torch.fx.Node]) -> tuple[tuple[str, str], ...]:
+def _streamed(plan: Any, targets: Mapping[str, torch.fx.Node], homes: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
     position = {op: i for i, op in enumerate(plan.schedule)}
     out: list[tuple[int, str, str]] = []
     for target, node in targets.items():
         for user in node.users:
-            if user.name in plan.weights:
+            if user.name in plan.weights and homes.get(target) == plan.weights[user.name]:
                 out.append((position.get(user.name, 0), target, plan.placement[user.name]))
                 break
     return tuple((t, d) for _, t, d in sorted(out))

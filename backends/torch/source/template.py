@@ -21,6 +21,7 @@ from backends.torch.module import STREAMER_ATTR
 from partitioner.errors import HetpartError
 
 if TYPE_CHECKING:
+    from backends.strict_devices import Site
     from backends.torch.source.forward import Body
     from backends.torch.source.layout import Layout
 
@@ -40,7 +41,7 @@ _PLAIN_TEXT = re.compile(r"[A-Za-z0-9_.:/+\-]+")   # safe in a comment as is
 _TORCH_NAME = re.compile(r"torch\.[A-Za-z_][A-Za-z0-9_]*")  # str() of a dtype, layout, memory format
 
 
-_HELPERS = ("_submodule", "_parameter", "_buffer", "_alias", "_get")
+_HELPERS = ("_submodule", "_parameter", "_buffer", "_alias", "_get", "load_weights")
 
 
 _RESERVED = frozenset(
@@ -168,7 +169,9 @@ def _value(qualified: str, value: torch.Tensor, device: str) -> str:
         raise HetpartError(f"buffer {ascii(qualified)} ({n} elements) is not saved in the state_dict, so "
                            f"its value must be written into the file, and it is too large (over "
                            f"{LITERAL_LIMIT}) or complex; register it as a persistent buffer")
-    return f"torch.tensor({literal(value.detach().to('cpu').tolist())}, {tail})"
+    # made on the host, then moved: torch.tensor(..., device=) copies below the dispatcher, out of
+    # sight of the strict-devices check (backends.strict_devices)
+    return f"torch.tensor({literal(value.detach().to('cpu').tolist())}, dtype={dtype}).to({device})"
 
 
 _HELPER_SOURCE = '''
@@ -211,6 +214,45 @@ def _get(root: torch.nn.Module, qualified: str) -> torch.Tensor:
 '''
 
 
+_LOADER_SOURCE = f'''
+def load_weights(module: torch.nn.Module, weights: object) -> torch.nn.Module:
+    """Copy the model's weights into ``module`` (strictly: every name must match).
+
+    ``weights`` is the original model (its state_dict, and the values of tensors it does not
+    save, such as plain tensor attributes), a state_dict, or the path of a file written with
+    ``torch.save(model.state_dict(), path)``.
+    """
+    extra = {{}}
+    if isinstance(weights, torch.nn.Module):
+        state = weights.state_dict()
+        for qualified, _ in module.named_buffers():
+            if qualified not in state:
+                try:
+                    extra[qualified] = _get(weights, qualified)
+                except AttributeError:
+                    pass  # a constant of the capture: its value is written in this file
+    elif isinstance(weights, dict):
+        state = weights
+    elif isinstance(weights, (str, bytes)) or hasattr(weights, "__fspath__"):
+        state = torch.load(weights, map_location="cpu", weights_only=True)
+    else:
+        raise TypeError(f"weights must be the original model, a state_dict or a file path, "
+                        f"not {{type(weights).__name__}}")
+    module.load_state_dict(state, strict=True)
+    with torch.no_grad():
+        for qualified, value in extra.items():
+            if isinstance(value, torch.Tensor):
+                _get(module, qualified).copy_(value)
+    return module
+
+
+def build(weights: object) -> {CLASS_NAME}:
+    """A {CLASS_NAME} holding the model's weights: ``build(model)``, ``build(model.state_dict())``
+    or ``build("weights.pt")`` (see load_weights)."""
+    return load_weights({CLASS_NAME}(), weights)
+'''
+
+
 def _header(plan: Any, layout: Layout) -> list[str]:
     total = plan.predicted.get("total_s")
     binding = ", ".join(f"{comment_text(d)} -> {comment_text(p)}" for d, p in layout.binding.items())
@@ -226,10 +268,11 @@ def _header(plan: Any, layout: Layout) -> list[str]:
         f"# solver       {comment_text(plan.solver.name)} ({comment_text(plan.solver.status)})",
         f"# binding      {binding}",
         "#",
-        "# Parameters are created empty: load the model's weights before use, e.g.",
-        "#     module = build()",
-        "#     module.load_state_dict(model.state_dict())",
+        "# build(weights) returns the module with the model's weights, from the original model, its",
+        "# state_dict, or a file saved with torch.save(model.state_dict(), path):",
+        "#     module = build(model)            # or build(\"weights.pt\")",
         "#     outputs = module(*inputs)",
+        "# PartitionedModel() alone has EMPTY parameters (uninitialised memory): never run it unloaded.",
         "# The forward is the graph torch.export captured (in the mode the model was in then).",
     ]
     if layout.streamed:
@@ -239,7 +282,8 @@ def _header(plan: Any, layout: Layout) -> list[str]:
     return lines
 
 
-def render(plan: Any, layout: Layout, body: Body) -> str:
+def render(plan: Any, layout: Layout, body: Body) -> tuple[str, dict[int, Site]]:
+    """The file's text, and what each line of its forward does (line number -> Site)."""
     out = _header(plan, layout) + ['"""A model placed on several devices by hetpart (see the comment above)."""',
                                    "", "import torch"]
     if body.out_spec is not None:
@@ -262,8 +306,8 @@ def render(plan: Any, layout: Layout, body: Body) -> str:
     if body.weights:
         out += ["        # parameters and buffers read in place (streamed weights are fetched per part)"]
         out += [f"        {line}" for line in body.weights] + [""]
+    first = len(out) + 1  # line number of the body's first line
+    sites = {first + i: site for i, site in body.sites.items()}
     out += [f"        {line}" if line else "" for line in body.lines]
-    out += ["", "", f"def build() -> {CLASS_NAME}:",
-            f'    """A new {CLASS_NAME} with empty parameters: load the model\'s state_dict into it."""',
-            f"    return {CLASS_NAME}()", ""]
-    return "\n".join(out)
+    out += ["", "", *_LOADER_SOURCE.strip("\n").split("\n"), ""]
+    return "\n".join(out), sites

@@ -1,0 +1,174 @@
+"""A strict-devices run beside its plan: copies per link and bytes per device against the plan's.
+
+In: a plan, the copies one step made (:class:`~backends.strict_devices.Copy`, from the
+:class:`~backends.strict_devices.StrictDevices` mode or recorded by a backend itself) and the bytes
+resident on each logical device. Out: a :class:`DeviceReport`: one row per link (copies and bytes
+made, beside the plan's transfers), one row per device (resident bytes beside the plan's parameter
+bytes), every transfer only one side has, and the error that stopped the run if one did.
+
+How copies become the plan's transfers (:func:`observed_transfers`): a streamed fetch of an op's
+parameters is that op's ``weights`` transfer, another copy of a parameter a ``param`` transfer,
+anything else an ``activation`` transfer, each keyed (tensor, from, to, kind) like
+``plan.transfers``. An empty tensor moves no bytes and is no transfer (the plan omits it too).
+Resident bytes are compared with the parameter bytes the plan puts on each device (each op's own,
+where its weights live); the plan's memory figure, which adds activations and stream buffers, is
+shown beside them.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from backends.compare import _table
+from backends.strict_devices import Copy
+from cost_models.units import format_bytes
+
+__all__ = ["DeviceReport", "DeviceRow", "LinkRow", "compare_with_plan", "observed_transfers", "planned_parameters",
+           "planned_transfers"]
+
+
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class LinkRow:
+    """Copies over one (source, destination) pair of logical devices in one step."""
+
+    src: str
+    dst: str
+    copies: int          # transfers the program made (a streamed op's weights count once)
+    bytes: int
+    plan_copies: int     # transfers the plan records
+    plan_bytes: int
+
+    @property
+    def ok(self) -> bool:
+        return (self.copies, self.bytes) == (self.plan_copies, self.plan_bytes)
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceRow:
+    """What one logical device holds between steps."""
+
+    device: str
+    resident: int        # bytes of parameters and buffers living there
+    plan_params: int     # the plan's parameter bytes there (its owners' residence)
+    plan_used: int       # the plan's memory figure there (parameters, buffers, activations)
+
+    @property
+    def ok(self) -> bool:
+        return self.resident == self.plan_params
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceReport:
+    """A strict-devices run beside its plan: copies per link, bytes per device, differences."""
+
+    binding: Mapping[str, str]              # logical device -> its CPU tag
+    links: tuple[LinkRow, ...]
+    devices: tuple[DeviceRow, ...]
+    differences: tuple[str, ...]            # transfers only the run or only the plan has
+    error: str = ""                         # the DeviceMismatch that stopped the run
+
+    @property
+    def passed(self) -> bool:
+        return not self.error and not self.differences and all(r.ok for r in (*self.links, *self.devices))
+
+    def to_text(self) -> str:
+        """The tables ``hetpart check --strict-devices`` prints."""
+        tags = ", ".join(f"{d}->{t}" for d, t in self.binding.items())
+        lines = [f"strict devices: every logical device on its own CPU tag ({tags})"]
+        if self.error:
+            return "\n".join([*lines, f"  FAILED: {self.error}"])
+        rows = [["link", "copies", "bytes", "plan copies", "plan bytes", ""]]
+        rows += [[f"{r.src}->{r.dst}", str(r.copies), f"{r.bytes:,}", str(r.plan_copies), f"{r.plan_bytes:,}",
+                  "ok" if r.ok else "DIFFERS"] for r in self.links]
+        if len(rows) == 1:
+            rows.append(["(none)", "0", "0", "0", "0", "ok"])
+        lines += _table(rows, indent="  ")
+        rows = [["device", "resident bytes", "plan parameter bytes", "plan memory (with activations)", ""]]
+        rows += [[r.device, f"{r.resident:,}", f"{r.plan_params:,}", format_bytes(r.plan_used),
+                  "ok" if r.ok else "DIFFERS"] for r in self.devices]
+        lines += _table(rows, indent="  ")
+        lines += [f"  differs: {d}" for d in self.differences[:10]]
+        if len(self.differences) > 10:
+            lines.append(f"  ... and {len(self.differences) - 10} more")
+        return "\n".join(lines)
+
+
+TransferKey = tuple[str, str, str, str]   # (tensor, src, dst, kind)
+
+
+def planned_transfers(plan: Any) -> dict[TransferKey, int]:
+    """The plan's transfers per step, keyed (tensor, src, dst, kind), with their bytes."""
+    return {(t.tensor, t.src, t.dst, t.kind): t.bytes for t in plan.transfers if t.src != t.dst}
+
+
+def observed_transfers(plan: Any, copies: Iterable[Copy]) -> dict[TransferKey, tuple[int, int]]:
+    """A run's copies as the plan names transfers, each with (times made, bytes).
+
+    Streamed fetches (``kind="weights"``) of an op's parameters are that op's ``weights``
+    transfer (made once when no parameter was fetched twice), another copy of a parameter is a
+    ``param`` transfer, the rest are ``activation`` transfers. Copies name parameters by their
+    canonical names (the first of tied names in ``plan.param_names``).
+    """
+    owner = {name: op for op, names in plan.param_names.items() for name in names}
+    members: dict[TransferKey, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    nbytes: dict[TransferKey, int] = collections.defaultdict(int)
+    for c in copies:
+        op = owner.get(c.tensor)
+        if op is not None and c.kind == "weights":
+            key = (op, c.src, c.dst, "weights")
+        elif op is not None:
+            key = (c.tensor, c.src, c.dst, "param")
+        else:
+            key = (c.tensor, c.src, c.dst, "activation")
+        members[key][c.tensor] += 1
+        nbytes[key] += c.bytes
+    return {key: (max(members[key].values()), nbytes[key]) for key in members}
+
+
+def planned_parameters(plan: Any) -> dict[str, int]:
+    """Parameter bytes per device as the plan counts them: each op's own, where its weights live."""
+    out = {d: 0 for d in plan.devices.names()}
+    for op in plan.param_ops:
+        out[plan.weights.get(op, plan.placement[op])] += plan.op_bytes.get(op, (0, 0))[1]
+    return out
+
+
+def compare_with_plan(plan: Any, binding: Mapping[str, str], copies: Sequence[Copy],
+                      resident: Mapping[str, int], error: str = "") -> DeviceReport:
+    """One step's copies and the resident bytes beside the plan's transfers and parameter bytes.
+
+    Example:
+        >>> compare_with_plan(plan, mode.binding, mode.copies, mode.resident(state)).passed   # doctest: +SKIP
+        True
+    """
+    expected = planned_transfers(plan)
+    observed = observed_transfers(plan, copies)
+    differences = []
+    for key in sorted(set(expected) | set(observed)):
+        tensor, src, dst, kind = key
+        times, nbytes = observed.get(key, (0, 0))
+        if key not in expected:
+            differences.append(f"{kind} copy of {tensor} {src}->{dst} ({nbytes:,} B) is in the run, not in the plan")
+        elif not times:
+            differences.append(f"{kind} transfer of {tensor} {src}->{dst} ({expected[key]:,} B) is in the plan, "
+                               f"not in the run")
+        elif times > 1:
+            differences.append(f"{kind} transfer of {tensor} {src}->{dst} is made {times} times in one step")
+        elif nbytes != expected[key]:
+            differences.append(f"{kind} transfer of {tensor} {src}->{dst}: {nbytes:,} B in the run, "
+                               f"{expected[key]:,} B in the plan")
+    links = []
+    for src, dst in sorted({(k[1], k[2]) for k in (*expected, *observed)}):
+        ours = [v for k, v in observed.items() if k[1:3] == (src, dst)]
+        theirs = [b for k, b in expected.items() if k[1:3] == (src, dst)]
+        links.append(LinkRow(src, dst, sum(t for t, _ in ours), sum(b for _, b in ours), len(theirs), sum(theirs)))
+    params = planned_parameters(plan)
+    devices = tuple(DeviceRow(d, resident.get(d, 0), params.get(d, 0), plan.memory.get(d, {}).get("used", 0))
+                    for d in binding)
+    return DeviceReport(dict(binding), tuple(links), devices, tuple(differences), error)

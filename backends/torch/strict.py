@@ -1,0 +1,167 @@
+"""The torch backend under strict devices: an emitted module run on logical devices that differ.
+
+In: a plan, then modules built for it with the strict binding (``plan.emit(model,
+run.device_map)``, or a ``plan.emit_source`` file built with the same binding). Out: the module's
+outputs, computed under :class:`~backends.strict_devices.StrictDevices` (every tensor tagged by
+the logical device it lives on; the first op reading a tensor from another logical device, or
+running away from its planned device, raises :class:`~partitioner.errors.DeviceMismatch`), and a
+:class:`~backends.strict_devices.DeviceReport`: the step's copies per link and the bytes resident
+per device beside the plan's transfers and parameter bytes.
+
+How the plan's logical devices reach the mode: :attr:`StrictRun.device_map` binds each logical
+device to its own CPU tag (``{"cpu": "cpu:1", "cuda:0": "cpu:2", ...}``). Emitting with it puts
+every ``.to(device)``, factory ``device=`` and parameter move on a distinct tag, so the mode sees
+each of them (building under the mode tags every parameter where the emitter put it);
+:meth:`StrictRun.watch` hands the mode the module's ``forward`` code with the op of each line
+(the fx code of ``plan.emit``; for a generated file, :func:`backends.torch.source.op_lines`) and
+names its parameters and buffers as the plan does; :meth:`StrictRun.step` names the inputs after
+the forward's arguments and counts one step's copies. Backward runs outside the mode: gradients
+flow back through the same copies.
+
+Example:
+    >>> run = StrictRun(plan)                                        # doctest: +SKIP
+    >>> with run:
+    ...     emitted = run.watch(plan.emit(model, run.device_map))
+    ...     outputs = run.step(emitted, *inputs)
+    >>> run.report().passed
+    True
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from backends.strict_devices import Site, StrictDevices, schema_name
+from backends.strict_report import DeviceReport, compare_with_plan
+from partitioner.errors import HetpartError
+
+__all__ = ["StrictRun", "canonical_names", "fx_sites"]
+
+_ASSIGNED = re.compile(r"^\s+([A-Za-z_][A-Za-z0-9_]*)\s*=\s")
+
+
+class StrictRun:
+    """One plan's emitted modules under strict devices (see the module docstring)."""
+
+    def __init__(self, plan: Any) -> None:
+        self.plan = plan
+        self.mode = StrictDevices(plan.devices.names(), plan.devices.host_device().name, plan.placement)
+        self.device_map: dict[str, str] = dict(self.mode.binding)
+        self._state: list[tuple[str, torch.Tensor]] = []
+        self._inputs: dict[Any, list[str]] = {}
+
+    def __enter__(self) -> StrictRun:
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.mode.__exit__(*exc)
+
+    def watch(self, module: torch.nn.Module, sites: Mapping[int, Site] | None = None) -> torch.nn.Module:
+        """Check ``module``'s forward op by op; name its parameters and buffers as the plan does.
+
+        ``sites`` says what each line of the forward does (:class:`~backends.strict_devices.Site`);
+        by default it comes from the fx code of a module ``plan.emit`` built
+        (:func:`fx_sites`); for a generated file use :func:`backends.torch.source.op_lines`.
+        """
+        forward = type(module).forward
+        canonical = canonical_names(module, self.plan)
+        found = fx_sites(module, self.plan) if sites is None else sites
+        self.mode.watch(forward.__code__, {n: s._replace(tensor=canonical.get(s.tensor, s.tensor))
+                                           for n, s in found.items()})
+        self._inputs[forward.__code__] = list(inspect.signature(forward).parameters)[1:]
+        state = [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]
+        for name, tensor in state:
+            self.mode.name(tensor, canonical.get(name, name))
+        # resident bytes count the tensors the plan places; one the forward never reads (a batch
+        # norm's counter in eval mode) stays where the model had it, outside the plan
+        known = {n for names in self.plan.param_names.values() for n in names}
+        self._state = [(n, t) for n, t in state if n in known or not known]
+        return module
+
+    def step(self, module: torch.nn.Module, *inputs: Any) -> Any:
+        """``module(*inputs)`` as one step: inputs named after the forward's arguments, copies counted anew."""
+        names = self._inputs.get(type(module).forward.__code__)
+        if names is None:
+            raise HetpartError("StrictRun.step runs a module it watches: call run.watch(module) first")
+        for name, value in zip(names, inputs):
+            if isinstance(value, torch.Tensor):
+                self.mode.name(value, name)
+        self.mode.reset()
+        return module(*inputs)
+
+    def report(self, error: str = "") -> DeviceReport:
+        """The last step's copies and the watched module's resident bytes beside the plan."""
+        return compare_with_plan(self.plan, self.device_map, self.mode.copies, self.mode.resident(self._state), error)
+
+
+def canonical_names(module: torch.nn.Module, plan: Any) -> dict[str, str]:
+    """Every parameter and buffer name of ``module`` → the plan's name of its tensor.
+
+    Tied names share one tensor; the plan lists an owned tensor's canonical name before its
+    aliases (``plan.param_names``), so the first of them there names it (else the first name).
+    """
+    order = {name: i for i, name in enumerate(n for names in plan.param_names.values() for n in names)}
+    groups: dict[int, list[str]] = {}
+    for name, tensor in [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]:
+        groups.setdefault(id(tensor), []).append(name)
+    out = {}
+    for names in groups.values():
+        first = min(names, key=lambda n: (order.get(n, len(order)), names.index(n)))
+        out.update({n: first for n in names})
+    return out
+
+
+def fx_sites(module: torch.nn.Module, plan: Any) -> dict[int, Site]:
+    """Line of ``module.code`` (the forward ``plan.emit`` built) → what its statement does.
+
+    A statement assigns one node: an op of the plan (with its aten call), or a transfer the
+    emitter added (``.to`` or a streamed fetch: the plan's name of what it copies). The copy that
+    settles a ``getitem`` item on its device carries its op in ``meta["hetpart_op"]``.
+    """
+    if not isinstance(module, torch.fx.GraphModule):
+        raise HetpartError(f"strict devices read the fx code of a module plan.emit built, not a "
+                           f"{type(module).__name__}; for a generated file pass backends.torch.source.op_lines(...)")
+    code = type(module).forward.__code__
+    text = module.code.splitlines()
+    if code.co_firstlineno > len(text) or not text[code.co_firstlineno - 1].startswith("def forward"):
+        raise HetpartError("the fx code of the emitted module does not line up with its compiled forward; "
+                           "strict devices cannot tell its ops apart with this torch")
+    nodes = {n.name: n for n in module.graph.nodes}
+    out = {}
+    for number, line in enumerate(text, start=1):
+        match = _ASSIGNED.match(line)
+        node = nodes.get(match.group(1)) if match else None
+        if node is not None:
+            site = _fx_site(node, plan)
+            if site is not None:
+                out[number] = site
+    return out
+
+
+def _fx_site(node: torch.fx.Node, plan: Any) -> Site | None:
+    if node.name in plan.placement:
+        return Site(op=node.name, call=schema_name(node.target))
+    if "hetpart_op" in node.meta:  # the copy of a getitem item to the getitem's device
+        item = node.args[0]
+        source, index = item.args[0], item.args[1]
+        leaves = pytree.tree_leaves(source.meta.get("val"))
+        return Site(op=node.meta["hetpart_op"], tensor=f"{source.name}.{index}" if len(leaves) > 1 else source.name)
+    if node.op == "call_method" and node.target == "to":
+        return Site(tensor=_tensor_name(node.args[0], plan))
+    if node.op == "call_method" and node.target == "get":  # self._hetpart_streamer.get(target, device)
+        return Site(tensor=str(node.args[1]), kind="weights")
+    return None
+
+
+def _tensor_name(node: torch.fx.Node, plan: Any) -> str:
+    """The plan's name of the value of ``node``: a parameter's target, an op's or input's name."""
+    if node.op == "get_attr":
+        return str(node.target)
+    return node.meta.get("hetpart_op", node.name)

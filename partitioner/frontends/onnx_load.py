@@ -1,0 +1,342 @@
+"""Reading an ONNX model for the front end, and every check that makes its errors one line.
+
+In: a path to a ``.onnx`` file or a ``ModelProto``, and optional input shapes. Out: a
+:class:`LoadedOnnx`: the model's structure (initializers whose data lives in external files keep
+only their reference: planning needs their shapes, not their bytes), the folder external data is
+read from, the nodes in a topological order, and the graph inputs with every dimension bound.
+
+Each problem is an :class:`~partitioner.errors.OnnxError` naming the file, node or input and the fix:
+a truncated or corrupt file, an external-data file that is missing or too short, a domain neither
+onnx nor onnxruntime knows, a cycle, a node reading a tensor nothing defines, an input shape that
+contradicts the model, a dimension still unknown after binding.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import onnx
+import onnx.defs
+from google.protobuf.message import DecodeError
+from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
+from partitioner.errors import InputShapeError, OnnxError
+
+#: domains onnxruntime implements beyond onnx's own (contrib and internal ops)
+ORT_DOMAINS = frozenset({"com.microsoft", "com.microsoft.nchwc", "com.ms.internal.nhwc", "com.microsoft.dml"})
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadedOnnx:
+    """A model ready for shape inference (see the module docstring)."""
+
+    model: onnx.ModelProto                 # external initializers keep their reference, not their data
+    name: str                              # the file's stem, else the graph's name
+    path: Path | None                      # the file it came from (None: given as a ModelProto)
+    base_dir: Path | None                  # where external data files are read from
+    order: tuple[int, ...]                 # node indices in a topological order (program order kept)
+    inputs: tuple[str, ...]                # graph inputs that are not initializers
+    constant_initializers: frozenset[str]  # initializers onnxruntime treats as constants
+
+
+def load_onnx(source: str | os.PathLike[str] | onnx.ModelProto,
+              input_shapes: Mapping[str, Sequence[int]] | Sequence[Sequence[int]] | None = None) -> LoadedOnnx:
+    """Read, check and bind an ONNX model (see the module docstring).
+
+    ``input_shapes`` maps input names to shapes, or lists one shape per input (initializers
+    excluded) in the model's order, as a plan records them.
+
+    Example:
+        >>> loaded = load_onnx("model.onnx", {"input": (1, 3, 224, 224)})   # doctest: +SKIP
+        >>> loaded.inputs
+        ('input',)
+    """
+    if isinstance(source, onnx.ModelProto):
+        model, path = _copy(source), None
+        where = f"model {source.graph.name or '<unnamed>'!r}"
+    else:
+        path = Path(source)
+        model, where = _read(path), str(path)
+    base_dir = path.parent if path is not None else None
+    if not model.graph.node and not model.graph.output:
+        raise OnnxError(f"{where}: not an ONNX model (no graph, ir_version {model.ir_version}): "
+                        "the file is empty, truncated or of another format; export it again")
+    _check_external_data(model, base_dir, where)
+    _check_domains(model, where)
+    order = _topological_order(model.graph, where)
+    constant = _constant_initializers(model)
+    inputs = tuple(i.name for i in model.graph.input if i.name not in constant)
+    _bind_shapes(model.graph, inputs, _named(input_shapes, inputs, where), where)
+    name = path.stem if path is not None else (model.graph.name or "onnx-model")
+    return LoadedOnnx(model, name, path, base_dir, order, inputs, constant)
+
+
+# --------------------------------------------------------------------------------------------
+# Reading
+# --------------------------------------------------------------------------------------------
+
+
+def _read(path: Path) -> onnx.ModelProto:
+    if not path.is_file():
+        raise OnnxError(f"{path}: no such ONNX file; give the path of a .onnx model")
+    try:
+        return onnx.load(str(path), load_external_data=False)
+    except DecodeError as exc:
+        raise OnnxError(f"{path}: not a readable ONNX model ({exc}): the file is truncated or corrupt; "
+                        "copy or export it again") from None
+    except OSError as exc:
+        raise OnnxError(f"{path}: cannot read the file: {exc.strerror or exc}") from None
+
+
+def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    return out
+
+
+def _check_external_data(model: onnx.ModelProto, base_dir: Path | None, where: str) -> None:
+    """Every initializer stored outside the file has its data file, long enough, beside the model."""
+    for tensor in _all_initializers(model.graph):
+        if not uses_external_data(tensor):
+            continue
+        info = ExternalDataInfo(tensor)
+        if base_dir is None:
+            raise OnnxError(f"{where}: initializer {tensor.name!r} keeps its data in {info.location!r}, and a "
+                            "ModelProto given in memory has no folder to read it from: pass the model's path")
+        file = (base_dir / info.location).resolve()
+        if base_dir.resolve() not in file.parents and file.parent != base_dir.resolve():
+            raise OnnxError(f"{where}: initializer {tensor.name!r} names external data {info.location!r} outside "
+                            f"the model's folder {base_dir}: keep the data files beside the model")
+        if not file.is_file():
+            raise OnnxError(f"{where}: initializer {tensor.name!r} keeps its data in {info.location!r}, which is "
+                            f"not in {base_dir}: copy that file beside the model")
+        size = file.stat().st_size
+        end = (info.offset or 0) + (info.length or 0)
+        if end > size:
+            raise OnnxError(f"{where}: initializer {tensor.name!r} needs bytes {info.offset or 0}-{end} of "
+                            f"{info.location!r}, which has only {size}: the data file is truncated; copy it again")
+
+
+def _all_initializers(graph: onnx.GraphProto):  # noqa: ANN202 - an iterator of TensorProto
+    yield from graph.initializer
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from _all_initializers(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for g in attr.graphs:
+                    yield from _all_initializers(g)
+
+
+@functools.cache
+def _onnx_domains() -> frozenset[str]:
+    """The domains onnx has schemas for (read once: listing every schema takes ~25 ms)."""
+    return frozenset(s.domain for s in onnx.defs.get_all_schemas_with_history())
+
+
+def _check_domains(model: onnx.ModelProto, where: str) -> None:
+    """Imported and used domains must be known to onnx, onnxruntime, or defined by the model's functions."""
+    known = set(_onnx_domains()) | {"ai.onnx"} | ORT_DOMAINS | {f.domain for f in model.functions}
+    imported = {o.domain: o.version for o in model.opset_import}
+    for domain, version in imported.items():
+        if domain not in known:
+            users = [n.name or n.op_type for n in model.graph.node if n.domain == domain][:3]
+            used = f"; nodes {', '.join(map(repr, users))} use it" if users else ""
+            raise OnnxError(f"{where}: imports domain {domain!r} (version {version}), which neither onnx nor "
+                            f"onnxruntime knows{used}: replace those ops, or register the custom-op library "
+                            "that implements them and give their outputs' types as value_info")
+    for node in model.graph.node:
+        domain = "" if node.domain == "ai.onnx" else node.domain
+        if domain not in imported and not (domain == "ai.onnx" and "" in imported):
+            raise OnnxError(f"{where}: node {node.name or node.op_type!r} ({node.op_type}) uses domain "
+                            f"{node.domain!r}, which the model does not import: add it to opset_import")
+
+
+def _constant_initializers(model: onnx.ModelProto) -> frozenset[str]:
+    """Initializers onnxruntime treats as constants: all of them up to IR version 3, where they are
+    also listed as graph inputs; from version 4 those listed as inputs may be overridden, and
+    hetpart still plans them as weights (a partitioned run keeps the stored value)."""
+    return frozenset(t.name for t in model.graph.initializer) | frozenset(
+        t.name for t in model.graph.sparse_initializer)
+
+
+def _topological_order(graph: onnx.GraphProto, where: str) -> tuple[int, ...]:
+    """Node indices with every producer before its consumers, program order kept among ready nodes."""
+    defined = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {
+        t.values.name for t in graph.sparse_initializer} | {""}
+    producer: dict[str, int] = {}
+    for i, node in enumerate(graph.node):
+        for out in node.output:
+            if out and out in producer:
+                raise OnnxError(f"{where}: tensor {out!r} is produced by two nodes, "
+                                f"{_node_label(graph, producer[out])} and {_node_label(graph, i)}: "
+                                "every tensor must have one producer")
+            if out:
+                producer[out] = i
+    deps: list[set[int]] = []
+    for i, node in enumerate(graph.node):
+        need = set()
+        for name in [*node.input, *outer_references(node)]:
+            if name in producer:
+                need.add(producer[name])
+            elif name not in defined:
+                raise OnnxError(f"{where}: node {_node_label(graph, i)} reads {name!r}, which no node produces "
+                                "and which is neither a graph input nor an initializer: add it as an input or "
+                                "fix the name")
+        deps.append(need)
+    for out in graph.output:
+        if out.name not in producer and out.name not in defined:
+            raise OnnxError(f"{where}: graph output {out.name!r} is produced by no node: fix the output's name")
+    if all(d < i for i, need in enumerate(deps) for d in need):
+        return tuple(range(len(graph.node)))
+    return _kahn(graph, deps, where)
+
+
+def _kahn(graph: onnx.GraphProto, deps: list[set[int]], where: str) -> tuple[int, ...]:
+    """A topological order of nodes listed out of order; the lowest ready index goes first."""
+    import heapq
+
+    users: list[list[int]] = [[] for _ in deps]
+    for i, need in enumerate(deps):
+        for d in need:
+            users[d].append(i)
+    missing = [len(need) for need in deps]
+    ready = [i for i, m in enumerate(missing) if m == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for u in users[i]:
+            missing[u] -= 1
+            if missing[u] == 0:
+                heapq.heappush(ready, u)
+    if len(order) < len(deps):
+        done = set(order)
+        cycle = _find_cycle([i for i in range(len(deps)) if i not in done], deps)
+        raise OnnxError(f"{where}: the graph has a cycle through nodes "
+                        f"{' -> '.join(_node_label(graph, i) for i in cycle)}: an ONNX graph must be acyclic")
+    return tuple(order)
+
+
+def _find_cycle(pending: list[int], deps: list[set[int]]) -> list[int]:
+    """One cycle among the nodes left when no node is ready."""
+    left = set(pending)
+    node, seen = pending[0], []
+    while node not in seen:
+        seen.append(node)
+        node = min(d for d in deps[node] if d in left)
+    return seen[seen.index(node):] + [node]
+
+
+def _node_label(graph: onnx.GraphProto, i: int) -> str:
+    node = graph.node[i]
+    return f"{node.name!r} ({node.op_type})" if node.name else f"#{i} ({node.op_type})"
+
+
+def outer_references(node: onnx.NodeProto) -> list[str]:
+    """Names a node's subgraphs read from the enclosing scope (If/Loop/Scan bodies), in first-use order.
+
+    Example:
+        >>> outer_references(loop_node)                   # doctest: +SKIP
+        ['weight', 'hidden']
+    """
+    found: dict[str, None] = {}
+    for attr in node.attribute:
+        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+        for g in graphs:
+            for name in _free_names(g):
+                found.setdefault(name)
+    return list(found)
+
+
+def _free_names(graph: onnx.GraphProto) -> list[str]:
+    local = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""}
+    local |= {t.values.name for t in graph.sparse_initializer}
+    free: dict[str, None] = {}
+    for node in graph.node:
+        for name in [*node.input, *outer_references(node)]:
+            if name not in local:
+                free.setdefault(name)
+        local.update(node.output)
+    for out in graph.output:
+        if out.name not in local:
+            free.setdefault(out.name)
+    return list(free)
+
+
+# --------------------------------------------------------------------------------------------
+# Binding the input shapes
+# --------------------------------------------------------------------------------------------
+
+
+def _named(shapes: Mapping[str, Sequence[int]] | Sequence[Sequence[int]] | None, inputs: tuple[str, ...],
+           where: str) -> dict[str, Sequence[int]]:
+    if shapes is None:
+        return {}
+    if isinstance(shapes, Mapping):
+        return dict(shapes)
+    shapes = list(shapes)
+    if len(shapes) != len(inputs):
+        raise InputShapeError(f"{where}: {len(shapes)} input shapes given for {len(inputs)} inputs "
+                        f"({', '.join(map(repr, inputs))}): give one per input, or name them")
+    return dict(zip(inputs, shapes))
+
+
+def _bind_shapes(graph: onnx.GraphProto, inputs: tuple[str, ...], shapes: dict[str, Sequence[int]],
+                 where: str) -> None:
+    """Write ``shapes`` into the graph inputs' types; every tensor input must end fully static."""
+    unknown = [name for name in shapes if name not in inputs]
+    if unknown:
+        raise InputShapeError(f"{where}: input shape given for {unknown[0]!r}, which is not an input of the model; "
+                        f"its inputs are: {', '.join(map(repr, inputs)) or 'none'}")
+    by_name = {i.name: i for i in graph.input}
+    for name in inputs:
+        value = by_name[name]
+        if not value.type.HasField("tensor_type"):
+            continue  # sequences, maps, optionals: shapes are those of the values fed at run time
+        tensor = value.type.tensor_type
+        template = "x".join(str(d.dim_value) if d.HasField("dim_value") else "N" for d in tensor.shape.dim)
+        flag = f"input_shapes={{{name!r}: (...)}} (CLI: --input-shape {name}={template or 'AxBxC'})"
+        if name in shapes:
+            given = tuple(int(d) for d in shapes[name])
+            if any(d < 0 for d in given):
+                raise InputShapeError(f"{where}: input {name!r}: shape {given} has a negative dimension")
+            if tensor.HasField("shape") and len(tensor.shape.dim) != len(given):
+                raise InputShapeError(f"{where}: input {name!r} has rank {len(tensor.shape.dim)} "
+                                f"({_shape_text(tensor.shape)}), but the given shape {_dims(given)} has rank "
+                                f"{len(given)}: give {len(tensor.shape.dim)} dimensions")
+            if not tensor.HasField("shape"):
+                tensor.shape.SetInParent()
+                tensor.shape.dim.extend(onnx.TensorShapeProto.Dimension() for _ in given)
+            declared = _shape_text(tensor.shape)
+            for axis, (dim, size) in enumerate(zip(tensor.shape.dim, given)):
+                if dim.HasField("dim_value") and dim.dim_value != size:
+                    raise InputShapeError(f"{where}: input {name!r} is {declared} in the model, but "
+                                    f"the given shape is {_dims(given)} (dimension {axis}: {dim.dim_value} vs "
+                                    f"{size}): give a shape the model accepts")
+                dim.Clear()
+                dim.dim_value = size
+            continue
+        if not tensor.HasField("shape"):
+            raise InputShapeError(f"{where}: input {name!r} has no shape in the model: give it with {flag}")
+        for axis, dim in enumerate(tensor.shape.dim):
+            if not dim.HasField("dim_value"):
+                label = f" ({dim.dim_param!r})" if dim.dim_param else ""
+                raise InputShapeError(f"{where}: input {name!r} ({_shape_text(tensor.shape)}) has dimension {axis}"
+                                f"{label} unknown: give it with {flag}")
+
+
+def _shape_text(shape: onnx.TensorShapeProto) -> str:
+    return "x".join(str(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?") for d in shape.dim) or "scalar"
+
+
+def _dims(shape: Sequence[int]) -> str:
+    return "x".join(map(str, shape)) or "scalar"
+
+
+__all__ = ["LoadedOnnx", "ORT_DOMAINS", "load_onnx", "outer_references"]

@@ -1,0 +1,490 @@
+"""The placement ILP: :func:`~partitioner.solvers.problem.evaluate` written as linear constraints.
+
+In: a :class:`~partitioner.solvers.problem.Problem` and the units to write it in. Out: a
+:class:`Formulation` holding the :class:`~partitioner.solvers.milp.Milp`, the value vector of a
+placement (a warm start) and the placement of a value vector (the answer).
+
+Columns and rows (``DESIGN.md``, "Solvers"), in the model's units (time ``unit.time`` per second,
+memory ``unit.memory`` per byte, chosen by ``ilp.py`` so that the numbers stay well scaled):
+
+* ``x[v,d]`` binary, node ``v`` runs on ``d``; ``assign[v]``: one device each. Pins and
+  unsupported pairs are not columns: ``x`` is then the constant 0 or 1;
+* ``s[v,d]`` binary, ``v`` runs on accelerator ``d`` with its weights streamed from the host,
+  ``s <= x`` (inference only);
+* copies of activations, once per tensor and destination however many consumers read it there
+  (the *arrival* form, tighter than one row per (consumer, source, destination)):
+  ``sum_a y[t,a,b] >= x[consumer,b] - x[producer,b]`` for each consumer, and
+  ``y[t,a,b] <= x[producer,a]`` where the producer has several possible sources. A copy whose two
+  ends are fixed is a constant and no column stands for it (so it is counted once);
+* ``z[p,d]``: a shared parameter is copied to ``d`` where a reader runs and it is not resident;
+* ``mem_cap[d]``: resident parameters + saved activations + largest working set (``work[d]``)
+  + stream buffer (``buffer[d]``) ``<= capacity``;
+* ``link_budget[l]``, ``stage_order``: the optional byte budgets and pipeline order;
+* latency: ``T >=`` compute + copies + shared-parameter copies + stream issue; throughput: ``T >=``
+  each device's load; makespan: see :mod:`partitioner.solvers.makespan`; every objective:
+  ``T >=`` each link's load;
+* ``symmetry[d1,d2,k]``: between two interchangeable devices (same figures, same links, same
+  cap, no pins, the same nodes allowed) the first node placed on either goes to the first one.
+
+With a ``cutoff`` (the objective of a known placement, seconds), an option that alone would add
+more than that to the objective (a node on a device, a copy over a route, a stream, a shared
+parameter copy) cannot be part of a better placement and is left out: no column, and a row
+``x[producer,a] + x[consumer,b] <= 1`` where a copy is refused. Every placement at least as good
+as the cutoff stays in the model, and no coefficient is much larger than the objective.
+
+Row names carry node and device names (``mem_cap[cuda:0]``, ``assign[layers.3.attn]``) so an
+infeasible model can be explained; they are unique by construction (:class:`Milp` refuses a
+duplicate).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Mapping
+
+from partitioner.solvers.milp import Column, Milp, Term, value
+from partitioner.solvers.problem import Objective, Placement, Problem, StreamMode, list_schedule
+
+
+@dataclasses.dataclass(frozen=True)
+class Units:
+    """Model units: ``time`` per second, ``memory`` per byte."""
+
+    time: float = 1e6
+    memory: float = 1e-6
+
+
+@dataclasses.dataclass(frozen=True)
+class Copy:
+    """Tensor ``tensor`` crosses ``src -> dst`` when ``term`` is 1 (a column, or the constant 1)."""
+
+    tensor: str
+    src: str
+    dst: str
+    nbytes: int
+    term: Column | float
+
+
+def _name(kind: str, *parts: str) -> str:
+    return kind + "".join(f"[{p}]" for p in parts)
+
+
+class Formulation:
+    """The ILP of one problem, with handles on its columns.
+
+    Example:
+        >>> f = Formulation(problem, Units())
+        >>> f.milp.num_cols > 0, f.placement(f.start_values(placement)) == placement   # doctest: +SKIP
+    """
+
+    def __init__(self, problem: Problem, units: Units = Units(), *, symmetry: bool = True,
+                 cutoff: float | None = None) -> None:
+        self.p = problem
+        self.units = units
+        self.cutoff = cutoff
+        self.allowed = self._allowed()
+        self.milp = Milp()
+        self.defined: dict[int, list[int]] = {}  # column -> rows "column >= ..." that define it
+        self._assignment()
+        self._streaming()
+        self._copies()
+        self._shared()
+        self._memory()
+        self._link_budgets()
+        self._stages()
+        self.symmetric_pairs = interchangeable_devices(problem) if symmetry else []
+        self._symmetry()
+        self.T = self.milp.column("T", cost=1.0)
+        objective = problem.options.objective
+        if objective is Objective.MAKESPAN:
+            from partitioner.solvers.makespan import add_makespan
+
+            self.makespan = add_makespan(self)
+        elif objective is Objective.LATENCY:
+            self.ge("critical_path", self.T, self.compute_terms() + self.copy_terms() + self.shared_terms()
+                    + self.issue_terms())
+        else:
+            for d in problem.device_names:
+                self.ge(_name("device_load", d), self.T,
+                        self.compute_terms(d) + self.shared_terms(d) + self.issue_terms(d))
+        for label in problem.link_labels:
+            terms = self.link_terms(label)
+            if terms:
+                self.ge(_name("link_load", label), self.T, terms)
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def too_dear(self, seconds: float) -> bool:
+        """Whether an option costing ``seconds`` on its own cannot be in a placement under the cutoff."""
+        return self.cutoff is not None and seconds > self.cutoff * (1 + 1e-9) + 1e-300
+
+    def _allowed(self) -> dict[str, tuple[str, ...]]:
+        """The devices each node may use here: not too dear, and with room for the node alone."""
+        out = {}
+        for n in self.p.nodes:
+            cheap = tuple(d for d in self.p.allowed[n]
+                          if not self.too_dear(self.p.compute[n][d]) and self.p.fits_alone(n, d))
+            out[n] = cheap or self.p.allowed[n]
+        return out
+
+    def copy_cost(self, nbytes: int, src: str, dst: str) -> float:
+        """The least a copy adds to the objective: its time (latency, makespan), or its busiest hop."""
+        p = self.p
+        if p.options.objective is Objective.THROUGHPUT:
+            factor = 2 if p.options.training else 1
+            return max((factor * p.hop_s(nbytes, src, dst, label) for label in p.hops(src, dst)), default=0.0)
+        return p.transfer_s(nbytes, src, dst)
+
+    def ge(self, name: str, lhs: Column, terms: list[Term]) -> None:
+        """``lhs >= sum(terms)``, remembered as one of the rows defining ``lhs``."""
+        self.defined.setdefault(lhs.index, []).append(self.milp.num_rows)
+        self.milp.at_least(name, lhs, terms)
+
+    def x(self, node: str | None, device: str) -> Column | float:
+        """The assignment column, or 1.0 / 0.0 where the node is fixed (``None``: the host input)."""
+        if node is None:
+            return 1.0 if device == self.p.host else 0.0
+        if device not in self.allowed[node]:
+            return 0.0
+        return self.xv[node].get(device, 1.0)
+
+    def resident(self, node: str, device: str) -> list[Term]:
+        """Terms of "``node``'s own parameters live on ``device``"."""
+        terms: list[Term] = [(1.0, self.x(node, device))]
+        if device == self.p.host:
+            return terms + [(1.0, s) for s in self.sv.get(node, {}).values()]
+        s = self.sv.get(node, {}).get(device)
+        return terms + ([(-1.0, s)] if s is not None else [])
+
+    # -- columns and rows ---------------------------------------------------------------------
+
+    def _assignment(self) -> None:
+        self.xv: dict[str, dict[str, Column]] = {}
+        for n in self.p.nodes:
+            allowed = self.allowed[n]
+            if len(allowed) == 1:
+                self.xv[n] = {}
+                continue
+            self.xv[n] = {d: self.milp.column(_name("x", n, d), upper=1.0, integer=True) for d in allowed}
+            self.milp.equal(_name("assign", n), [(1.0, v) for v in self.xv[n].values()], 1.0)
+
+    def _streaming(self) -> None:
+        self.sv: dict[str, dict[str, Column]] = {}
+        p = self.p
+        for n in p.streamable:
+            targets = [d for d in self.allowed[n] if d != p.host
+                       and not self.too_dear(p.node_stream_issue_s(n, d))
+                       and not any(self.too_dear(p.node_stream_hop_s(n, p.host, d, lbl)) for lbl in p.hops(p.host, d))]
+            if not targets:
+                continue
+            self.sv[n] = {d: self.milp.column(_name("s", n, d), upper=1.0, integer=True) for d in targets}
+            for d, s in self.sv[n].items():
+                if isinstance(self.x(n, d), Column):
+                    self.milp.at_most(_name("stream_le_x", n, d), [(1.0, s), (-1.0, self.x(n, d))], 0.0)
+
+    def _copies(self) -> None:
+        """One ``Copy`` per (tensor, source, destination) that may happen; see the module docstring."""
+        p, allowed = self.p, self.allowed
+        self.copies: list[Copy] = []
+        self.y_multi: dict[tuple[str, str], list[tuple[str, Column]]] = {}  # (tensor, dst) -> sources
+        for t in p.tensors:
+            sources = allowed[t.producer] if t.producer is not None else (p.host,)
+            destinations = dict.fromkeys(b for c in t.consumers for b in allowed[c])
+            for b in destinations:
+                origins = [a for a in sources if a != b]
+                if not origins:
+                    continue
+                readers = [c for c in t.consumers if b in allowed[c]]
+                demands = [(self.x(c, b), c) for c in readers]
+                stay = self.x(t.producer, b)
+                if isinstance(stay, float) and any(isinstance(xc, float) and xc >= 1 for xc, _ in demands) \
+                        and stay == 0 and len(origins) == 1:
+                    self.copies.append(Copy(t.name, origins[0], b, t.bytes, 1.0))  # both ends fixed
+                    continue
+                dear = [a for a in origins if self.too_dear(self.copy_cost(t.bytes, a, b))]
+                for a in dear:  # never both: the copy alone costs more than the cutoff
+                    for xc, c in demands:
+                        self.milp.at_most(_name("no_copy", t.name, c, a, b), [(1.0, self.x(t.producer, a)), (1.0, xc)], 1.0)
+                origins = [a for a in origins if a not in dear]
+                if not origins:
+                    continue
+                if len(origins) == 1 and not dear:
+                    (a,) = origins
+                    y = self.milp.column(_name("y", t.name, a, b), upper=1.0)
+                    for xc, c in demands:
+                        self.ge(_name("send", t.name, c, b), y, [(1.0, xc), (-1.0, stay)])
+                    self.copies.append(Copy(t.name, a, b, t.bytes, y))
+                    continue
+                ys = [(a, self.milp.column(_name("y", t.name, a, b), upper=1.0)) for a in origins]
+                for xc, c in demands:
+                    self.milp.row(_name("send", t.name, c, b),
+                                  [(1.0, y) for _, y in ys] + [(-1.0, xc), (1.0, stay)]
+                                  + [(1.0, self.x(t.producer, a)) for a in dear], lower=0.0)
+                for a, y in ys:
+                    self.milp.at_most(_name("from", t.name, a, b), [(1.0, y), (-1.0, self.x(t.producer, a))], 0.0)
+                    self.copies.append(Copy(t.name, a, b, t.bytes, y))
+                self.y_multi[(t.name, b)] = ys
+
+    def _shared(self) -> None:
+        self.zv: dict[tuple[str, str], Column] = {}
+        for sp in self.p.shared:
+            for u in sp.users:
+                for d in self.allowed[u]:
+                    terms = [(1.0, self.x(u, d))] + [(-c, v) for c, v in self.resident(sp.owner, d)]
+                    if all(not isinstance(v, Column) for _, v in terms) and sum(c * float(v) for c, v in terms) <= 0:
+                        continue  # never copied there
+                    if self.too_dear(self.p.shared_param_s(sp, d)):
+                        self.milp.at_most(_name("no_shared_copy", sp.name, u, d), terms, 0.0)
+                        continue
+                    z = self.zv.get((sp.name, d))
+                    if z is None:
+                        z = self.zv[(sp.name, d)] = self.milp.column(_name("z", sp.name, d), upper=1.0)
+                    self.ge(_name("shared", sp.name, u, d), z, terms)
+
+    def _memory(self) -> None:
+        p, mu = self.p, self.units.memory
+        self.work: dict[str, Column] = {}
+        self.buffer: dict[str, Column] = {}
+        for d in p.device_names:
+            terms: list[Term] = []
+            for n in p.nodes:
+                terms += [(mu * c * p.param_mem[n], v) for c, v in self.resident(n, d)]
+                if p.saved[n]:
+                    terms.append((mu * p.saved[n], self.x(n, d)))
+            sizes = [(n, p.work_mem[n]) for n in p.nodes if p.work_mem[n] > 0 and d in self.allowed[n]]
+            fixed = max((w for n, w in sizes if self.x(n, d) == 1.0), default=0)
+            if any(w > fixed for _, w in sizes):
+                work = self.work[d] = self.milp.column(_name("work", d), lower=mu * fixed)
+                terms.append((1.0, work))
+                for n, w in sizes:
+                    if w > fixed:
+                        self.ge(_name("working_set", n, d), work, [(mu * w, self.x(n, d))])
+            else:
+                terms.append((mu * fixed, 1.0))
+            streamed = [(n, self.sv[n][d]) for n in self.sv if d in self.sv[n]]
+            if streamed:
+                buffer = self.buffer[d] = self.milp.column(_name("stream_buffer", d))
+                terms.append((1.0, buffer))
+                for n, s in streamed:
+                    self.ge(_name("buffer", n, d), buffer, [(mu * p.stream_buffer_bytes(n, StreamMode.PREFETCH), s)])
+            self.milp.at_most(_name("mem_cap", d), terms, mu * p.capacity[d])
+
+    def link_terms(self, label: str, *, budget: bool = False) -> list[Term]:
+        """Load on link ``label``: model time (or memory units of bytes when ``budget``)."""
+        p, tu, mu = self.p, self.units.time, self.units.memory
+        factor = 2 if p.options.training else 1
+        terms: list[Term] = []
+        for cp in self.copies:
+            if label in p.hops(cp.src, cp.dst):
+                terms.append((mu * cp.nbytes if budget else tu * factor * p.hop_s(cp.nbytes, cp.src, cp.dst, label),
+                              cp.term))
+        for n, per_d in self.sv.items():
+            for d, s in per_d.items():
+                if label in p.hops(p.host, d):
+                    terms.append((mu * p.param_bytes[n] if budget else tu * p.node_stream_hop_s(n, p.host, d, label), s))
+        return terms
+
+    def _link_budgets(self) -> None:
+        for label, limit in self.p.options.link_budget.items():
+            if label in self.p.link_labels:
+                self.milp.at_most(_name("link_budget", label), self.link_terms(label, budget=True),
+                                  self.units.memory * limit)
+
+    def _stages(self) -> None:
+        if self.p.options.contiguous_stages:
+            self.stage_order()
+
+    def stage_order(self) -> None:
+        """Devices form a pipeline in profile order: no edge goes back to an earlier device."""
+        stage = {d: i for i, d in enumerate(self.p.device_names)}
+        for t in self.p.tensors:
+            if t.producer is None:
+                continue
+            for c in t.consumers:
+                terms = [(float(stage[d]), self.x(c, d)) for d in self.allowed[c]]
+                terms += [(-float(stage[d]), self.x(t.producer, d)) for d in self.allowed[t.producer]]
+                self.milp.row(_name("stage_order", t.name, c), terms, lower=0.0)
+
+    def _symmetry(self) -> None:
+        """For interchangeable devices d1 < d2: a node may use d2 only if an earlier node uses d1."""
+        self.used_before: list[tuple[str, str, list[tuple[str, Column | None]]]] = []
+        for d1, d2 in self.symmetric_pairs:
+            nodes = [n for n in self.p.nodes if isinstance(self.x(n, d1), Column)]
+            cols: list[tuple[str, Column | None]] = []
+            used: Column | None = None  # "d1 runs a node before this one", at most 1
+            for k, n in enumerate(nodes):
+                cols.append((n, used))
+                if used is None:
+                    self.milp.at_most(_name("symmetry", d1, d2, n), [(1.0, self.x(n, d2))], 0.0)
+                else:
+                    self.milp.at_most(_name("symmetry", d1, d2, n), [(1.0, self.x(n, d2)), (-1.0, used)], 0.0)
+                if k + 1 < len(nodes):
+                    nxt = self.milp.column(_name("used_before", d1, d2, nodes[k + 1]), upper=1.0)
+                    prev = [(-1.0, used)] if used is not None else []
+                    self.milp.at_most(_name("used_sum", d1, d2, n), [(1.0, nxt), (-1.0, self.x(n, d1))] + prev, 0.0)
+                    used = nxt
+            self.used_before.append((d1, d2, cols))
+
+    def canonical(self, placement: Placement) -> Placement:
+        """``placement`` with interchangeable devices renamed so that it obeys the symmetry rows
+        (among each class, devices are first used in profile order); same cost, same feasibility."""
+        if not self.symmetric_pairs:
+            return placement
+        classes: list[list[str]] = []
+        for d1, d2 in self.symmetric_pairs:
+            for cls in classes:
+                if d1 in cls:
+                    cls.append(d2)
+                    break
+            else:
+                classes.append([d1, d2])
+        rename: dict[str, str] = {}
+        for cls in classes:
+            first = {d: len(self.p.nodes) for d in cls}
+            for i, n in enumerate(self.p.nodes):
+                d = placement.device[n]
+                if d in first and first[d] == len(self.p.nodes):
+                    first[d] = i
+            used_order = sorted(cls, key=lambda d: (first[d], cls.index(d)))
+            rename.update(dict(zip(used_order, cls)))
+        device = {n: rename.get(d, d) for n, d in placement.device.items()}
+        return dataclasses.replace(placement, device=device)
+
+    # -- objective terms ----------------------------------------------------------------------
+
+    def compute_terms(self, device: str | None = None) -> list[Term]:
+        """Compute time of every node (on ``device`` only, when given) and the optimizer steps."""
+        p, tu = self.p, self.units.time
+        terms: list[Term] = []
+        for n in p.nodes:
+            for d in self.allowed[n]:
+                if device is None or d == device:
+                    terms.append((tu * p.compute[n][d], self.x(n, d)))
+            for d in p.device_names:  # the optimizer step runs where the parameters live
+                if p.opt_step[n][d] and (device is None or d == device):
+                    terms += [(tu * p.opt_step[n][d] * c, v) for c, v in self.resident(n, d)]
+        return terms
+
+    def issue_terms(self, device: str | None = None) -> list[Term]:
+        """Each prefetched copy's issue latency, charged to the node that waits for it."""
+        return [(self.units.time * self.p.node_stream_issue_s(n, d), s)
+                for n, per_d in self.sv.items() for d, s in per_d.items() if device is None or d == device]
+
+    def copy_terms(self) -> list[Term]:
+        p, tu = self.p, self.units.time
+        return [(tu * p.transfer_s(cp.nbytes, cp.src, cp.dst), cp.term) for cp in self.copies]
+
+    def shared_terms(self, device: str | None = None) -> list[Term]:
+        shared = {sp.name: sp for sp in self.p.shared}
+        return [(self.units.time * self.p.shared_param_s(shared[name], d), z)
+                for (name, d), z in self.zv.items() if device is None or d == device]
+
+    # -- warm start and answer ----------------------------------------------------------------
+
+    def start_values(self, placement: Placement) -> list[float]:
+        """The value of every column under ``placement`` (auxiliary columns at their least)."""
+        p, dev = self.p, placement.device
+        values = list(self.milp.lower)
+        values = [v if v > -float("inf") else 0.0 for v in values]
+        for n, per_d in self.xv.items():
+            for d, v in per_d.items():
+                values[v.index] = 1.0 if dev[n] == d else 0.0
+        for n, per_d in self.sv.items():
+            for d, v in per_d.items():
+                values[v.index] = 1.0 if n in placement.streamed and dev[n] == d else 0.0
+        tensors = {t.name: t for t in p.tensors}
+        for (t, b), ys in self.y_multi.items():
+            src = dev[tensors[t].producer]
+            needed = src != b and any(dev[c] == b for c in tensors[t].consumers)
+            for a, y in ys:
+                values[y.index] = 1.0 if needed and a == src else 0.0
+        for d1, d2, cols in self.used_before:
+            seen = 0.0
+            for n, col in cols:
+                if col is not None:
+                    values[col.index] = seen
+                seen = 1.0 if seen or dev[n] == d1 else 0.0
+        if p.options.objective is Objective.MAKESPAN:
+            self.makespan.start_values(values, placement, list_schedule(p, placement))
+        self._propagate(values)
+        return values
+
+    def _propagate(self, values: list[float]) -> None:
+        """Give each defined column the least value its ``>=`` rows allow, in creation order."""
+        m = self.milp
+        order = sorted(self.defined, key=lambda col: min(self.defined[col]))
+        for col in order:
+            best = values[col]
+            for r in self.defined[col]:
+                s = sum(c * values[i] for i, c in zip(m.row_index[r], m.row_value[r]) if i != col)
+                coef = next(c for i, c in zip(m.row_index[r], m.row_value[r]) if i == col)
+                best = max(best, (m.row_lower[r] - s) / coef)
+            values[col] = min(max(best, m.lower[col]), m.upper[col])
+
+    def devices(self, values: list[float]) -> dict[str, str]:
+        """The device of every node in a solution vector."""
+        device: dict[str, str] = {}
+        for n in self.p.nodes:
+            per_d = self.xv[n]
+            device[n] = self.allowed[n][0] if not per_d else max(per_d, key=lambda d: values[per_d[d].index])
+        return device
+
+    def placement(self, values: list[float]) -> Placement:
+        """The placement a solution vector describes."""
+        p = self.p
+        device = self.devices(values)
+        streamed = {n: p.host for n, per_d in self.sv.items()
+                    if device[n] in per_d and values[per_d[device[n]].index] > 0.5}
+        order: tuple[str, ...] = ()
+        if p.options.objective is Objective.MAKESPAN:
+            order = self.makespan.order(values)
+        return Placement(device, streamed, StreamMode.PREFETCH, order)
+
+
+def interchangeable_devices(problem: Problem) -> list[tuple[str, str]]:
+    """Pairs (d1, d2) of devices no solution can tell apart: swapping them maps every placement to
+    one of the same cost and feasibility (same figures and cap, same links to every other device,
+    no pins, every node allows both or neither, no link budget or stage order that names them)."""
+    p = problem
+    if p.options.contiguous_stages:
+        return []
+    pinned = set(p.pins.values())
+    budgeted = set(p.options.link_budget)
+    candidates = [d for d in p.device_names if d != p.host and d not in pinned]
+    pairs = []
+    for d1, d2 in itertools.combinations(candidates, 2):
+        a, b = p.devices.device(d1), p.devices.device(d2)
+        if dataclasses.replace(a, name=b.name) != b or p.capacity[d1] != p.capacity[d2]:
+            continue
+        if any((d1 in p.allowed[n]) != (d2 in p.allowed[n]) for n in p.nodes):
+            continue
+        if any(lbl in budgeted for lbl in p.link_labels if d1 in lbl.split("<->") or d2 in lbl.split("<->")):
+            continue
+        if all(_same_route(p, d1, d2, e) for e in p.device_names if e not in (d1, d2)) and _same_pair(p, d1, d2):
+            pairs.append((d1, d2))
+    # keep a chain d1 < d2 < d3 among each class, enough to order them
+    chained: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for d1, d2 in pairs:
+        if d2 not in seen:
+            chained.append((d1, d2))
+            seen.add(d2)
+    return chained
+
+
+def _route_key(p: Problem, src: str, dst: str) -> tuple:
+    return tuple((link.bandwidth, link.latency, link.pageable_bandwidth) for link in p.devices.route(src, dst))
+
+
+def _same_route(p: Problem, d1: str, d2: str, other: str) -> bool:
+    return _route_key(p, d1, other) == _route_key(p, d2, other) and _route_key(p, other, d1) == _route_key(p, other, d2)
+
+
+def _same_pair(p: Problem, d1: str, d2: str) -> bool:
+    return _route_key(p, d1, d2) == _route_key(p, d2, d1)
+
+
+def mapping_values(formulation: Formulation, values: list[float], columns: Mapping[str, Column]) -> dict[str, float]:
+    """``{key: value}`` of a family of columns (for tests and explanations)."""
+    return {k: value(values, c) for k, c in columns.items()}

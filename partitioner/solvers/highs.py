@@ -1,0 +1,216 @@
+"""Run a :class:`~partitioner.solvers.milp.Milp` on HiGHS (highspy), as a MIP or as its LP relaxation.
+
+In: the program, a time limit, a relative gap, an optional start vector and progress callback.
+Out: a :class:`RunResult` with HiGHS's status, the incumbent's values and objective (model units)
+and the proven bound.
+
+The answer is checked before it is returned: the values read back must reproduce the objective
+HiGHS reports and satisfy every row. HiGHS 1.16 can hand back the *start* vector while reporting
+the objective of a better incumbent it found in presolve's reduced space (seen on small pinned
+models); when that happens the solve is repeated without presolve in the time left, so the
+placement read back is the one the objective belongs to.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import math
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+
+import numpy as np
+
+from partitioner.solvers.milp import Milp
+
+log = logging.getLogger(__name__)
+
+#: A solution must reproduce the reported objective within this relative tolerance, and break no
+#: row by more than FEASIBILITY (relative to the row's numbers), to be accepted.
+OBJECTIVE_TOLERANCE = 1e-6
+FEASIBILITY = 1e-6
+
+
+@dataclasses.dataclass(frozen=True)
+class Progress:
+    """A solver progress report: elapsed seconds, best objective found, best bound, relative gap
+    (objective and bound in the caller's units, see ``scale`` in :func:`run_highs`)."""
+
+    seconds: float
+    incumbent: float | None
+    bound: float | None
+    gap: float | None
+
+
+ProgressFn = Callable[[Progress], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class RunResult:
+    """What a MIP run produced (objective and bound in model units)."""
+
+    state: str                      # "optimal" | "stopped" | "infeasible" | "error"
+    values: list[float] | None      # the incumbent, one value per column
+    objective: float | None
+    bound: float | None
+    note: str = ""
+
+
+def available() -> bool:
+    """Whether highspy can be imported."""
+    try:
+        import highspy  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def _quiet_stdout() -> Iterator[None]:
+    """HiGHS prints a banner on stdout when created; keep the CLI's stdout clean (e.g. --json)."""
+    try:
+        fd = os.dup(1)
+    except OSError:
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            yield
+    finally:
+        os.dup2(fd, 1)
+        os.close(fd)
+
+
+def _lp(milp: Milp, relax: bool):  # noqa: ANN202 - a highspy.HighsLp
+    import highspy
+
+    lp = highspy.HighsLp()
+    lp.num_col_ = milp.num_cols
+    lp.num_row_ = milp.num_rows
+    lp.col_cost_ = np.asarray(milp.cost, dtype=float)
+    lp.col_lower_ = np.asarray(milp.lower, dtype=float)
+    lp.col_upper_ = np.asarray(milp.upper, dtype=float)
+    lp.row_lower_ = np.asarray(milp.row_lower, dtype=float)
+    lp.row_upper_ = np.asarray(milp.row_upper, dtype=float)
+    lengths = [len(ix) for ix in milp.row_index]
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
+    lp.a_matrix_.start_ = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    lp.a_matrix_.index_ = np.asarray([i for ix in milp.row_index for i in ix], dtype=np.int32)
+    lp.a_matrix_.value_ = np.asarray([v for vs in milp.row_value for v in vs], dtype=float)
+    if not relax and any(milp.integer):
+        kinds = highspy.HighsVarType
+        lp.integrality_ = [kinds.kInteger if i else kinds.kContinuous for i in milp.integer]
+    return lp
+
+
+def run_highs(
+    milp: Milp,
+    *,
+    time_limit: float,
+    gap: float,
+    start: Sequence[float] | None = None,
+    progress: ProgressFn | None = None,
+    scale: float = 1.0,
+    relax: bool = False,
+) -> RunResult:
+    """Solve ``milp`` (its LP relaxation when ``relax``) within ``time_limit`` seconds.
+
+    ``scale`` converts model units to the units ``progress`` reports in (divides).
+
+    Example:
+        >>> result = run_highs(formulation.milp, time_limit=5, gap=0.01)   # doctest: +SKIP
+        >>> result.state, result.objective, result.bound
+    """
+    started = time.perf_counter()
+    result = _run_once(milp, time_limit, gap, start, progress, scale, relax, presolve=True)
+    if result.state in ("optimal", "stopped") and result.values is not None and not _consistent(milp, result):
+        left = time_limit - (time.perf_counter() - started)
+        log.info("HiGHS returned values that do not match its objective %.6g; solving again without presolve",
+                 result.objective)
+        again = _run_once(milp, max(left, 0.5), gap, start, progress, scale, relax, presolve=False)
+        if again.values is not None and _consistent(milp, again):
+            bounds = [b for b in (result.bound, again.bound) if b is not None]  # both are valid
+            return dataclasses.replace(again, bound=max(bounds) if bounds else None)
+        note = "HiGHS's values did not match its objective; the start is kept"
+        if start is None:
+            return RunResult("error", None, None, result.bound, note)
+        return RunResult("stopped", list(start), milp.objective_of(start), result.bound, note)
+    return result
+
+
+def _consistent(milp: Milp, result: RunResult) -> bool:
+    values = result.values
+    assert values is not None
+    own = milp.objective_of(values)
+    close = abs(own - (result.objective or 0.0)) <= OBJECTIVE_TOLERANCE * max(1.0, abs(own))
+    return close and milp.violation(values) <= FEASIBILITY
+
+
+def _run_once(milp: Milp, time_limit: float, gap: float, start: Sequence[float] | None,
+              progress: ProgressFn | None, scale: float, relax: bool, *, presolve: bool) -> RunResult:
+    import highspy
+
+    with _quiet_stdout():
+        h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("threads", 1)
+    h.setOptionValue("random_seed", 0)
+    h.setOptionValue("time_limit", float(max(time_limit, 0.05)))
+    h.setOptionValue("mip_rel_gap", float(gap))
+    h.setOptionValue("presolve", "on" if presolve else "off")
+    h.passModel(_lp(milp, relax))
+    if start is not None and not relax:
+        sol = highspy.HighsSolution()
+        sol.col_value = list(start)
+        sol.value_valid = True
+        h.setSolution(sol)
+    if progress is not None and not relax:
+        _attach_progress(h, progress, scale)
+    h.run()
+    status = h.getModelStatus()
+    info = h.getInfo()
+    statuses = highspy.HighsModelStatus
+    if status in (statuses.kInfeasible, statuses.kUnboundedOrInfeasible):
+        return RunResult("infeasible", None, None, None, "HiGHS proved the model infeasible")
+    has_solution = info.primal_solution_status == 2  # kSolutionStatusFeasible
+    values = list(h.getSolution().col_value) if has_solution else None
+    objective = float(info.objective_function_value) if has_solution else None
+    if relax:
+        if status == statuses.kOptimal:
+            return RunResult("optimal", values, objective, objective)
+        return RunResult("error", None, None, None, f"HiGHS stopped the LP: {h.modelStatusToString(status)}")
+    if not any(milp.integer):  # an LP (every node pinned, say): HiGHS reports no MIP bound, 0 or inf
+        bound = objective if status == statuses.kOptimal else None
+    else:
+        bound = float(info.mip_dual_bound) if math.isfinite(info.mip_dual_bound) else None
+    if status == statuses.kOptimal:
+        if bound is None and objective is not None:  # no integers left after presolve: an LP
+            bound = objective
+        return RunResult("optimal", values, objective, bound)
+    return RunResult("stopped", values, objective, bound, f"HiGHS stopped: {h.modelStatusToString(status)}")
+
+
+def _attach_progress(h, progress: ProgressFn, scale: float) -> None:  # noqa: ANN001 - a highspy.Highs
+    import highspy
+
+    started = time.perf_counter()
+    last = [0.0]
+
+    def on_event(callback_type, message, data_out, data_in, user_data):  # noqa: ANN001, ARG001
+        now = time.perf_counter() - started
+        if now - last[0] < 1.0:
+            return
+        last[0] = now
+        primal, dual, gap = data_out.mip_primal_bound, data_out.mip_dual_bound, data_out.mip_gap
+        progress(Progress(
+            now,
+            float(primal) / scale if math.isfinite(primal) else None,
+            float(dual) / scale if math.isfinite(dual) else None,
+            float(gap) if math.isfinite(gap) else None,
+        ))
+
+    h.setCallback(on_event, None)
+    h.startCallback(highspy.cb.HighsCallbackType.kCallbackMipInterrupt)

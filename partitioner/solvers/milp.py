@@ -1,0 +1,134 @@
+"""A small, solver-neutral mixed-integer linear program: columns, rows, an objective to minimise.
+
+In: columns and rows added one at a time by a formulation (``partitioner.solvers.formulation``).
+Out: the arrays a solver back end passes on (``highs.py`` to highspy, ``cbc.py`` to PuLP's CBC),
+and the helpers that read a solution vector back.
+
+A row is ``lower <= sum(coef * column) <= upper`` with ``-inf``/``inf`` for a missing side. Terms
+are given as ``(coefficient, column or constant)`` pairs: a plain number stands for a constant
+and is moved to the bounds, so formulations can write ``y >= x_a + x_b - 1`` without caring
+which of ``x_a``, ``x_b`` a pin has fixed. Row names must be unique (a second row of the same
+name is refused), so no constraint can silently replace another.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Sequence
+
+INF = math.inf
+
+Term = tuple[float, "int | float"]  # (coefficient, column index or constant); see Column below
+
+
+@dataclasses.dataclass(frozen=True)
+class Column:
+    """A handle on a column: its index into the program's arrays."""
+
+    index: int
+
+
+class Milp:
+    """Columns (bounds, cost, integrality, name) and rows (a sparse linear form and two bounds).
+
+    Example:
+        >>> m = Milp()
+        >>> x = m.column("x", upper=1, integer=True)
+        >>> t = m.column("T", cost=1.0)
+        >>> m.at_least("T_ge_x", t, [(3.0, x), (1.0, 2.0)])   # T >= 3 x + 2
+        >>> m.num_rows
+        1
+    """
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.lower: list[float] = []
+        self.upper: list[float] = []
+        self.cost: list[float] = []
+        self.integer: list[bool] = []
+        self.row_names: list[str] = []
+        self.row_lower: list[float] = []
+        self.row_upper: list[float] = []
+        self.row_index: list[list[int]] = []
+        self.row_value: list[list[float]] = []
+        self._row_seen: set[str] = set()
+
+    # -- building -----------------------------------------------------------------------------
+
+    @property
+    def num_cols(self) -> int:
+        return len(self.names)
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.row_names)
+
+    def column(self, name: str, *, lower: float = 0.0, upper: float = INF, integer: bool = False,
+               cost: float = 0.0) -> Column:
+        """A new column; binary when ``integer`` with bounds 0 and 1."""
+        self.names.append(name)
+        self.lower.append(lower)
+        self.upper.append(upper)
+        self.cost.append(cost)
+        self.integer.append(integer)
+        return Column(len(self.names) - 1)
+
+    def row(self, name: str, terms: Iterable[Term], lower: float = -INF, upper: float = INF) -> None:
+        """``lower <= sum(terms) <= upper``; constants in ``terms`` move to the bounds.
+
+        Raises:
+            ValueError: a row called ``name`` exists already.
+        """
+        if name in self._row_seen:
+            raise ValueError(f"two constraints are called {name!r}: a formulation bug")
+        self._row_seen.add(name)
+        coef: dict[int, float] = {}
+        const = 0.0
+        for c, v in terms:
+            if c == 0:
+                continue
+            if isinstance(v, Column):
+                coef[v.index] = coef.get(v.index, 0.0) + c
+            else:
+                const += c * float(v)
+        self.row_names.append(name)
+        self.row_lower.append(lower - const)
+        self.row_upper.append(upper - const)
+        self.row_index.append([i for i, c in coef.items() if c != 0])
+        self.row_value.append([c for c in coef.values() if c != 0])
+
+    def at_least(self, name: str, lhs: Column, terms: Sequence[Term]) -> None:
+        """``lhs >= sum(terms)``."""
+        self.row(name, [(1.0, lhs)] + [(-c, v) for c, v in terms], lower=0.0)
+
+    def at_most(self, name: str, terms: Sequence[Term], bound: float) -> None:
+        """``sum(terms) <= bound``."""
+        self.row(name, terms, upper=bound)
+
+    def equal(self, name: str, terms: Sequence[Term], value: float) -> None:
+        """``sum(terms) == value``."""
+        self.row(name, terms, lower=value, upper=value)
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def objective_of(self, values: Sequence[float]) -> float:
+        """The objective at ``values`` (one value per column)."""
+        return sum(c * values[i] for i, c in enumerate(self.cost) if c)
+
+    def violation(self, values: Sequence[float]) -> float:
+        """The largest amount by which ``values`` break a bound or a row (0 when feasible), each
+        relative to the size of the numbers involved (at least 1): solvers print and round."""
+        worst = 0.0
+        for i, v in enumerate(values):
+            worst = max(worst, (self.lower[i] - v) / max(1.0, abs(v)), (v - self.upper[i]) / max(1.0, abs(v)))
+        for r in range(self.num_rows):
+            s = sum(c * values[i] for i, c in zip(self.row_index[r], self.row_value[r]))
+            size = max([1.0, abs(s)] + [abs(c * values[i]) for i, c in zip(self.row_index[r], self.row_value[r])])
+            worst = max(worst, (self.row_lower[r] - s) / size, (s - self.row_upper[r]) / size)
+        return worst
+
+
+def value(values: Sequence[float], term: Column | float) -> float:
+    """The value of a column (or the constant itself) in a solution vector."""
+    return values[term.index] if isinstance(term, Column) else float(term)

@@ -1,0 +1,93 @@
+"""The brute-force oracle: the true optimum of a small placement problem, by enumeration with ``evaluate``.
+
+In: a :class:`~partitioner.solvers.problem.Problem` of at most about ten nodes (coarsened or not).
+Out: the best feasible objective over every placement the ILP may choose (each node on each allowed
+device, each streamable node's weights resident or streamed, and for ``makespan`` every issue
+order), each evaluated on the *original* graph, so that the ILP's certificate is checked against
+something independent of the ILP and of coarsening.
+
+Makespan: the list schedule depends only on the order of the nodes sharing a device, so every
+topological order is tried (few at these sizes).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+
+import networkx as nx
+
+from partitioner.solvers.problem import Objective, Placement, Problem, StreamMode, evaluate
+
+#: Above this many (placement x order) candidates the oracle refuses: the test must draw smaller instances.
+MAX_CANDIDATES = 60_000
+
+
+def expand(problem: Problem, placement: Placement) -> tuple[Problem, Placement]:
+    """A coarse problem's placement as a placement of the original graph (and that problem).
+
+    Every member op takes its group's device; the members of a streamed group that own weights
+    stream them; the issue order lists each group's members in program order.
+    """
+    if problem.original is problem.graph:
+        return problem, placement
+    original = original_problem(problem)
+    device = {op: placement.device[n] for n in problem.nodes for op in problem.members[n]}
+    streamed = {op: home for n, home in placement.streamed.items()
+                for op in problem.members[n] if original.param_bytes[op]}
+    order = tuple(op for n in (placement.order or problem.nodes) for op in problem.members[n])
+    return original, Placement(device, streamed, placement.stream_mode, order)
+
+
+def original_problem(problem: Problem) -> Problem:
+    """The same devices, options and pins on the original (uncoarsened) graph."""
+    pins = {op: d for n, d in problem.pins.items() for op in problem.members[n]}
+    return Problem(problem.original, problem.devices, problem.options, pins=pins)
+
+
+def placements(problem: Problem) -> Iterator[Placement]:
+    """Every placement the ILP may return (devices, streaming choices; not orders)."""
+    host = problem.host
+    streamable = set(problem.streamable)
+    for combo in itertools.product(*(problem.allowed[n] for n in problem.nodes)):
+        device = dict(zip(problem.nodes, combo))
+        optional = [n for n in problem.nodes if n in streamable and device[n] != host]
+        for mask in itertools.product((False, True), repeat=len(optional)):
+            streamed = {n: host for n, on in zip(optional, mask) if on}
+            yield Placement(device, streamed, StreamMode.PREFETCH)
+
+
+def orders(problem: Problem) -> list[tuple[str, ...]]:
+    """Every topological order of the problem's nodes (makespan), else just the default."""
+    if problem.options.objective is not Objective.MAKESPAN:
+        return [()]
+    return [tuple(o) for o in nx.all_topological_sorts(problem.graph.dag)]
+
+
+def count_candidates(problem: Problem) -> int:
+    """How many evaluations :func:`optimum` would make."""
+    per_node = 1
+    streamable = set(problem.streamable)
+    for n in problem.nodes:
+        options = sum(2 if n in streamable and d != problem.host else 1 for d in problem.allowed[n])
+        per_node *= options
+    return per_node * (len(orders(problem)) if problem.options.objective is Objective.MAKESPAN else 1)
+
+
+def optimum(problem: Problem) -> tuple[float, Placement | None]:
+    """The best feasible objective (evaluated on the original graph) and a placement reaching it.
+
+    ``(inf, None)`` when no placement is feasible.
+    """
+    if count_candidates(problem) > MAX_CANDIDATES:
+        raise ValueError(f"{count_candidates(problem)} candidates: draw a smaller instance")
+    best, arg = float("inf"), None
+    all_orders = orders(problem)
+    for placement in placements(problem):
+        for order in all_orders:
+            candidate = Placement(placement.device, placement.streamed, placement.stream_mode, order)
+            original, flat = expand(problem, candidate)
+            ev = evaluate(original, flat)
+            if ev.feasible and ev.total_s < best:
+                best, arg = ev.total_s, candidate
+    return best, arg

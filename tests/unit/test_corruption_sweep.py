@@ -1,0 +1,44 @@
+"""Damaged plans and profiles through every command that reads them: 0 tracebacks, 0 silent successes.
+
+Runs ``bench/corruption_sweep.py`` (truncations at every 10 %, every field deleted, every field
+given values of wrong types) in this process; emit and check run on the first few damaged plans
+that load (the bench script runs them on all).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _sweep_module():
+    spec = importlib.util.spec_from_file_location("corruption_sweep", ROOT / "bench" / "corruption_sweep.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_no_damaged_file_gives_a_traceback_or_a_silent_success(tmp_path: Path) -> None:
+    sweep = _sweep_module()
+    runs = sweep.run_sweep(tmp_path, run_accepted=3)
+    outcomes = Counter(r.outcome for r in runs)
+    bad = [f"{r.command} {r.damage.kind} {r.damage.what}: {r.outcome}: {r.message}" for r in runs
+           if r.outcome in ("traceback", "silent success", "check failed")]
+    assert not bad, "\n".join(bad[:10])
+    assert outcomes["error"] > 1500, outcomes  # most damage is refused with a sentence
+    kinds = Counter(r.damage.kind for r in runs if r.command == "report")
+    assert kinds["truncated"] == 9 and kinds["deleted"] > 100 and kinds["wrong type"] > 400, kinds
+    for r in runs:
+        if r.damage.kind == "truncated" and r.command != "plan":
+            assert r.outcome == "error" and "truncated" in r.message, r  # a cut JSON file is called truncated
+        if r.outcome == "error":
+            assert r.message.startswith("hetpart: error: ") and "Traceback" not in r.message
+    accepted_plans = {r.damage.what for r in runs if r.command == "report" and r.outcome == "harmless"}
+    essential = ("placement", "schedule", "model.fingerprint", "weights", "devices.cpu", "model.op_count")
+    for what in accepted_plans:  # only optional or descriptive fields may go missing unnoticed
+        assert not any(what == e or what.startswith(e + ".") for e in essential), what
