@@ -114,8 +114,8 @@ class Plan:
             reader.fail("model.edges", f"edge {unknown[0]} names an op that is not in placement")
         object.__setattr__(self, "memory", _freeze(read_memory(reader, self.memory)))
         object.__setattr__(self, "predicted", _freeze(read_predicted(reader, self.predicted)))
+        check_pipeline(self, reader)  # before the transfers are checked against its stages
         check_references(self, reader)
-        check_pipeline(self, reader)
 
     # -- JSON ---------------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ import torch
 import models
 from backends.pipeline.__main__ import main as rank_main
 from backends.pipeline.stages import StageGraphs, parameter_names
+from models.synthetic import random_chain
 from partitioner import Plan, partition
 from partitioner.cli import main as cli_main
 from partitioner.micro_batches import micro_batch_inputs
@@ -117,3 +118,15 @@ def test_summary_and_report_show_stages_and_the_schedule(gpt_plan):
     # 2 stages x 2 micro-batches x (forward, backward), plus an optimizer step per stage
     assert page.count('class="bar" data-stage=') == 2 * 2 * 2 + 2
     assert 'data-kind="B" x=' in page and "host (node rank)" in page
+
+
+def test_relayed_transfers_are_checked_against_the_pipeline_section():
+    graph = random_chain(3, 8, skip_prob=1.0)   # skip connections: tensors cross stages that do not read them
+    plan = partition(graph, None, "4x-cpu-host", objective="throughput", micro_batches=4, stages=4)
+    readers = {t.tensor: {plan.placement[v] for u, v in plan.edges if u == t.tensor} for t in plan.transfers}
+    relays = [i for i, t in enumerate(plan.transfers) if t.tensor in plan.placement and t.dst not in readers[t.tensor]]
+    assert relays and Plan.from_json(plan.to_json()) == plan
+    bad = json.loads(plan.to_json())
+    bad["transfers"][relays[0]]["to"] = "host3/cpu" if bad["transfers"][relays[0]]["to"] != "host3/cpu" else "host1/cpu"
+    with pytest.raises(PlanFormatError, match=rf"transfers\[{relays[0]}\].*does not send it between"):
+        Plan.from_dict(bad, "bad.json")

@@ -194,3 +194,22 @@ def test_a_stage_that_fits_no_host_is_refused():
         partition(module, inputs, "4x-cpu-host", objective="throughput", memory=caps, training=True)
     msg = str(err.value)
     assert "op linear" in msg and "host0/cpu" in msg and "2,000,000" in msg and "--memory" in msg
+
+
+def test_partition_of_a_dag_carries_the_ilps_certificate():
+    """Not chain-shaped, so the DP is only the start: the plan's status, bound and lower bound are
+    the ILP's and the memory-aware LP's, checked against brute force."""
+    graph = random_dag(0, 6, max_inputs=2)
+    cluster = load_profile("4x-cpu-host")
+    three = DeviceSet("3-hosts", cluster.devices[:3], tuple(lk for lk in cluster.links if "host3" not in lk.label))
+    devices = three.with_memory({"host1/cpu": "200MB"})
+    out = partitioner.partition_outcome(graph, None, devices, objective="throughput", micro_batches=3, gap=0.0,
+                                        coarsen=False)
+    p, plan = out.problem, out.plan
+    best = min(ev.total_s for ev in (evaluate(p, Placement(dict(zip(p.nodes, combo))))
+                                     for combo in itertools.product(p.device_names, repeat=len(p.nodes)))
+               if ev.feasible)
+    assert plan.solver.status == "optimal" and plan.predicted["total_s"] == pytest.approx(best, rel=1e-6)
+    assert plan.solver.bound <= best * (1 + 1e-6) and plan.solver.gap == pytest.approx(0.0, abs=1e-6)
+    assert plan.solver.name.startswith("ilp:") or plan.solver.ilp.status == "optimal"
+    assert plan.predicted["lower_bound_s"] <= best * (1 + 1e-9)
