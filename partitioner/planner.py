@@ -127,7 +127,8 @@ def partition_outcome(
         memory: caps below the profile, e.g. ``{"cuda:0": "2GB"}``.
         pins: module-path globs or op names → device, e.g. ``{"emb*": "cpu"}``.
         solver: ``"auto"`` (HiGHS if installed, else CBC), ``"highs"``, ``"cbc"``, or a baseline
-            (``"greedy"``, ``"sequential-fill"``, ``"heft"``, ``"single:cuda:0"``).
+            (``"greedy"``, ``"sequential-fill"``, ``"heft"``, ``"single:cuda:0"``); for pipeline
+            stages ``"pipeline-dp"`` and the splits of :mod:`partitioner.solvers.pipeline_baselines`.
         time_limit: seconds for everything after capture: coarsening, baselines, the lower bound
             and the ILP; at the limit the best placement found is returned with its proven gap.
         gap: the relative optimality gap at which the ILP stops (0.01 for 1%).
