@@ -29,6 +29,8 @@ backend        what it runs
                over is planned (plans cached per graph, shapes and options) and runs placed
 ``onnx``       the plan for an ONNX model as ONNX parts, one onnxruntime session per part with its
                device's execution provider, chained (``backends.onnx_parts``)
+``pipeline``   a pipeline plan's stages as ``torch.distributed.pipelining`` ``PipelineStage`` objects,
+               one rank each, driven by ``ScheduleGPipe`` or ``Schedule1F1B`` under torchrun
 =============  ================================================================================
 
 Example:
@@ -49,6 +51,7 @@ BACKENDS: dict[str, str] = {
     "torch": "backends.torch",
     "compile": "backends.compile",
     "onnx": "backends.onnx_parts",
+    "pipeline": "backends.pipeline",
 }
 
 

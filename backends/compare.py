@@ -123,6 +123,8 @@ class CheckReport:
     emitted_s: float                 # the same for the emitted module
     passed: bool                     # every tensor within its tolerance (and devices as planned)
     devices: DeviceReport | None = None  # strict devices: copies per link, bytes per device vs the plan
+    emitted: str = "emitted plan"    # what ran the plan, as the report names it
+    loss_name: str = "sum of outputs"  # how the training loss is made, as the report names it
 
     def failures(self) -> list[TensorError]:
         """The tensors outside their tolerance."""
@@ -141,8 +143,8 @@ class CheckReport:
             ...
         """
         bound = ", ".join(k if k == v else f"{k}->{v}" for k, v in self.binding.items())
-        mode = "training (loss = sum of outputs; gradients)" if self.training else "inference"
-        lines = [f"check {self.model_name}: emitted plan vs the original, {mode}; devices {bound}"]
+        mode = f"training (loss = {self.loss_name}; gradients)" if self.training else "inference"
+        lines = [f"check {self.model_name}: {self.emitted} vs the original, {mode}; devices {bound}"]
         header = ["tensor", "dtype", "shape", "max abs", "max rel", "rtol/atol", ""]
         lines += _table([header] + [e.row() for e in self.tensors()], indent="  ")
         ratio = self.emitted_s / self.original_s if self.original_s > 0 else float("nan")

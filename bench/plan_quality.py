@@ -12,15 +12,34 @@ ResNet-50 / DenseNet-121 the onnx wheel ships) imported with ``from_onnx``, on e
 (``--onnx-profiles``) under the same two caps, latency objective, with the baselines ONNX users get today: ``ort-fallback``
 (onnxruntime's provider order) and ``openvino-pipeline`` (OpenVINO HETERO's split by weight bytes).
 
+Cluster rows (``--part clusters``): pipeline stages on clusters whose hosts differ, hetpart's
+(DP or ILP) against the splits users get today, all costed with the same pipeline semantics:
+PiPPy's ``split_into_equal_size``, DeepSpeed's ``partition_method="parameters"`` and a FLOP-balanced
+split that assumes identical devices (``partitioner/solvers/pipeline_baselines.py``), predicted. The
+cases: GPT-2 (``gpt:base``, batch 8) for training and inference on one H200 host plus one A100 host
+(100 Gb/s), and ``emb-transformer:base`` on ``2x-h200-host`` with each GPU capped at 3 GiB, below
+its 4 GiB embedding, where a host CPU has to take the embedding.
+
+Measured rows (``--part measured``): ``mlp:small`` training on ``4x-cpu-host`` in 2 and 4 stages,
+every rank a local gloo process (``torchrun --standalone``): the median time per step (slowest
+rank, after one warm-up step) against the plan's prediction for the cluster profile. Local ranks
+share this machine's cores and loopback, so the ratio says how far this machine is from the profile.
+
     python bench/plan_quality.py [--models gpt,bert] [--objectives latency] [--time-limit 20]
                                  [--onnx-models gpt,resnet50 | --onnx-models ''] [--onnx-profiles cpu-gpu-npu]
                                  [--skip-seed]
+    python bench/plan_quality.py --part clusters,measured --steps 5      # the pipeline rows only
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
+import tempfile
 import time
+from pathlib import Path
+
+import torch
 
 import models
 from cost_models.calibration import measured_anchors
@@ -28,6 +47,7 @@ from cost_models.profiles import builtin_profiles
 from cost_models.units import format_seconds
 from partitioner import from_module, load_profile, partition_outcome
 from partitioner.errors import InfeasiblePlacement
+from partitioner.solvers.pipeline_baselines import PIPELINE_BASELINES
 
 PROFILES = ("h200-host", "cpu-gpu-npu", "2xh200-host")
 OBJECTIVES = ("latency", "throughput", "makespan")
@@ -69,6 +89,93 @@ def print_table(rows: list[list[str]], baselines: tuple[str, ...] = BASELINES) -
         print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
 
 
+def h200_a100() -> object:
+    """One h200-host and one a100-host on a 100 Gb/s network, flattened to a DeviceSet."""
+    from cost_models.cluster import cluster_from_dict
+
+    return cluster_from_dict({"name": "h200+a100", "hosts": [{"profile": "h200-host"}, {"profile": "a100-host"}],
+                              "network": {"bandwidth": "12.5GB/s", "latency": "10us"}}).flatten()
+
+
+def cluster_cases() -> list[tuple[str, str, object, dict]]:
+    """(label, model, devices, partition options) of the cluster rows."""
+    gpu_caps = {"host0/cuda:0": "3GiB", "host1/cuda:0": "3GiB"}
+    return [
+        ("gpt:base x8 / h200+a100 / training", "gpt:base", h200_a100(), dict(training=True, micro_batches=8, batch=8)),
+        ("gpt:base x8 / h200+a100 / inference", "gpt:base", h200_a100(), dict(micro_batches=8, batch=8)),
+        ("emb-transformer:base / 2x-h200-host, GPUs 3 GiB / inference", "emb-transformer:base", "2x-h200-host",
+         dict(memory=gpu_caps, micro_batches=4)),
+        ("emb-transformer:base / 2x-h200-host, GPUs 3 GiB / training", "emb-transformer:base", "2x-h200-host",
+         dict(memory=gpu_caps, micro_batches=4, training=True)),
+    ]
+
+
+def cluster_rows(time_limit: float) -> None:
+    """hetpart's pipeline stages against the splits users get today, predicted (see the docstring)."""
+    rows = []
+    for label, spec, devices, options in cluster_cases():
+        name, _, size = spec.partition(":")
+        module, inputs = models.get(name, size, device="meta")
+        batch = options.pop("batch", None)
+        if batch:
+            inputs = tuple(torch.cat([x] * (batch // x.shape[0])) for x in inputs)
+        start = time.perf_counter()
+        out = partition_outcome(module, inputs, devices, objective="throughput", align_modules=("Block",),
+                                time_limit=time_limit, model_name=spec, **options)
+        seconds = time.perf_counter() - start
+        plan = out.plan
+        total = plan.predicted["total_s"]
+        cells = [label, format_seconds(total)]
+        feasible = []
+        for base in PIPELINE_BASELINES:
+            b = plan.baselines[base]
+            cells.append(format_seconds(b.total_s) + ("" if b.feasible else "*"))
+            if b.feasible:
+                feasible.append(b.total_s)
+        cells.append(f"{min(feasible) / total:.2f}x" if feasible else "none fits")
+        cells.append(" > ".join(s["device"] for s in plan.pipeline["stages"]))
+        cells += [f"{plan.solver.name} {plan.solver.status}", f"{seconds:.1f}"]
+        rows.append(cells)
+    header = ["case", "hetpart", *PIPELINE_BASELINES, "vs best", "hetpart's stages", "solver", "plan s"]
+    _print(header, rows)
+    print("(predicted step times; * = the split does not fit the devices' memory; vs best = the best fitting "
+          "baseline's time / hetpart's)")
+
+
+def measured_rows(steps: int) -> None:
+    """mlp:small training in 2 and 4 local gloo ranks: measured time per step against the prediction."""
+    from backends.pipeline.check import read_results
+    from backends.pipeline.launch import rank_arguments, run_local
+    from backends.pipeline.runtime import RunOptions
+    from partitioner import partition
+
+    module, inputs = models.get("mlp", "small")
+    rows = []
+    for stages in (2, 4):
+        plan = partition(module, inputs, "4x-cpu-host", objective="throughput", training=True, stages=stages,
+                         micro_batches=4, schedule="gpipe", model_name="mlp:small")
+        with tempfile.TemporaryDirectory(prefix="hetpart-bench-") as folder:
+            path = Path(folder) / "plan.json"
+            plan.save(path)
+            options = RunOptions(training=True, steps=steps + 1, results=folder, timeout_s=120)
+            run = run_local(plan, rank_arguments(path, "mlp:small", options), timeout_s=600)
+            if run.returncode != 0:
+                raise SystemExit(f"the {stages}-rank run failed:\n{run.output[-2000:]}")
+            per_rank = [record["step_s"][1:] for record in read_results(folder, stages)]
+        measured = max(statistics.median(s) for s in per_rank)
+        predicted = plan.pipeline["step_s"]
+        rows.append([f"mlp:small / 4x-cpu-host / {stages} ranks / gpipe, 4 micro-batches / training",
+                     format_seconds(predicted), format_seconds(measured), f"{measured / predicted:.2f}x"])
+    _print(["run (local gloo ranks)", "predicted", f"measured (median of {steps})", "measured / predicted"], rows)
+
+
+def _print(header: list[str], rows: list[list[str]]) -> None:
+    table = [header] + rows
+    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+    for r in table:
+        print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(models.names()))
@@ -80,7 +187,18 @@ def main() -> int:
                         help=f"ONNX rows: zoo names and/or {', '.join(LIGHT)} ('' for none)")
     parser.add_argument("--onnx-profiles", default=",".join(builtin_profiles()), help="profiles of the ONNX rows")
     parser.add_argument("--skip-seed", action="store_true", help="leave out the seed case rows")
+    parser.add_argument("--part", default="zoo,clusters,measured", help="which tables: zoo (with the ONNX and seed rows), clusters, measured")
+    parser.add_argument("--steps", type=int, default=10, help="measured rows: timed steps per run")
     args = parser.parse_args()
+    parts = set(args.part.split(","))
+    if "clusters" in parts:
+        cluster_rows(args.time_limit)
+        print()
+    if "measured" in parts:
+        measured_rows(args.steps)
+        print()
+    if "zoo" not in parts:
+        return 0
     rows: list[list[str]] = []
     all_ok = True
     for name in [n for n in args.models.split(",") if n]:

@@ -559,7 +559,8 @@ class DeviceSet:
     """The devices of one placement problem and the links between them.
 
     Every host has exactly one ``kind = "cpu"`` device, and a device named ``"cpu"``
-    exists; transfers without a direct link go through the host CPUs (:meth:`route`).
+    exists (or, in a flattened cluster, every device is named ``hostN/...`` after its host and
+    ``host0`` exists); transfers without a direct link go through the host CPUs (:meth:`route`).
     ``source`` and ``notes`` (provenance lines written as comments by :meth:`to_toml`)
     do not take part in equality.
 
@@ -625,7 +626,9 @@ class DeviceSet:
         example = ('[devices.cpu] kind = "cpu", memory = "64GiB", peak_flops = { float32 = 1e12 }, '
                    'mem_bandwidth = "30GB/s", launch_overhead = "2us"')
         cpu = next((d for d in self.devices if d.name == "cpu"), None)
-        if cpu is None or cpu.kind is not DeviceKind.CPU:
+        # a flattened cluster (cost_models.cluster) names devices "host0/cpu", "host1/cuda:0"
+        clustered = all(d.name.startswith(f"{d.host}/") for d in self.devices) and "host0" in self.hosts()
+        if (cpu is None or cpu.kind is not DeviceKind.CPU) and not clustered:
             raise ProfileError(f"{self.source}: no cpu device: every profile needs one host CPU named "
                                f"\"cpu\" with kind = \"cpu\" (or one cpu-kind device per host); devices: "
                                f"{', '.join(names)}; add e.g. {example}")
@@ -868,6 +871,11 @@ def load_profile_text(text: str, source: str = "<text>") -> DeviceSet:
     stem = source.removeprefix("builtin:")
     default_name = Path(stem).stem if stem.endswith(".toml") or source.startswith("builtin:") \
         else "profile"
+    if "hosts" in data:  # a cluster profile (cost_models.cluster): hosts joined by a network
+        from cost_models.cluster import cluster_from_dict
+
+        base_dir = _BUILTIN_DIR if source.startswith("builtin:") else Path(source).parent
+        return cluster_from_dict(data, source, name=default_name, base_dir=base_dir).flatten()
     return DeviceSet.from_dict(data, source, name=default_name)
 
 

@@ -109,3 +109,26 @@ def random_profile(seed: int, n_devices: int = 3, *, tight: bool = False) -> Dev
     if len(accels) > 1 and rng.random() < 0.5:
         lines += ["", "[[links]]", f'between = ["{accels[0]}", "{accels[1]}"]', 'bandwidth = "200GB/s"', 'latency = "5us"']
     return load_profile_text("\n".join(lines) + "\n", f"random-profile-{seed}")
+
+
+def random_chain(seed: int, n_ops: int, *, skip_prob: float = 0.3) -> OpGraph:
+    """A chain-shaped random graph (its topological order is unique): op ``i`` reads op ``i - 1``
+    and, with probability ``skip_prob``, also an earlier op or the input (a tensor that skips
+    stages). The graph's outputs are the last op and any op nobody reads."""
+    rng = random.Random(seed)
+    base = random_dag(seed, n_ops, max_inputs=1, layers=n_ops)  # op i reads op i - 1
+    ops, consumers = [], {t: [] for t in base.tensors}
+    for op in base.topological_order():
+        i = int(op.name[2:])
+        inputs = list(op.inputs)
+        if i >= 2 and rng.random() < skip_prob:
+            earlier = rng.choice(["x"] + [f"op{j}" for j in range(i - 1)])
+            inputs.append(earlier)
+        extra = sum(base.tensors[t].nbytes for t in inputs[len(op.inputs):]) if not op.is_view else 0
+        ops.append(dataclasses.replace(op, inputs=tuple(inputs), bytes_read=op.bytes_read + extra))
+        for t in inputs:
+            consumers[t].append(op.name)
+    tensors = [Tensor(t.name, t.producer, tuple(consumers[t.name]), t.shape, t.dtype, t.nbytes)
+               for t in base.tensors.values()]
+    sinks = tuple(dict.fromkeys([o.name for o in ops if not consumers[o.name]] + [ops[-1].name]))
+    return OpGraph(f"chain{seed}", ops, tensors, list(base.params.values()), ("x",), sinks)

@@ -17,6 +17,10 @@ The API (everything else is a documented module: ``partitioner.solvers``, ``part
 ``Plan``                   the plan record: ``load``/``save``, ``summary``, ``emit``,
                            ``emit_source``, ``to_device_map``, ``check_graph``
 ``load_profile``           a built-in profile name or a TOML path -> :class:`DeviceSet`
+                           (cluster profiles too: hosts and a network, devices ``host1/cuda:0``)
+``load_cluster``           a cluster profile -> :class:`~cost_models.cluster.Cluster` (hosts, network)
+``PipelineSpec``           micro-batches, schedule and stage count of a pipeline plan
+                           (``partition(..., micro_batches=, schedule=, stages=)``)
 ``DeviceSet``              devices and links (``cost_models.detect.detect_local()`` profiles this machine)
 ``calibrate``              this machine's devices -> a profile fitted to micro-benchmarks (residuals, verdict)
 ``profile_graph``          an OpGraph + real inputs -> its ops measured here (``partition(costs=...)``)
@@ -31,10 +35,12 @@ The API (everything else is a documented module: ``partitioner.solvers``, ``part
 =========================  ==============================================================
 
 Where a plan runs is :mod:`backends` (``backends.torch``: the emitted module and source file;
-``backends.onnx_parts``: ONNX parts on onnxruntime execution providers).
+``backends.onnx_parts``: ONNX parts on onnxruntime execution providers;
+``backends.pipeline``: pipeline stages on ``torch.distributed.pipelining``, launched by torchrun).
 """
 
 from cost_models.calibrate import calibrate
+from cost_models.cluster import load_cluster
 from cost_models.profiler import profile_graph
 from cost_models.profiles import DeviceSet, load_profile
 from partitioner.errors import (
@@ -42,6 +48,7 @@ from partitioner.errors import (
     HetpartError,
     InfeasiblePlacement,
     OnnxError,
+    PipelineRunError,
     PlanMismatch,
     ProfileError,
     SolverUnavailable,
@@ -53,6 +60,7 @@ from partitioner.frontends.onnx import from_onnx
 from partitioner.ir import Op, OpClass, OpGraph, Param, Tensor
 from partitioner.plan import Plan, PlanFormatError
 from partitioner.planner import Outcome, partition, partition_outcome
+from partitioner.solvers.pipeline import PipelineSpec
 
 __all__ = [
     # making a plan
@@ -61,8 +69,10 @@ __all__ = [
     "Outcome",
     "Plan",
     "PlanFormatError",
+    "PipelineSpec",
     # devices and measured costs
     "load_profile",
+    "load_cluster",
     "DeviceSet",
     "calibrate",
     "profile_graph",
@@ -81,6 +91,7 @@ __all__ = [
     "CaptureError",
     "InfeasiblePlacement",
     "OnnxError",
+    "PipelineRunError",
     "PlanMismatch",
     "ProfileError",
     "SolverUnavailable",

@@ -65,3 +65,8 @@ class OnnxError(HetpartError):
 
 class InputShapeError(OnnxError):
     """Input shapes that do not fit an ONNX model (unknown input, wrong rank, a fixed dimension contradicted)."""
+
+
+class PipelineRunError(HetpartError):
+    """A pipeline run that cannot start or did not finish: a launch that does not match the plan
+    (world size, rank), or a rank that stopped (the others stop with this error within a timeout)."""

@@ -14,6 +14,7 @@ import sys
 import traceback
 from collections.abc import Mapping
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -71,10 +72,15 @@ def load_model(spec: str, *, device: str | None = None,
     return LoadedModel(f"{name}:{size}", module, tuple(inputs), tuple(models.entry(name).no_split_classes))
 
 
-def _from_file(path: Path, factory: str, spec: str) -> LoadedModel:
+def import_file(path: Path, spec: str) -> ModuleType:
+    """Import a user's Python file (a model factory, a loss) as a module of its own.
+
+    Raises:
+        UnknownModel: the file does not exist or cannot be imported; names ``spec``.
+    """
     if not path.is_file():
-        raise UnknownModel(f"model file {str(path)!r} (from {spec!r}) does not exist")
-    module_name = f"_hetpart_user_model_{abs(hash(str(path.resolve())))}"
+        raise UnknownModel(f"file {str(path)!r} (from {spec!r}) does not exist")
+    module_name = f"_hetpart_user_{abs(hash(str(path.resolve())))}"
     loader_spec = importlib.util.spec_from_file_location(module_name, path)
     if loader_spec is None or loader_spec.loader is None:
         raise UnknownModel(f"cannot import {str(path)!r} as a Python file")
@@ -86,11 +92,18 @@ def _from_file(path: Path, factory: str, spec: str) -> LoadedModel:
         loader_spec.loader.exec_module(mod)
     except SyntaxError as err:
         sys.modules.pop(module_name, None)
-        raise UnknownModel(f"{str(path)!r} line {err.lineno}: syntax error: {err.msg}; fix the model file") from err
+        raise UnknownModel(f"{str(path)!r} line {err.lineno}: syntax error: {err.msg}; fix the file") from err
     except Exception as err:  # any error of the user's module at import: say where, keep the cause
         sys.modules.pop(module_name, None)
-        raise UnknownModel(f"importing {str(path)!r} failed: {_raised(err, path)}; fix the model file "
+        raise UnknownModel(f"importing {str(path)!r} failed: {_raised(err, path)}; fix the file "
                            f"(--debug shows the traceback)") from err
+    return mod
+
+
+def _from_file(path: Path, factory: str, spec: str) -> LoadedModel:
+    if not path.is_file():
+        raise UnknownModel(f"model file {str(path)!r} (from {spec!r}) does not exist")
+    mod = import_file(path, spec)
     fn = getattr(mod, factory, None)
     if not callable(fn):
         names = sorted(n for n, v in vars(mod).items() if callable(v) and not n.startswith("_"))

@@ -22,12 +22,16 @@ from partitioner.frontends.fx import capture_mode, from_module
 from partitioner.frontends.inputs import dynamic_dims, input_specs
 from partitioner.frontends.onnx import from_onnx, is_onnx_graph, is_onnx_model
 from partitioner.ir import OpGraph
+from partitioner.micro_batches import batch_size, micro_batch_inputs, pipeline_spec_for
 from partitioner.plan import Plan
 from partitioner.plan.values import InputSpec
 from partitioner.solvers import BASELINE_NAMES, ONNX_BASELINE_NAMES, run_baseline
 from partitioner.solvers.bounds import memory_aware_lower_bound, physical_lower_bound
-from partitioner.solvers.ilp import ProgressFn, relative_gap, status_for_gap
+from partitioner.solvers.ilp import ProgressFn, relative_gap, solve_ilp, status_for_gap
 from partitioner.solvers.multilevel import solve_multilevel
+from partitioner.solvers.pipeline import PipelineSpec, explain_no_fit
+from partitioner.solvers.pipeline_baselines import PIPELINE_BASELINES
+from partitioner.solvers.pipeline_dp import solve_pipeline_dp
 from partitioner.solvers.problem import (
     Evaluation,
     Objective,
@@ -102,6 +106,9 @@ def partition_outcome(
     dynamic_shapes: Any = None,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
     costs: Any = "analytic",
+    micro_batches: int | None = None,
+    schedule: str | None = None,
+    stages: int | None = None,
 ) -> Outcome:
     """Place every op of a model on the devices of a profile: the plan and how it was reached.
 
@@ -120,7 +127,8 @@ def partition_outcome(
         memory: caps below the profile, e.g. ``{"cuda:0": "2GB"}``.
         pins: module-path globs or op names → device, e.g. ``{"emb*": "cpu"}``.
         solver: ``"auto"`` (HiGHS if installed, else CBC), ``"highs"``, ``"cbc"``, or a baseline
-            (``"greedy"``, ``"sequential-fill"``, ``"heft"``, ``"single:cuda:0"``).
+            (``"greedy"``, ``"sequential-fill"``, ``"heft"``, ``"single:cuda:0"``); for pipeline
+            stages ``"pipeline-dp"`` and the splits of :mod:`partitioner.solvers.pipeline_baselines`.
         time_limit: seconds for everything after capture: coarsening, baselines, the lower bound
             and the ILP; at the limit the best placement found is returned with its proven gap.
         gap: the relative optimality gap at which the ILP stops (0.01 for 1%).
@@ -137,6 +145,10 @@ def partition_outcome(
         costs: ``"analytic"`` (the profile's roofline), ``"profiled"`` (measure the model's ops on
             the devices present here, cached), the path of a costs file from ``hetpart profile``,
             or a :class:`cost_models.costs.CostModel`; recorded in the plan (``plan.costs``).
+        micro_batches, schedule, stages: plan pipeline stages (:mod:`partitioner.solvers.pipeline`):
+            ``micro_batches`` per step (the example inputs are one step's batch), ``schedule``
+            ``"gpipe"`` or ``"1f1b"``, exactly ``stages`` stages. ``throughput`` on a cluster
+            profile plans a pipeline with the defaults of :mod:`partitioner.micro_batches`.
 
     Raises:
         InfeasiblePlacement: no placement fits the caps and pins; the message names the device,
@@ -151,6 +163,9 @@ def partition_outcome(
     """
     check_limits(time_limit, gap)
     profile = _profile(devices, memory)  # a bad profile or cap fails before the capture
+    spec = _pipeline_spec(model_or_graph, example_inputs, profile, objective, micro_batches, schedule, stages)
+    if spec is not None and not isinstance(model_or_graph, OpGraph) and example_inputs is not None:
+        example_inputs = micro_batch_inputs(example_inputs, spec.micro_batches)  # costs are per micro-batch
     graph, inputs = _capture(model_or_graph, example_inputs, capture, model_name, dynamic_shapes, training,
                              input_shapes)
     started = time.perf_counter()  # time_limit covers everything from here (capture excluded)
@@ -165,7 +180,8 @@ def partition_outcome(
     streaming = streaming and not onnx_graph
     options = Options(
         objective=_objective(objective), training=training, optimizer=parse_optimizer(optimizer),
-        streaming=streaming, link_budget=dict(link_budget or {}), contiguous_stages=contiguous_stages,
+        streaming=streaming and spec is None, link_budget=dict(link_budget or {}),
+        contiguous_stages=contiguous_stages, pipeline=spec,
     )
     coarse = _coarsen(graph, options, coarsen, pins, align_modules)
     from cost_models.profiled import resolve_costs  # here: cost_models.profiled imports partitioner's errors
@@ -189,7 +205,7 @@ def partition_outcome(
         constraints={
             "pins": dict(problem.pins) and {op: problem.pins[n] for n in problem.pins for op in coarse.members[n]},
             "memory_caps": {d: profile.device(d).memory for d in (memory or {})},
-            "streaming": streaming,
+            "streaming": options.streaming,
             "align_modules": tuple(align_modules),
         },
     )
@@ -227,6 +243,22 @@ def _capture(model_or_graph: Any, example_inputs: Any, capture: str, name: str |
 def _profile(devices: str | DeviceSet, memory: Mapping[str, int | str] | None) -> DeviceSet:
     profile = load_profile(devices) if isinstance(devices, str) else devices
     return profile.with_memory(memory) if memory else profile
+
+
+def _pipeline_spec(model_or_graph: Any, example_inputs: Any, profile: DeviceSet, objective: str | Objective,
+                   micro_batches: int | None, schedule: str | None, stages: int | None) -> PipelineSpec | None:
+    """The plan's pipeline spec, or None when it is no pipeline (:mod:`partitioner.micro_batches`).
+    ONNX models run as onnxruntime sessions, not on ``torch.distributed.pipelining``: they are
+    planned without stages, and asking for stages is refused."""
+    if is_onnx_model(model_or_graph):
+        if micro_batches is not None or schedule is not None or stages is not None:
+            raise HetpartError("pipeline stages run torch models on torch.distributed.pipelining; an ONNX model "
+                               "is planned without them: drop micro_batches, schedule and stages "
+                               "(CLI: --micro-batches, --schedule, --stages)")
+        return None
+    batch = None if isinstance(model_or_graph, OpGraph) else batch_size(example_inputs)
+    return pipeline_spec_for(profile, objective, micro_batches=micro_batches, schedule=schedule, stages=stages,
+                             batch=batch)
 
 
 #: The longest solve a time limit may ask for (a week): beyond it a limit is a mistake.
@@ -344,6 +376,8 @@ def _pinned_ops(graph: OpGraph, pins: Mapping[str, str]) -> set[str]:
 
 
 def _baseline_names(problem: Problem) -> list[str]:
+    if problem.options.pipeline is not None:  # splits users make today; greedy / HEFT make no pipeline
+        return [f"single:{d}" for d in problem.device_names] + list(PIPELINE_BASELINES)
     onnx = ONNX_BASELINE_NAMES if is_onnx_graph(problem.original) else ()
     return [f"single:{d}" for d in problem.device_names] + list(BASELINE_NAMES) + list(onnx)
 
@@ -370,8 +404,9 @@ def _solve(
 ) -> tuple[Solution, Evaluation, Solution | None]:
     """The placement the plan carries, its evaluation, and the ILP's own solution (None when a
     baseline was asked for). The ILP starts from the best baseline improved by local search,
-    through the coarser levels (:mod:`partitioner.solvers.multilevel`), within ``deadline``.
-    Whichever of the ILP's incumbent, the warm start and the baselines is fastest is kept, under
+    through the coarser levels (:mod:`partitioner.solvers.multilevel`), within ``deadline``;
+    pipeline stages start from the stage dynamic program instead, whose answer is kept as it is
+    when it is exact (chain-shaped graphs). Whichever of the ILP's incumbent, the warm start and the baselines is fastest is kept, under
     its own name, with the ILP's bound (a bound on every placement, whoever found it)."""
     if solver in baselines:
         sol, ev = baselines[solver]
@@ -383,18 +418,34 @@ def _solve(
                                 f"use one of {', '.join(baselines)}")
     _check_ilp_size(problem)
     best = _best_feasible(baselines)
+    pipeline = problem.options.pipeline is not None
+    explain = explain_no_fit if pipeline else explain_infeasibility
+    if pipeline:
+        dp = solve_pipeline_dp(problem, upper_bound=best[2].total_s if best else math.inf)
+        if solver == "pipeline-dp" or (solver == "auto" and dp.status is Status.OPTIMAL):  # exact on chains
+            if not dp.placement.device:
+                raise InfeasiblePlacement(explain_no_fit(problem))
+            return dp, evaluate(problem, dp.placement), None
+        if dp.placement.device:
+            ev = evaluate(problem, dp.placement)
+            if ev.feasible and (best is None or ev.total_s < best[2].total_s):
+                best = ("pipeline-dp", dp, ev)  # the ILP's warm start
     left = deadline - time.perf_counter()
     if left < MIN_SOLVE_S:
         if best is None:
-            raise InfeasiblePlacement("no time left for the ILP and no baseline fits; " + explain_infeasibility(problem))
+            raise InfeasiblePlacement("no time left for the ILP and no baseline fits; " + explain(problem))
         name, sol, ev = best
         note = f"the time limit was spent before the ILP could run; keeping {name}'s placement"
         log.warning(note)
         return dataclasses.replace(sol, status=Status.TIME_LIMIT, note=note), ev, None
-    ilp, warm = solve_multilevel(problem, best[1] if best else None, solver=solver, time_limit=left, gap=gap,
-                                 progress=progress)
+    if pipeline:  # stages start from the best segmentation; coarser levels and local search are not stage-aware
+        ilp, warm = solve_ilp(problem, solver=solver, time_limit=left, gap=gap,
+                              warm_start=best[1].placement if best else None, progress=progress), None
+    else:
+        ilp, warm = solve_multilevel(problem, best[1] if best else None, solver=solver, time_limit=left, gap=gap,
+                                     progress=progress)
     if ilp.status is Status.INFEASIBLE:
-        raise InfeasiblePlacement(explain_infeasibility(problem))
+        raise InfeasiblePlacement(explain(problem))
     candidates = []
     for candidate in (ilp, warm, best[1] if best else None):
         if candidate is not None and candidate.placement.device:
@@ -403,7 +454,7 @@ def _solve(
                 candidates.append((ev.total_s, candidate is not ilp, candidate, ev))
     if not candidates:
         raise InfeasiblePlacement(
-            f"the {ilp.solver} solver found no placement in time and no baseline fits; " + explain_infeasibility(problem)
+            f"the {ilp.solver} solver found no placement in time and no baseline fits; " + explain(problem)
         )
     total, _, chosen, ev = min(candidates, key=lambda c: (c[0], c[1]))
     if chosen is not ilp:

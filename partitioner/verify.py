@@ -39,7 +39,8 @@ def verify_graph(graph: OpGraph) -> None:
 def verify_placement(problem: Problem, placement: Placement, evaluation: Evaluation) -> None:
     """Every node placed once on an allowed device, streamed weights on the host, memory within
     capacity (recomputed here), every cross-device tensor transferred once per destination and no
-    other transfer, an issue order that is topological."""
+    other transfer (pipeline stages: relayed across every boundary it crosses), an issue order that
+    is topological."""
     problems: list[str] = []
     x = placement.device
     if set(x) != set(problem.nodes):
@@ -53,7 +54,10 @@ def verify_placement(problem: Problem, placement: Placement, evaluation: Evaluat
         if home != problem.host or x[n] == problem.host or not problem.param_bytes[n]:
             problems.append(f"{n} streams its weights from {home} to {x[n]}: only host-to-accelerator streaming exists")
     problems += _check_memory(problem, placement, evaluation)
-    problems += _check_transfers(problem, placement, evaluation)
+    if problem.options.pipeline is not None:
+        problems += _check_relay(problem, placement, evaluation)
+    else:
+        problems += _check_transfers(problem, placement, evaluation)
     if placement.order:
         seen: set[str] = set()
         for n in placement.order:
@@ -95,6 +99,28 @@ def _check_transfers(problem: Problem, placement: Placement, evaluation: Evaluat
         out.append(f"tensor {key[0]} is read on {key[2]} but never sent there from {key[1]}")
     for key in sorted(set(made) - needed):
         out.append(f"tensor {key[0]} is sent from {key[1]} to {key[2]} where no consumer reads it")
+    return out
+
+
+def _check_relay(problem: Problem, placement: Placement, evaluation: Evaluation) -> list[str]:
+    """Pipeline stages: every tensor alive across a stage boundary is sent across it, once, from the
+    stage before to the stage after (recomputed here from the edges, not from the pipeline module)."""
+    x = placement.device
+    devices = [d for d in problem.device_names if d in set(x.values())]
+    stage = {n: devices.index(x[n]) for n in problem.nodes}
+    outputs = set(problem.graph.outputs)
+    needed = set()
+    for t in problem.graph.tensors.values():
+        if t.nbytes <= 0:
+            continue
+        first = stage[t.producer] if t.producer is not None else 0
+        last = max([stage[c] for c in t.consumers if c in stage] + [len(devices) - 1] * (t.name in outputs),
+                   default=first)
+        needed |= {(t.name, devices[b], devices[b + 1]) for b in range(first, last)}
+    made = [(t.tensor, t.src, t.dst) for t in evaluation.transfers if t.kind == "activation"]
+    out = ["a tensor is sent across a stage boundary twice"] if len(made) != len(set(made)) else []
+    out += [f"tensor {t} crosses from {a} to {b} but is not sent" for t, a, b in sorted(needed - set(made))]
+    out += [f"tensor {t} is sent from {a} to {b} but does not cross there" for t, a, b in sorted(set(made) - needed)]
     return out
 
 

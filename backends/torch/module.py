@@ -104,7 +104,7 @@ def emit_module(
     binding = bind_devices(plan, device_map)
     check_fx_names(model, "plan.emit")
     graph = capture_for(plan, model, example_inputs)
-    gm = _unlifted(graph)
+    gm = unlifted_module(graph)
     _match_persistence(gm, model)
     tensors = {name for name, t in graph.tensors.items() if t.dtype != NOT_A_TENSOR}
     gm = place_module(gm, plan, binding, tensors=tensors)
@@ -146,7 +146,7 @@ def place_module(
     _reorder(gm, plan.schedule)
     _settle_items(gm, placed, physical, set(tensors))
     _insert_transfers(gm, placed, home, streamed, physical, set(plan.weights), set(tensors), arrivals or {})
-    _rebind_factory_devices(gm, placed, physical)
+    rebind_factory_devices(gm, placed, physical)
     gm.graph.lint()
     check_graph_targets(gm, "plan.emit")
     gm.recompile()
@@ -175,7 +175,7 @@ def _input_names(model: torch.nn.Module) -> list[str]:
 # --------------------------------------------------------------------------------------------
 
 
-def _unlifted(graph: OpGraph) -> torch.fx.GraphModule:
+def unlifted_module(graph: OpGraph) -> torch.fx.GraphModule:
     """A private GraphModule with the model's parameter names (``get_attr`` nodes), deep-copied."""
     source = graph.source
     if isinstance(source, torch.export.ExportedProgram):
@@ -435,8 +435,8 @@ def _device_of(node: torch.fx.Node, placed: Mapping[str, str], home: Mapping[str
 _FACTORY_KWARGS = ("device",)
 
 
-def _rebind_factory_devices(gm: torch.fx.GraphModule, placed: Mapping[str, str],
-                            physical: Mapping[str, torch.device]) -> None:
+def rebind_factory_devices(gm: torch.fx.GraphModule, placed: Mapping[str, str],
+                           physical: Mapping[str, torch.device]) -> None:
     """Ops that create tensors (``arange``, ``zeros``, ``_to_copy``) create them on their own device."""
     for node in gm.graph.nodes:
         if node.name in placed and "device" in node.kwargs:

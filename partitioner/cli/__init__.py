@@ -6,9 +6,10 @@ their predicted cost on each device), ``plan`` (place a model's ops, write the p
 to end), ``emit`` (write a plan as a runnable Python file) and ``check`` (run the emitted plan
 beside the original model and compare outputs, gradients and time; exit 1 when they differ),
 ``run`` (run a folder of ONNX parts written by ``emit`` for an ``.onnx`` model), ``profile`` (measure a
-model's ops on this machine, cached; write a costs file for ``plan --costs``) and ``calibrate`` (fit
-a device profile of this machine to micro-benchmarks; a poor fit says so). Every command that
-takes a model takes a ``.onnx`` file too (``--input-shape NAME=AxBxC`` binds symbolic dimensions).
+model's ops on this machine, cached; write a costs file for ``plan --costs``), ``calibrate`` (fit
+a device profile of this machine to micro-benchmarks; a poor fit says so) and ``launch`` (the
+torchrun commands of a pipeline plan, or a local run of every rank, ``--check``ed). Every command
+that takes a model takes a ``.onnx`` file too (``--input-shape NAME=AxBxC`` binds symbolic dimensions).
 Errors from hetpart print as one message and exit 2; ``--debug`` shows the traceback instead.
 
 A subcommand is a module here with ``register(sub, common)``, listed in :data:`COMMANDS`;
@@ -23,12 +24,12 @@ import logging
 import sys
 from collections.abc import Iterator, Sequence
 
-from partitioner.cli import calibrate, check, demo, devices, emit, inspect_model, plan, profile, report, run
+from partitioner.cli import calibrate, check, demo, devices, emit, inspect_model, launch, plan, profile, report, run
 from partitioner.errors import HetpartError
 from partitioner.terminal import PrintableStream
 
 #: The subcommand modules, in the order ``hetpart --help`` lists them.
-COMMANDS = (devices, inspect_model, plan, report, demo, emit, check, run, profile, calibrate)
+COMMANDS = (devices, inspect_model, plan, report, demo, emit, check, run, profile, calibrate, launch)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from partitioner.cli.args import add_input_shape, input_shapes, output_path, pairs, print_progress
+from partitioner.cli.args import add_input_shape, input_shapes, output_path, pairs, positive_int, print_progress
 from partitioner.errors import HetpartError
 
 
@@ -22,7 +22,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     pl.add_argument("--training", action="store_true", help="plan a training step")
     pl.add_argument("--optimizer", default="adam", choices=["sgd", "sgd-momentum", "adam"])
     pl.add_argument("--solver", default="auto",
-                    help="auto, highs, cbc, or a baseline: greedy, sequential-fill, heft, single:DEVICE")
+                    help="auto, highs, cbc, or a baseline: greedy, sequential-fill, heft, single:DEVICE; "
+                         "pipelines: pipeline-dp, pippy-equal-size, deepspeed-parameters, flop-balanced")
     pl.add_argument("--time-limit", type=float, default=60.0, metavar="S", help="ILP time limit in seconds")
     pl.add_argument("--gap", type=float, default=0.01, help="relative optimality gap to stop at")
     pl.add_argument("--no-streaming", action="store_true", help="keep every weight where its op computes")
@@ -36,6 +37,11 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     pl.add_argument("--costs", default="analytic", metavar="analytic|profiled|COSTS.json",
                     help="op times: the profile's roofline, measured now on this machine, or a costs file "
                          "from `hetpart profile`")
+    pl.add_argument("--micro-batches", type=positive_int, metavar="N",
+                    help="pipeline stages: split each step's batch into N micro-batches (default: the largest "
+                         "divisor of the batch up to 2x the devices); throughput on a cluster plans stages anyway")
+    pl.add_argument("--schedule", choices=["gpipe", "1f1b"], help="pipeline schedule (default 1f1b)")
+    pl.add_argument("--stages", type=positive_int, metavar="N", help="exactly N pipeline stages (default: the best)")
     pl.add_argument("-o", "--output", metavar="FILE", help="write the plan (see --format)")
     pl.add_argument("--format", default="json", choices=["json", "device-map", "csv"],
                     help="json: the plan file; device-map: accelerate's device_map; csv: op, module, device, seconds")
@@ -72,6 +78,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         no_split=loaded.no_split, capture=args.capture, model_name=loaded.name, progress=print_progress,
         align_modules=args.align_modules, dynamic_shapes=_dynamic(args.dynamic), input_shapes=loaded.input_shapes,
         costs=args.costs,
+        micro_batches=args.micro_batches, schedule=args.schedule, stages=args.stages,
     )
     print(plan.summary())
     if args.output:

@@ -31,6 +31,8 @@ The file (``format_version`` 1) holds these top-level keys, in this order::
     costs           optional {"model": "analytic" | "profiled", "source": costs file,
                      "measured": {device: ops measured}, "fell_back": {device: [ops priced analytically]},
                      "unsupported": {op: {device: why it failed when measured}}}; absent = analytic
+    pipeline        optional {"micro_batches", "schedule", "world_size", "stages": [...], ...}:
+                    pipeline stages, their ranks and hosts (see partitioner.plan.pipeline)
 
 A plan never holds a number that is not finite: where a value may be unknown (a bound, a gap,
 an infeasible baseline's time, a predicted time) inf and nan become ``None``, written ``null``;
@@ -40,8 +42,8 @@ is a :class:`PlanFormatError` naming the file and the field path (``solver.gap``
 
 Modules: ``record`` (the :class:`Plan` record), ``values`` (its value types and format
 constants), ``reader`` (reading and validating files), ``consistency`` (the sections agree
-with each other), ``device_map`` (the accelerate-style
-module view), ``summary`` (the text for people), ``from_solve`` (a plan from a solver's solution).
+with each other), ``device_map`` (the accelerate-style module view), ``summary`` (the text for
+people), ``from_solve`` (a plan from a solver's solution), ``pipeline`` (the optional pipeline section).
 """
 
 from partitioner.plan.record import Plan

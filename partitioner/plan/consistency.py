@@ -5,7 +5,8 @@ In: a :class:`~partitioner.plan.record.Plan` whose fields are typed and whose na
 :class:`~partitioner.plan.values.PlanFormatError` naming the field that contradicts another: a
 schedule that leaves out ops, memory over capacity or different from the device set's, weights
 streamed from the device that uses them, a transfer that leaves another device than its
-producer's or reaches one where no consumer runs. A hand-edited or damaged plan is refused here
+producer's or reaches one where no consumer runs (in a pipeline plan: a transfer that is not one
+of the tensors the pipeline section sends from a stage to the next). A hand-edited or damaged plan is refused here
 rather than run, and ``explain`` never calls such a placement "fits".
 """
 
@@ -54,11 +55,17 @@ def check_sections(plan: Any, r: Any) -> None:
     consumers: dict[str, set[str]] = {}
     for u, v in plan.edges:
         consumers.setdefault(u, set()).add(plan.placement[v])
+    stages = plan.pipeline["stages"] if plan.pipeline else []
+    relayed = {(st["device"], nxt["device"]): set(st["sends"]) for st, nxt in zip(stages, stages[1:])}
     for i, t in enumerate(plan.transfers):
         path = f"transfers[{i}]"
         if t.src == t.dst:
             r.fail(path, f"copies {t.tensor!r} from {t.src} to itself; a transfer crosses devices")
-        if t.kind == "activation":
+        if t.kind == "activation" and stages:  # relayed stage to stage, through stages that do not read it
+            if t.tensor not in relayed.get((t.src, t.dst), ()):
+                r.fail(path, f"copies {t.tensor!r} {t.src} -> {t.dst}, but the pipeline section does not send it "
+                             f"between these consecutive stages; the transfers contradict the pipeline")
+        elif t.kind == "activation":
             producer = t.tensor if t.tensor in plan.placement else t.tensor.rpartition(".")[0]
             if producer not in plan.placement:
                 continue  # a graph input: it starts on the host

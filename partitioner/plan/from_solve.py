@@ -12,6 +12,7 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from partitioner.plan.pipeline import pipeline_record
 from partitioner.plan.values import BaselineInfo, InputSpec, SolverInfo, TransferInfo
 
 if TYPE_CHECKING:
@@ -59,6 +60,7 @@ def fields_from_solution(
                   for op in graph.topological_order()},
         constraints=dict(constraints or {}),
         costs=problem.costs.record(),
+        pipeline=pipeline_record(problem, placement) if problem.options.pipeline is not None else {},
         fingerprint=graph.fingerprint(),
         op_count=len(graph),
         modules={op.name: op.module_path for op in graph.topological_order()},

@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 
 from cost_models.profiles import DeviceSet
 from partitioner.errors import ProfileError
+from partitioner.plan.pipeline import read_pipeline
 from partitioner.plan.values import (
     _BASELINE_KEYS, _MEMORY_KEYS, _MODEL_KEYS, _OBJECTIVES, _OPTIMIZERS, _PREDICTED_MAPS,
     _PREDICTED_OPTIONAL, _PREDICTED_REQUIRED, _REPLAN, _SOLVER_KEYS, _SOLVER_OPTIONAL, _STATUSES, _STREAM_MODES,
@@ -36,7 +37,7 @@ def plan_fields(d: Any, source: str) -> dict[str, Any]:
     top = r.mapping(d, "")
     if "format_version" in top:
         _check_version(r, top["format_version"])
-    r.keys(top, "", TOP_LEVEL_KEYS, ("constraints", "costs"))
+    r.keys(top, "", TOP_LEVEL_KEYS, ("constraints", "costs", "pipeline"))
     model = r.keys(top["model"], "model", _MODEL_KEYS, ("capture", "inputs", "edges", "param_names", "op_bytes"))
     return dict(
         model_name=r.string(model["name"], "model.name"),
@@ -68,6 +69,7 @@ def plan_fields(d: Any, source: str) -> dict[str, Any]:
                               lambda v, q: tuple(r.count(x, f"{q}[{i}]") for i, x in enumerate(r.array(v, q)))),
         constraints=_read_constraints(r, top.get("constraints", {})),
         costs=_read_costs(r, top.get("costs", {})),
+        pipeline=read_pipeline(r, top.get("pipeline", {})),
         source=source,
     )
 

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from cost_models.profiles import DeviceSet
 from partitioner.errors import HetpartError, PlanMismatch
 from partitioner.files import read_text, refuse_overwrite, write_atomic
+from partitioner.plan.pipeline import check_pipeline
 from partitioner.plan.reader import FieldReader, check_references, parse_json, plan_fields, read_memory, read_predicted
 from partitioner.plan.values import (
     _REPLAN, FORMAT_VERSION, BaselineInfo, InputSpec, SolverInfo, TransferInfo, _freeze, _plain,
@@ -88,6 +89,7 @@ class Plan:
     op_bytes: Mapping[str, tuple[int, int]] = dataclasses.field(default_factory=dict)  # op -> (output, parameter) bytes
     constraints: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # pins, caps, streaming, alignment
     costs: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # the cost model that priced it ({}: analytic)
+    pipeline: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # stages, ranks, schedule (plan/pipeline.py)
     source: str = dataclasses.field(default="<plan>", compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -104,6 +106,7 @@ class Plan:
         object.__setattr__(self, "op_bytes", MappingProxyType({op: tuple(b) for op, b in self.op_bytes.items()}))
         object.__setattr__(self, "constraints", _freeze(dict(self.constraints)))
         object.__setattr__(self, "costs", _freeze(dict(self.costs)))
+        object.__setattr__(self, "pipeline", _freeze(dict(self.pipeline)))
         object.__setattr__(self, "param_names",
                            MappingProxyType({op: tuple(names) for op, names in self.param_names.items()}))
         unknown = [e for e in self.edges if e[0] not in self.placement or e[1] not in self.placement]
@@ -111,6 +114,7 @@ class Plan:
             reader.fail("model.edges", f"edge {unknown[0]} names an op that is not in placement")
         object.__setattr__(self, "memory", _freeze(read_memory(reader, self.memory)))
         object.__setattr__(self, "predicted", _freeze(read_predicted(reader, self.predicted)))
+        check_pipeline(self, reader)  # before the transfers are checked against its stages
         check_references(self, reader)
 
     # -- JSON ---------------------------------------------------------------------------------
@@ -149,6 +153,8 @@ class Plan:
             out["constraints"] = _plain(self.constraints)
         if self.costs:
             out["costs"] = _plain(self.costs)
+        if self.pipeline:
+            out["pipeline"] = _plain(self.pipeline)
         return _plain(out)
 
     def to_json(self) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from cost_models.units import format_bytes, format_seconds
+from partitioner.plan.pipeline import summary_lines
 from partitioner.plan.values import TransferInfo
 from partitioner.terminal import one_line
 
@@ -26,6 +27,7 @@ def summary_text(plan: Any) -> str:
              f"{plan.objective}, {mode}, predicted {_seconds(total)} per step"]
     lines += solver_lines(plan)
     lines.append(f"  costs      {costs_text(plan)}")
+    lines += summary_lines(plan)
     busy = plan.predicted["per_device_s"]
     for device, ops in plan.per_device_ops().items():
         mem = plan.memory.get(device, {})
@@ -45,11 +47,11 @@ def summary_text(plan: Any) -> str:
         lines.append(f"  streamed weights: {len(plan.weights)} ops ({plan.stream_mode})")
     for name, b in plan.baselines.items():
         if b.total_s is None:
-            lines.append(f"  baseline {one_line(name):<18} n/a")
+            lines.append(f"  baseline {one_line(name):<20} n/a")
             continue
         speedup = f"  speed-up {b.total_s / total:7.2f}x" if total else ""
         fits = "" if b.feasible else "  (does not fit: " + one_line(b.note or "over a cap") + ")"
-        lines.append(f"  baseline {one_line(name):<18} {_seconds(b.total_s):>9}{speedup}{fits}")
+        lines.append(f"  baseline {one_line(name):<20} {_seconds(b.total_s):>9}{speedup}{fits}")
     return "\n".join(lines)
 
 

@@ -4,6 +4,7 @@ In: a :class:`~partitioner.plan.Plan`.
 Out: :func:`render_html` returns the page; :func:`write_report` writes it atomically. The page
 holds the plan summary (model, profile, objective, predicted time, lower bound), the devices,
 the solver's status / bound / gap / time, the baselines with this plan's speed-up over each,
+for pipeline plans the stages and their schedule over time (:mod:`partitioner.report.pipeline`),
 three inline SVG charts (:mod:`partitioner.report.svg`: Gantt chart of the predicted schedule,
 memory per device, placed graph), the groups of a coarsened graph drawing as expandable
 ``<details>`` lists, and the 50 slowest transfers. Styles are one ``<style>`` block; the only
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from cost_models.units import format_bytes, format_seconds
 from partitioner.report.layout import GraphLayout, graph_layout
+from partitioner.report.pipeline import pipeline_html
 from partitioner.files import refuse_overwrite, write_atomic
 from partitioner.plan.summary import costs_text, proof_text
 from partitioner.plan.values import SolverInfo
@@ -88,6 +90,7 @@ def render_html(plan: Plan) -> str:
         _section("devices", "Devices", _devices(plan)),
         _section("solver", "Solver", _solver(plan)),
         _section("baselines", "Baselines", _baselines(plan)),
+        _section("pipeline", "Pipeline stages", pipeline_html(plan)) if plan.pipeline else "",
         _section("timeline", "Predicted schedule",
                  f'<p class="muted">{_e(_timeline_caption(plan))}</p>' + gantt_svg(plan, timeline(plan))),
         _section("memory", "Memory", memory_svg(plan)),

@@ -4,7 +4,9 @@ The ILP (``ilp.py``, the default) and the baselines it is compared with and warm
 ``single:<device>`` (everything on one device), ``greedy`` (accelerate's ``infer_auto_device_map``
 fill with ``dispatch_model``'s run-time semantics), ``sequential-fill`` (the same fill, computing
 where placed), ``heft`` (list scheduling by upward rank); for ONNX graphs also ``ort-fallback``
-(onnxruntime's provider order) and ``openvino-pipeline`` (OpenVINO HETERO's split by weight bytes).
+(onnxruntime's provider order) and ``openvino-pipeline`` (OpenVINO HETERO's split by weight bytes);
+for pipeline problems the splits users make today (``pipeline_baselines.py``) and the exact chain
+dynamic program (``pipeline_dp.py``).
 All are costed by :func:`~partitioner.solvers.problem.evaluate`.
 """
 
@@ -17,6 +19,7 @@ from partitioner.solvers.greedy import solve_greedy, solve_sequential_fill
 from partitioner.solvers.heft import solve_heft
 from partitioner.solvers.openvino_pipeline import solve_openvino_pipeline
 from partitioner.solvers.ort_fallback import solve_ort_fallback
+from partitioner.solvers.pipeline_baselines import PIPELINE_BASELINES, run_pipeline_baseline
 from partitioner.solvers.problem import Problem, Solution
 from partitioner.solvers.single import solve_single
 
@@ -40,6 +43,8 @@ def run_baseline(name: str, problem: Problem, *, no_split: Sequence[str] = ()) -
         return solve_sequential_fill(problem, no_split=no_split)
     if name == "heft":
         return solve_heft(problem)
+    if name in PIPELINE_BASELINES:
+        return run_pipeline_baseline(name, problem)
     if name == "ort-fallback":
         return solve_ort_fallback(problem)
     if name == "openvino-pipeline":

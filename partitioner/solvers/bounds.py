@@ -4,16 +4,19 @@ In: a :class:`~partitioner.solvers.problem.Problem`. Out: seconds.
 
 * :func:`physical_lower_bound`: every node on its fastest allowed device with free transfers (for
   ``latency``: the sum; for ``makespan``: the longest path), and the total of that work spread
-  evenly over all devices (``throughput`` and ``makespan``). It ignores memory, so under tight
-  caps it can fall far below the optimum (3% of it was seen).
+  evenly over all devices (``throughput`` and ``makespan``); for pipeline stages, the work once
+  (the first micro-batch's trip) plus ``M - 1`` times its share per device. It ignores memory,
+  so under tight caps it can fall far below the optimum (3% of it was seen).
 * :func:`memory_aware_lower_bound`: the optimum of a linear program that keeps what memory
   forces: each op of the *original* graph split over its devices (fractions summing to 1), its
   weights resident or streamed (streamed bytes load the host link), parameters, saved
   activations, working sets and stream buffers within every cap, an op never on a device where
   it cannot fit alone; its objective is the latency sum, or each device's and link's load, with
-  activation copies left out. Every placement is a point of this program, so its optimum is a
-  lower bound, and it is at least the physical one. It is computed on the uncoarsened graph, so
-  it bounds every placement, coarsened or not.
+  activation copies left out; for pipeline stages, ``M - 1`` times the busiest device's compute
+  plus all the compute plus the largest optimizer step, with the activations of the fewest
+  micro-batches the schedule keeps (GPipe: ``M``, 1F1B: one) and no relay. Every placement is a
+  point of this program, so its optimum is a lower bound, and it is at least the physical one.
+  It is computed on the uncoarsened graph, so it bounds every placement, coarsened or not.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import logging
 
 from partitioner.solvers.milp import Milp, Term
+from partitioner.solvers.pipeline import Schedule
 from partitioner.solvers.problem import Objective, Problem, StreamMode
 
 log = logging.getLogger(__name__)
@@ -43,6 +47,12 @@ def physical_lower_bound(problem: Problem) -> float:
     best = {n: fastest(problem, n) for n in problem.nodes}
     total = sum(best.values())
     objective = problem.options.objective
+    spec = problem.options.pipeline
+    if spec is not None:  # every stage time <= the bottleneck, and they add up to at least the work
+        compute = sum(min(problem.compute[n].values()) for n in problem.nodes)
+        steps = sum(best.values()) - compute
+        devices = len(problem.device_names)
+        return compute * (1 + (spec.micro_batches - 1) / devices) + steps / devices
     if objective is Objective.LATENCY:
         return total
     spread = total / len(problem.device_names)
@@ -91,21 +101,24 @@ def _program(p: Problem, scale: float) -> Milp:
         m.equal(f"assign[{n}]", [(1.0, v) for v in x[n].values()], 1.0)
         for d, v in s.get(n, {}).items():
             m.at_most(f"stream_le_x[{n}][{d}]", [(1.0, v), (-1.0, x[n][d])], 0.0)
-    time_terms: dict[str, list[Term]] = {d: [] for d in p.device_names}  # per device: compute, steps, issue
+    time_terms: dict[str, list[Term]] = {d: [] for d in p.device_names}  # per device: compute, issue
+    step_terms: dict[str, list[Term]] = {d: [] for d in p.device_names}  # per device: optimizer steps
     for n in p.nodes:
         for d, v in x[n].items():
             time_terms[d].append((scale * p.compute[n][d], v))
             if p.opt_step[n][d]:  # no streaming in training: the step runs where the node runs
-                time_terms[d].append((scale * p.opt_step[n][d], v))
+                step_terms[d].append((scale * p.opt_step[n][d], v))
         for d, v in s.get(n, {}).items():
             time_terms[d].append((scale * p.node_stream_issue_s(n, d), v))
+    spec = p.options.pipeline
+    in_flight = 1 if spec is None else spec.micro_batches if spec.schedule is Schedule.GPIPE else 1
     for d in p.device_names:
         terms: list[Term] = []
         work = m.column(f"work[{d}]")
         buffer = m.column(f"buffer[{d}]")
         for n in p.nodes:
             if d in x[n]:
-                terms += [(mu * p.param_mem[n], x[n][d]), (mu * p.saved[n], x[n][d])]
+                terms += [(mu * p.param_mem[n], x[n][d]), (mu * in_flight * p.saved[n], x[n][d])]
                 if p.work_mem[n]:
                     m.at_least(f"working_set[{n}][{d}]", work, [(mu * p.work_mem[n], x[n][d])])
             if d in s.get(n, {}):
@@ -116,11 +129,18 @@ def _program(p: Problem, scale: float) -> Milp:
                 terms += [(mu * p.param_mem[n], v) for v in s.get(n, {}).values()]
         m.at_most(f"mem_cap[{d}]", terms + [(1.0, work), (1.0, buffer)], mu * p.capacity[d])
     T = m.column("T", cost=1.0)
-    if p.options.objective is Objective.LATENCY:
-        m.at_least("critical_path", T, [t for d in p.device_names for t in time_terms[d]])
+    if spec is not None:  # (M - 1) bottleneck + every stage's time + the slowest optimizer step
+        bottleneck, step = m.column("bottleneck"), m.column("optimizer_step")
+        for d in p.device_names:
+            m.at_least(f"stage_time[{d}]", bottleneck, time_terms[d])
+            m.at_least(f"optimizer[{d}]", step, step_terms[d])
+        m.at_least("step", T, [t for d in p.device_names for t in time_terms[d]]
+                   + [(float(spec.micro_batches - 1), bottleneck), (1.0, step)])
+    elif p.options.objective is Objective.LATENCY:
+        m.at_least("critical_path", T, [t for d in p.device_names for t in time_terms[d] + step_terms[d]])
     else:
         for d in p.device_names:
-            m.at_least(f"device_load[{d}]", T, time_terms[d])
+            m.at_least(f"device_load[{d}]", T, time_terms[d] + step_terms[d])
     for label in p.link_labels:
         terms = [(scale * p.node_stream_hop_s(n, p.host, d, label), v)
                  for n, per_d in s.items() for d, v in per_d.items() if label in p.hops(p.host, d)]

@@ -292,8 +292,11 @@ class Formulation:
                                   self.units.memory * limit)
 
     def _stages(self) -> None:
-        if not self.p.options.contiguous_stages:
-            return
+        if self.p.options.contiguous_stages:
+            self.stage_order()
+
+    def stage_order(self) -> None:
+        """Devices form a pipeline in profile order: no edge goes back to an earlier device."""
         stage = {d: i for i, d in enumerate(self.p.device_names)}
         for t in self.p.tensors:
             if t.producer is None:
@@ -419,13 +422,18 @@ class Formulation:
                 best = max(best, (m.row_lower[r] - s) / coef)
             values[col] = min(max(best, m.lower[col]), m.upper[col])
 
+    def devices(self, values: list[float]) -> dict[str, str]:
+        """The device of every node in a solution vector."""
+        device: dict[str, str] = {}
+        for n in self.p.nodes:
+            per_d = self.xv[n]
+            device[n] = self.allowed[n][0] if not per_d else max(per_d, key=lambda d: values[per_d[d].index])
+        return device
+
     def placement(self, values: list[float]) -> Placement:
         """The placement a solution vector describes."""
         p = self.p
-        device: dict[str, str] = {}
-        for n in p.nodes:
-            per_d = self.xv[n]
-            device[n] = self.allowed[n][0] if not per_d else max(per_d, key=lambda d: values[per_d[d].index])
+        device = self.devices(values)
         streamed = {n: p.host for n, per_d in self.sv.items()
                     if device[n] in per_d and values[per_d[device[n]].index] > 0.5}
         order: tuple[str, ...] = ()

@@ -5,7 +5,8 @@ In: a :class:`~partitioner.solvers.problem.Problem`, limits and an optional warm
 placement (checked against :func:`~partitioner.solvers.problem.evaluate`) and whose ``bound`` is
 the solver's proven lower bound, both in seconds.
 
-The model is :mod:`partitioner.solvers.formulation` (the rows, once); this module chooses the
+The model is :mod:`partitioner.solvers.formulation` (the rows, once), or for pipeline stages
+(``Options.pipeline``) :mod:`partitioner.solvers.pipeline_formulation`; this module chooses the
 units and runs a back end: :mod:`~partitioner.solvers.highs` (highspy) or
 :mod:`~partitioner.solvers.cbc` (PuLP's CBC, the only module that imports pulp).
 
@@ -35,6 +36,7 @@ from partitioner.solvers.bounds import physical_lower_bound
 from partitioner.solvers.formulation import Formulation, Units
 from partitioner.solvers.highs import Progress, ProgressFn, RunResult
 from partitioner.solvers.makespan import MAX_NODES as MAKESPAN_MAX_NODES
+from partitioner.solvers.pipeline_formulation import PipelineFormulation
 from partitioner.solvers.problem import Placement, Problem, Solution, Status, evaluate
 
 __all__ = ["MAKESPAN_MAX_NODES", "Progress", "ProgressFn", "available_solvers", "resolve_solver", "solve_ilp",
@@ -148,7 +150,10 @@ def solve_ilp(
         if incumbent is None:
             warm_start = None
     units = _units(problem, incumbent)
-    model = Formulation(problem, units, cutoff=incumbent)
+    if problem.options.pipeline is not None:
+        model: Formulation = PipelineFormulation(problem, units, cutoff=incumbent)
+    else:
+        model = Formulation(problem, units, cutoff=incumbent)
     start_vector = model.start_values(model.canonical(warm_start)) if warm_start is not None else None
     log.debug("ILP for %s: %d columns, %d rows, built in %.2f s", problem.graph.name, model.milp.num_cols,
               model.milp.num_rows, time.perf_counter() - start)
@@ -162,13 +167,18 @@ def solve_ilp(
 
 
 def _quick_start(problem: Problem) -> Placement | None:
-    """A start when the caller gives none: the best feasible of HEFT and every single device.
-    It bounds the model (and so its numbers) as a caller's warm start would."""
+    """A start when the caller gives none: the best feasible of HEFT (pipelines: the stage
+    dynamic program) and every single device. It bounds the model (and so its numbers) as a
+    caller's warm start would."""
     from partitioner.solvers.heft import solve_heft
+    from partitioner.solvers.pipeline_dp import solve_pipeline_dp
     from partitioner.solvers.single import solve_single
 
+    first = solve_pipeline_dp(problem) if problem.options.pipeline is not None else solve_heft(problem)
     best, best_total = None, math.inf
-    for sol in [solve_heft(problem)] + [solve_single(problem, d) for d in problem.device_names]:
+    for sol in [first] + [solve_single(problem, d) for d in problem.device_names]:
+        if not sol.placement.device:
+            continue
         ev = evaluate(problem, sol.placement)
         if ev.feasible and ev.total_s < best_total:
             best, best_total = sol.placement, ev.total_s

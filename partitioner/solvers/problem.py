@@ -28,6 +28,8 @@ Semantics (documented once, here):
   ``throughput`` = max(busiest device, busiest link); ``makespan`` = list schedule of the nodes
   in the placement's order (devices run concurrently, a node starts when its device is free and
   its inputs have arrived), at least the busiest link; training adds each device's optimizer step;
+* pipeline stages (``Options.pipeline``): contiguous stages, relayed tensors, micro-batches and a
+  schedule's bubble, in :mod:`partitioner.solvers.pipeline`; ``evaluate`` hands such problems there;
 * memory on a device = parameters resident there (training: with gradients and optimizer state)
   + stream buffers + activations (inference: the largest node's working set; training: saved
   activations of its nodes plus that working set).
@@ -52,6 +54,7 @@ from cost_models.training import (
 )
 from partitioner.errors import HetpartError, UnsupportedOp
 from partitioner.ir import OpGraph
+from partitioner.solvers.pipeline import PipelineSpec, evaluate_pipeline
 
 
 class Objective(str, enum.Enum):
@@ -79,6 +82,7 @@ class Options:
     streaming: bool = True                     # may weights be streamed from host memory (inference only)
     link_budget: Mapping[str, int] = dataclasses.field(default_factory=dict)  # link label -> max bytes per step
     contiguous_stages: bool = False            # devices form a pipeline: no edge goes back to an earlier stage
+    pipeline: PipelineSpec | None = None       # plan pipeline stages (solvers/pipeline.py semantics) instead
 
 
 @dataclasses.dataclass(frozen=True)
@@ -409,6 +413,8 @@ def evaluate(problem: Problem, placement: Placement) -> Evaluation:
     missing = [n for n in p.nodes if n not in x]
     if missing:
         raise HetpartError(f"placement leaves {len(missing)} ops unplaced, e.g. {missing[:3]}")
+    if p.options.pipeline is not None:  # pipeline stages: their own semantics (solvers/pipeline.py)
+        return evaluate_pipeline(p, placement)
     violations: list[str] = []
     for n in p.nodes:
         if x[n] not in p.allowed[n]:

@@ -1,7 +1,7 @@
 """The certificate, checked against brute force: for random instances of at most about ten ops,
-every objective, streaming on and off, training, pins (pinned producers with consumers on other
-devices included), tied weights, coarsened and not, the ILP at gap 0 (HiGHS, cold and warm
-started, and CBC)
+every objective, pipeline stages (GPipe and 1F1B, a stage count or not), streaming on and off,
+training, pins (pinned producers with consumers on other devices included), tied weights,
+coarsened and not, the ILP at gap 0 (HiGHS, cold and warm started, and CBC)
 
 * returns a placement within its stated gap of the enumerated optimum (evaluated on the
   *original* graph),
@@ -28,6 +28,7 @@ from partitioner.coarsen import CoarsenOptions, coarsen
 from partitioner.solvers.bounds import memory_aware_lower_bound, physical_lower_bound
 from partitioner.solvers.heft import solve_heft
 from partitioner.solvers.ilp import solve_ilp
+from partitioner.solvers.pipeline import PipelineSpec, Schedule
 from partitioner.solvers.problem import Objective, Options, Problem, Status, evaluate
 from tests.property.oracle import count_candidates, expand, optimum
 
@@ -65,8 +66,14 @@ def instances(draw: st.DrawFn) -> tuple[Problem, dict]:
         c = coarsen(graph, CoarsenOptions(module_depth=1, keep_separate=frozenset(pins)))
         assume(len(c.graph) < len(graph))
         problem_graph, members = c.graph, c.members
+    spec = None
+    if draw(st.integers(0, 4)) == 0:  # a fifth are pipeline stages (throughput of micro-batches, no streaming)
+        spec = PipelineSpec(draw(st.integers(1, 4)), draw(st.sampled_from(list(Schedule))),
+                            draw(st.sampled_from((None, 2))))
+        objective, streaming = Objective.THROUGHPUT, False
     try:
-        problem = Problem(problem_graph, profile, Options(objective=objective, streaming=streaming, training=training),
+        problem = Problem(problem_graph, profile, Options(objective=objective, streaming=streaming, training=training,
+                                                          pipeline=spec),
                           pins=pins, members=members, original=graph)
     except Exception:  # a pin on a device that cannot run the op: not an instance
         assume(False)
@@ -75,7 +82,7 @@ def instances(draw: st.DrawFn) -> tuple[Problem, dict]:
     fanout = any(t.producer in problem.pins and len(t.consumers) >= 2
                  and any(problem.pins.get(c, problem.pins[t.producer]) != problem.pins[t.producer] for c in t.consumers)
                  for t in problem.tensors)
-    info = {"objective": objective.value, "streaming": streaming, "training": training, "tied": bool(problem.shared),
+    info = {"objective": objective.value, "pipeline": spec is not None, "streaming": streaming, "training": training, "tied": bool(problem.shared),
             "coarsened": coarsened, "pinned": bool(problem.pins), "pinned producer, several consumers": fanout,
             "nodes": len(problem.nodes), "candidates": count_candidates(problem)}
     return problem, info
@@ -167,7 +174,7 @@ def _record(info: dict, solver: str, failures: list[str]) -> None:
     COUNTS["candidates total"] += info.get("candidates", 0)
     COUNTS[f"solver {solver}"] += 1
     COUNTS[f"objective {info['objective']}"] += 1
-    for key in ("streaming", "training", "tied", "coarsened", "pinned", "pinned producer, several consumers"):
+    for key in ("pipeline", "streaming", "training", "tied", "coarsened", "pinned", "pinned producer, several consumers"):
         COUNTS[key] += bool(info[key])
     COUNTS["violations"] += len(failures)
 
@@ -195,7 +202,7 @@ def test_the_oracle_saw_every_kind_of_instance(capsys: pytest.CaptureFixture[str
         pytest.skip("run with the oracle tests above")
     with capsys.disabled():
         print("\noracle:", ", ".join(f"{k} {v}" for k, v in sorted(COUNTS.items())))
-    for key in ("objective latency", "objective throughput", "objective makespan", "streaming", "training",
+    for key in ("objective latency", "objective throughput", "objective makespan", "pipeline", "streaming", "training",
                 "tied", "coarsened", "pinned", "pinned producer, several consumers", "solver highs", "solver cbc"):
         assert COUNTS[key] > 0, f"no instance with {key}: widen the strategy"
     assert COUNTS["violations"] == 0

@@ -1,0 +1,90 @@
+"""``hetpart launch``: the torchrun commands that run a pipeline plan, or a local run of every rank.
+
+Without ``--run`` it prints one ``torchrun`` command per host (``--nnodes``, ``--nproc-per-node``,
+``--node-rank``, the rendezvous at host0). With ``--run`` it starts every rank on this machine
+(``torchrun --standalone``) and prints their step times against the plan's prediction; ``--check``
+also runs the single-process model on the same inputs and compares outputs (with ``--training``
+the loss and gradients), printing a one-line verdict last. Exit status: 0, 1 when the check
+fails, 2 for errors (a rank that stopped included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+
+from partitioner.cli.args import pairs, positive_int
+
+
+def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    """Add the subcommand to ``hetpart``'s parser."""
+    la = sub.add_parser("launch", parents=[common],
+                        help="print the torchrun commands of a pipeline plan, or run every rank here (--run)")
+    la.add_argument("plan", metavar="PLAN.json", help="a pipeline plan (hetpart plan ... --objective throughput)")
+    la.add_argument("--model", help="the model the ranks build: zoo name or path/to/file.py:factory "
+                                    "(default: the plan's model name)")
+    la.add_argument("--run", action="store_true", help="run every rank on this machine (torchrun --standalone)")
+    la.add_argument("--check", action="store_true", help="with --run: compare with the single-process model")
+    la.add_argument("--training", action="store_true", help="run training steps (loss, backward, optimizer)")
+    la.add_argument("--schedule", choices=["gpipe", "1f1b"], help="override the plan's schedule")
+    la.add_argument("--steps", type=positive_int, default=1, help="steps to run (the first is checked)")
+    la.add_argument("--loss", default="mse", help="mse, cross-entropy or path/to/file.py:function")
+    la.add_argument("--bind", action="append", default=[], metavar="PLAN_DEVICE=DEVICE",
+                    help="run a plan device on another, e.g. host0/cuda:0=cpu (repeatable)")
+    la.add_argument("--timeout", type=float, default=300.0, metavar="S",
+                    help="a rank waiting longer than this on a peer stops with an error")
+    la.add_argument("--master-addr", default="HOST0_ADDRESS", help="host0's address, for the printed commands")
+    la.add_argument("--master-port", type=int, default=29500, help="the rendezvous port on host0")
+    la.set_defaults(func=_cmd_launch)
+
+
+def _cmd_launch(args: argparse.Namespace) -> int:
+    from backends.pipeline import BACKEND, rank_errors
+    from backends.pipeline.check import check_results, read_results
+    from backends.pipeline.launch import rank_arguments, run_local, shell_line, torchrun_commands
+    from backends.pipeline.runtime import RunOptions
+    from cost_models.units import format_seconds
+    from partitioner.errors import HetpartError, PipelineRunError
+    from partitioner.plan import Plan
+
+    plan = Plan.load(args.plan)
+    if not plan.pipeline:
+        raise HetpartError(f"{args.plan} is not a pipeline plan (no pipeline section): plan one with "
+                           f"`hetpart plan MODEL --devices 4x-cpu-host --objective throughput`")
+    if args.check and not args.run:
+        raise HetpartError("--check compares a local run with the model: add --run")
+    model = args.model or plan.model_name
+    binding = pairs(args.bind, "--bind", "host0/cuda:0=cpu")
+    section = plan.pipeline
+    with tempfile.TemporaryDirectory(prefix="hetpart-launch-") as results:
+        options = RunOptions(training=args.training, schedule=args.schedule, steps=args.steps, loss=args.loss,
+                             device_map=binding, timeout_s=args.timeout, results=results if args.run else None)
+        rank_args = rank_arguments(args.plan, model, options)
+        if not args.run:
+            print(f"# {args.plan}: {section['world_size']} stages over {len({s['host'] for s in section['stages']})} "
+                  f"hosts; run each line on its host ({args.master_addr} = host0's address):")
+            for node, argv in torchrun_commands(plan, rank_args, master_addr=args.master_addr,
+                                                master_port=args.master_port):
+                print(f"# {node.host} (node rank {node.node_rank}): ranks {', '.join(map(str, node.ranks))} on "
+                      f"{', '.join(node.devices)}")
+                print(shell_line(argv))
+            return 0
+        BACKEND.bind(plan, binding)
+        print(f"running {section['world_size']} ranks here: {shell_line(['torchrun', '--standalone', '--nproc-per-node', str(section['world_size']), '-m', 'backends.pipeline', *rank_args])}")
+        run = run_local(plan, rank_args, timeout_s=args.timeout * (args.steps + 2) + 120, echo=True)
+        if run.returncode != 0:
+            raise PipelineRunError(f"the pipeline run failed (exit status {run.returncode}): {rank_errors(run.output)}")
+        measured = max(statistics.median(r["step_s"]) for r in read_results(results, section["world_size"]))
+        print(f"ran {args.steps} step(s) on {section['world_size']} local ranks: median {format_seconds(measured)} "
+              f"per step (slowest rank); the plan predicts {format_seconds(section['step_s'])} on "
+              f"{plan.devices.name}")
+        if not args.check:
+            return 0
+        from partitioner.model_source import load_model
+
+        loaded = load_model(model)
+        report = check_results(plan, loaded.module, loaded.example_inputs, options, results)
+        print(report.to_text())
+        return 0 if report.passed else 1
+
