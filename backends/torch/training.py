@@ -16,7 +16,7 @@ statistics, as in any gradient accumulation).
 
 Example:
     >>> step = AccumulatingStep(plan, model, {"cuda:0": "cpu"}, loss_fn=loss)   # doctest: +SKIP
-    >>> step(tokens)            # zero grads, steps micro-batches forward and backward; the loss
+    >>> loss = step(tokens)     # doctest: +SKIP
 """
 
 from __future__ import annotations
