@@ -23,7 +23,7 @@ from cost_models.profiles import DeviceSet
 from partitioner.errors import HetpartError
 from partitioner.solvers.pipeline import PipelineSpec, Schedule
 
-__all__ = ["pipeline_spec_for", "micro_batch_inputs", "batch_size"]
+__all__ = ["pipeline_spec_for", "micro_batch_inputs", "split_micro_batches", "batch_size"]
 
 
 def batch_size(inputs: Any) -> int | None:
@@ -82,17 +82,33 @@ def micro_batch_inputs(inputs: Any, micro_batches: int) -> tuple:
         >>> [x.shape[0] for x in micro_batch_inputs((torch.zeros(8, 3),), 4)]
         [2]
     """
-    out = []
+    return split_micro_batches(inputs, micro_batches)[0]
+
+
+def split_micro_batches(inputs: Any, micro_batches: int) -> list[tuple]:
+    """The inputs of each of ``micro_batches`` equal micro-batches: every tensor input cut along its
+    first dimension (views, in order); 0-d tensors and other values are passed to each as they are.
+
+    Raises:
+        HetpartError: an input whose first dimension does not divide by ``micro_batches``.
+
+    Example:
+        >>> import torch
+        >>> [x[0].tolist() for x in split_micro_batches((torch.arange(4),), 2)]
+        [[0, 1], [2, 3]]
+    """
+    columns = []
     for i, x in enumerate(_as_tuple(inputs)):
         shape = getattr(x, "shape", None)
         if shape is None or len(shape) == 0:
-            out.append(x)
+            columns.append([x] * micro_batches)
             continue
         if shape[0] % micro_batches:
             raise HetpartError(f"input {i} has {shape[0]} rows (shape {tuple(shape)}), which do not split into "
                                f"{micro_batches} equal micro-batches: use --micro-batches dividing {shape[0]}")
-        out.append(x[: shape[0] // micro_batches])
-    return tuple(out)
+        rows = shape[0] // micro_batches
+        columns.append([x[k * rows:(k + 1) * rows] for k in range(micro_batches)])
+    return [tuple(column[k] for column in columns) for k in range(micro_batches)]
 
 
 def _default_micro_batches(batch: int | None, devices: int) -> int:

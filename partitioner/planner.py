@@ -109,6 +109,7 @@ def partition_outcome(
     micro_batches: int | None = None,
     schedule: str | None = None,
     stages: int | None = None,
+    batch: str | int | None = None,
 ) -> Outcome:
     """Place every op of a model on the devices of a profile: the plan and how it was reached.
 
@@ -149,6 +150,11 @@ def partition_outcome(
             ``micro_batches`` per step (the example inputs are one step's batch), ``schedule``
             ``"gpipe"`` or ``"1f1b"``, exactly ``stages`` stages. ``throughput`` on a cluster
             profile plans a pipeline with the defaults of :mod:`partitioner.micro_batches`.
+        batch: size the micro-batch from memory (:mod:`partitioner.batching`, training plans):
+            ``"auto"`` plans the largest micro-batch dividing the example inputs' batch (the global
+            batch, dimension 0 of every tensor input) whose plan fits every device, a number plans
+            that micro-batch; the plan is costed at one micro-batch and its ``batch`` section records
+            the micro-batch, the accumulation steps and the time per global step.
 
     Raises:
         InfeasiblePlacement: no placement fits the caps and pins; the message names the device,
@@ -161,6 +167,11 @@ def partition_outcome(
         >>> out.evaluation.feasible
         True
     """
+    if batch is not None:  # re-plans over micro-batches (partitioner.batching), each with batch=None
+        from partitioner.batching import fit_outcome
+
+        given = {k: v for k, v in locals().items() if k in inspect.signature(partition_outcome).parameters}
+        return fit_outcome(given.pop("model_or_graph"), given.pop("example_inputs"), given.pop("devices"), **given)
     check_limits(time_limit, gap)
     profile = _profile(devices, memory)  # a bad profile or cap fails before the capture
     spec = _pipeline_spec(model_or_graph, example_inputs, profile, objective, micro_batches, schedule, stages)

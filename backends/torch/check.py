@@ -8,6 +8,11 @@ of the outputs, and every parameter's gradient) compared with :func:`~backends.c
 under its dtype's tolerance, and the median wall time of the original and of the emitted module.
 The verdict needs every one of them: outputs, loss and gradients.
 
+A plan with a ``batch`` section (:mod:`partitioner.batching`) is checked at its global batch: the
+original runs the whole batch at once, the emitted module runs the plan's micro-batches one after
+another, its gradients accumulated (:mod:`backends.torch.training`) and its outputs concatenated;
+inputs of another batch are rescaled along dimension 0 first.
+
 With ``strict_devices`` the plan's logical devices are each bound to their own CPU tag and the
 emitted module's forward runs under :class:`~backends.torch.strict.StrictRun`: the first op that
 reads a tensor from another logical device fails the check, and the report adds the copies per
@@ -85,26 +90,28 @@ def check_plan(
         device_map = strict.device_map
     binding = bind_devices(plan, device_map)
     args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+    args, micro = _batch_inputs(plan, args)
     reference = copy.deepcopy(model).train() if training else model
     if strict is not None:
         with strict:  # building under the mode tags every parameter where the emitter put it
-            emitted = strict.watch(_emit(plan, reference, device_map, args, training))
+            emitted = strict.watch(_emit(plan, reference, device_map, micro, training))
     else:
-        emitted = build(reference) if build is not None else _emit(plan, reference, device_map, args, training)
+        emitted = build(reference) if build is not None else _emit(plan, reference, device_map, micro, training)
     sync = _synchronizer([*binding.values(), *(str(p.device) for p in model.parameters())])
     with _strict_float32():
         run = _training_step if training else _inference
+        run_emitted = _accumulated(plan.batch["accumulation_steps"], run) if plan.batch else run
         ref_outs, ref_grads = run(reference, args)
         devices = None
         if strict is None:
-            emit_outs, emit_grads = run(emitted, args)
+            emit_outs, emit_grads = run_emitted(emitted, args)
         else:
             try:
-                emit_outs, emit_grads = run(emitted, args, call=lambda m, a: _strict_forward(strict, m, a))
+                emit_outs, emit_grads = run_emitted(emitted, args, call=lambda m, a: _strict_forward(strict, m, a))
                 devices = strict.report()
             except DeviceMismatch as exc:  # the verdict; the numbers are still compared
                 devices = strict.report(error=str(exc))
-                emit_outs, emit_grads = run(emitted, args)
+                emit_outs, emit_grads = run_emitted(emitted, args)
         outputs = tuple(compare(name, emit_outs.get(name), ref) for name, ref in ref_outs.items())
         loss = grads = None
         if training:
@@ -112,13 +119,52 @@ def check_plan(
             grads = tuple(compare(name, emit_grads.get(name, MISSING), ref, summed=True)
                           for name, ref in ref_grads.items() if ref is not None or emit_grads.get(name) is not None)
         original_s, emitted_s = interleaved_medians(
-            [lambda: run(reference, args, keep=False), lambda: run(emitted, args, keep=False)], repeat, sync)
+            [lambda: run(reference, args, keep=False), lambda: run_emitted(emitted, args, keep=False)], repeat, sync)
     errors = [*outputs, *([loss] if loss else []), *(grads or ())]
     return CheckReport(
         model_name=plan.model_name, binding=dict(binding), training=training, repeat=repeat,
         outputs=outputs, loss=loss, grads=grads or (), original_s=original_s, emitted_s=emitted_s,
         passed=all(e.passed for e in errors) and (devices is None or devices.passed), devices=devices,
     )
+
+
+def _batch_inputs(plan: Any, args: tuple) -> tuple[tuple, tuple]:
+    """The inputs of the whole check and of one emitted call. A plan with a ``batch`` section is
+    checked at its global batch (inputs of another batch are rescaled along dimension 0 by
+    :func:`partitioner.batching.inputs_at_batch`); its module is emitted at one micro-batch."""
+    if not plan.batch:
+        return args, args
+    from partitioner.batching import inputs_at_batch
+    from partitioner.micro_batches import batch_size, micro_batch_inputs
+
+    if batch_size(args) != plan.batch["global_batch"]:
+        args = inputs_at_batch(args, plan.batch["global_batch"])
+    return args, micro_batch_inputs(args, plan.batch["accumulation_steps"])
+
+
+def _accumulated(steps: int, whole: Callable[..., tuple[dict, dict]]) -> Callable[..., tuple[dict, dict]]:
+    """``whole`` (a training step or inference) run over ``steps`` micro-batches: the gradients
+    accumulated (:func:`backends.torch.training.accumulate_gradients`; the check's loss is a sum,
+    so not scaled) and the outputs concatenated along dimension 0."""
+    from backends.torch.training import accumulate_gradients, concat_outputs
+    from partitioner.micro_batches import split_micro_batches
+
+    def run(module: torch.nn.Module, args: tuple, *, keep: bool = True, call: Forward = _call) -> tuple[dict, dict]:
+        params = dict(module.named_parameters())
+        if whole is _inference:
+            with torch.no_grad():
+                outs = tuple(call(module, chunk) for chunk in split_micro_batches(args, steps))
+            return (_outputs(concat_outputs(outs)) if keep else {}), {}
+        for p in params.values():
+            p.grad = None
+        step = accumulate_gradients(module, args, steps, lambda out, _: _loss(list(_outputs(out).values())),
+                                    reduction="sum", keep_outputs=keep, forward=call)
+        if not keep:
+            return {}, {}
+        outs = {k: v.detach() for k, v in _outputs(concat_outputs(step.outputs)).items()}
+        return outs, {name: p.grad for name, p in params.items() if p.requires_grad}
+
+    return run
 
 
 def _strict_forward(strict: StrictRun, module: torch.nn.Module, args: tuple) -> Any:

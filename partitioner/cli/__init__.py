@@ -2,6 +2,8 @@
 
 Subcommands: ``devices`` (built-in and detected device profiles), ``inspect`` (a model's ops and
 their predicted cost on each device), ``plan`` (place a model's ops, write the plan file),
+``fit`` (the largest micro-batch whose training plan fits, and the gradient accumulation steps
+that reach a global batch),
 ``report`` and ``explain`` (draw a plan; why an op sits where it does), ``demo`` (the seed case end
 to end), ``emit`` (write a plan as a runnable Python file) and ``check`` (run the emitted plan
 beside the original model and compare outputs, gradients and time; exit 1 when they differ),
@@ -24,12 +26,14 @@ import logging
 import sys
 from collections.abc import Iterator, Sequence
 
-from partitioner.cli import calibrate, check, demo, devices, emit, inspect_model, launch, plan, profile, report, run
+from partitioner.cli import (
+    calibrate, check, demo, devices, emit, fit, inspect_model, launch, plan, profile, report, run,
+)
 from partitioner.errors import HetpartError
 from partitioner.terminal import PrintableStream
 
 #: The subcommand modules, in the order ``hetpart --help`` lists them.
-COMMANDS = (devices, inspect_model, plan, report, demo, emit, check, run, profile, calibrate, launch)
+COMMANDS = (devices, inspect_model, plan, fit, report, demo, emit, check, run, profile, calibrate, launch)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,73 @@
+"""``hetpart fit``: the largest micro-batch whose training plan fits, its accumulation steps, the plan."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from partitioner.cli.args import output_path, pairs
+
+
+def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    """Add the subcommand to ``hetpart``'s parser."""
+    ft = sub.add_parser("fit", parents=[common],
+                        help="size the micro-batch from memory: the largest whose training plan fits, and the "
+                             "gradient accumulation steps that reach a global batch")
+    ft.add_argument("model", help="zoo name (gpt, gpt:small) or path/to/file.py:factory")
+    ft.add_argument("--devices", default="h200-host", metavar="PROFILE", help="built-in profile or TOML file")
+    ft.add_argument("--global-batch", required=True, type=int, metavar="N",
+                    help="samples per optimizer step; the example inputs are rescaled to it along dimension 0")
+    ft.add_argument("--micro-batch", type=int, metavar="M",
+                    help="plan exactly this micro-batch (it must divide N) instead of searching the divisors of N")
+    ft.add_argument("--training", action="store_true",
+                    help="plan a training step (required: accumulation is over gradients)")
+    ft.add_argument("--optimizer", default="adam", choices=["sgd", "sgd-momentum", "adam"])
+    ft.add_argument("--objective", default="latency", choices=["latency", "throughput", "makespan"])
+    ft.add_argument("--memory", action="append", default=[], metavar="DEVICE=SIZE",
+                    help="cap a device below its profile, e.g. cuda:0=2GB (repeatable)")
+    ft.add_argument("--pin", action="append", default=[], metavar="GLOB=DEVICE",
+                    help="pin ops by name or module-path glob, e.g. 'emb*=cpu' (repeatable)")
+    ft.add_argument("--solver", default="auto", help="auto, highs, cbc, or a baseline (see hetpart plan)")
+    ft.add_argument("--time-limit", type=float, default=60.0, metavar="S", help="time limit of each solve, seconds")
+    ft.add_argument("--gap", type=float, default=0.01, help="relative optimality gap to stop at")
+    ft.add_argument("-o", "--output", metavar="PLAN.json", help="write the plan at the micro-batch found")
+    ft.add_argument("--force", action="store_true", help="overwrite PLAN.json if it exists")
+    ft.set_defaults(func=_cmd_fit)
+
+
+def _cmd_fit(args: argparse.Namespace) -> int:
+    from cost_models.profiles import load_profile
+    from partitioner.batching import check_batches, fit_batch
+    from partitioner.errors import HetpartError
+    from partitioner.model_source import load_model
+    from partitioner.planner import check_limits
+
+    if not args.training:
+        raise HetpartError("hetpart fit sizes the micro-batch of a training step and accumulates gradients over "
+                           "micro-batches: pass --training")
+    check_batches(args.global_batch, args.micro_batch)  # a bad batch fails before any work
+    check_limits(args.time_limit, args.gap, ("--time-limit", "--gap"))
+    if args.output is not None:
+        output_path(args.output, "-o", force=args.force)
+    profile = load_profile(args.devices)
+    loaded = load_model(args.model, device="meta")  # shapes only: planning needs no weights
+    if loaded.is_onnx:
+        raise HetpartError("hetpart fit plans training steps of torch models; ONNX models are planned for inference")
+    print(f"fitting {loaded.name}: global batch {args.global_batch} on {profile.name} ...", file=sys.stderr)
+
+    def progress(trial) -> None:  # noqa: ANN001 - a batching.Trial
+        verdict = "fits" if trial.fits else "does not fit"
+        print(f"  micro-batch {trial.micro_batch}: {verdict}", file=sys.stderr, flush=True)
+
+    fit = fit_batch(
+        loaded.module, loaded.example_inputs, profile, global_batch=args.global_batch, micro_batch=args.micro_batch,
+        memory=pairs(args.memory, "--memory", "cuda:0=2GB"), pins=pairs(args.pin, "--pin", "'emb*=cpu'"),
+        optimizer=args.optimizer, objective=args.objective, solver=args.solver, time_limit=args.time_limit,
+        gap=args.gap, no_split=loaded.no_split, model_name=loaded.name, on_trial=progress,
+    )
+    print(fit.summary())
+    if args.output:
+        fit.plan.save(args.output, force=args.force)
+        print(f"wrote {args.output} (check it: hetpart check {args.model} --plan {args.output} --training "
+              f"--bind cuda:0=cpu)")
+    return 0
