@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 
 from cost_models.profiles import DeviceSet
 from partitioner.errors import ProfileError
+from partitioner.plan.live import read_fallbacks, read_probe
 from partitioner.plan.pipeline import read_pipeline
 from partitioner.plan.values import (
     _BASELINE_KEYS, _MEMORY_KEYS, _MODEL_KEYS, _OBJECTIVES, _OPTIMIZERS, _PREDICTED_MAPS,
@@ -37,7 +38,7 @@ def plan_fields(d: Any, source: str) -> dict[str, Any]:
     top = r.mapping(d, "")
     if "format_version" in top:
         _check_version(r, top["format_version"])
-    r.keys(top, "", TOP_LEVEL_KEYS, ("constraints", "costs", "pipeline"))
+    r.keys(top, "", TOP_LEVEL_KEYS, ("constraints", "costs", "pipeline", "probe", "fallbacks"))
     model = r.keys(top["model"], "model", _MODEL_KEYS, ("capture", "inputs", "edges", "param_names", "op_bytes"))
     return dict(
         model_name=r.string(model["name"], "model.name"),
@@ -70,6 +71,8 @@ def plan_fields(d: Any, source: str) -> dict[str, Any]:
         constraints=_read_constraints(r, top.get("constraints", {})),
         costs=_read_costs(r, top.get("costs", {})),
         pipeline=read_pipeline(r, top.get("pipeline", {})),
+        probe=read_probe(r, top.get("probe", {})),
+        fallbacks=read_fallbacks(r, top.get("fallbacks", [])),
         source=source,
     )
 

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from cost_models.profiles import DeviceSet
 from partitioner.errors import HetpartError, PlanMismatch
 from partitioner.files import read_text, refuse_overwrite, write_atomic
+from partitioner.plan.live import FallbackPlan, check_fallbacks
 from partitioner.plan.pipeline import check_pipeline
 from partitioner.plan.reader import FieldReader, check_references, parse_json, plan_fields, read_memory, read_predicted
 from partitioner.plan.values import (
@@ -90,6 +91,8 @@ class Plan:
     constraints: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # pins, caps, streaming, alignment
     costs: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # the cost model that priced it ({}: analytic)
     pipeline: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # stages, ranks, schedule (plan/pipeline.py)
+    probe: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # live memory read for --devices detect (plan/live.py)
+    fallbacks: tuple[FallbackPlan, ...] = ()   # plans for less free memory, solved ahead of time (plan/live.py)
     source: str = dataclasses.field(default="<plan>", compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -107,6 +110,8 @@ class Plan:
         object.__setattr__(self, "constraints", _freeze(dict(self.constraints)))
         object.__setattr__(self, "costs", _freeze(dict(self.costs)))
         object.__setattr__(self, "pipeline", _freeze(dict(self.pipeline)))
+        object.__setattr__(self, "probe", _freeze(dict(self.probe)))
+        object.__setattr__(self, "fallbacks", tuple(self.fallbacks))
         object.__setattr__(self, "param_names",
                            MappingProxyType({op: tuple(names) for op, names in self.param_names.items()}))
         unknown = [e for e in self.edges if e[0] not in self.placement or e[1] not in self.placement]
@@ -116,6 +121,7 @@ class Plan:
         object.__setattr__(self, "predicted", _freeze(read_predicted(reader, self.predicted)))
         check_pipeline(self, reader)  # before the transfers are checked against its stages
         check_references(self, reader)
+        check_fallbacks(self, reader)
 
     # -- JSON ---------------------------------------------------------------------------------
 
@@ -155,6 +161,10 @@ class Plan:
             out["costs"] = _plain(self.costs)
         if self.pipeline:
             out["pipeline"] = _plain(self.pipeline)
+        if self.probe:
+            out["probe"] = _plain(self.probe)
+        if self.fallbacks:
+            out["fallbacks"] = [f.to_dict() for f in self.fallbacks]
         return _plain(out)
 
     def to_json(self) -> str:
