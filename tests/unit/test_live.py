@@ -179,6 +179,8 @@ def test_the_plan_records_the_probe_and_round_trips(live_plan: Plan, tmp_path: P
     again = Plan.load(path)
     assert again == live_plan and again.fallbacks[1].plan == live_plan.fallbacks[1].plan
     assert dict(again.probe["devices"]["cuda:0"]) == dict(live_plan.probe["devices"]["cuda:0"])
+    summary = live_plan.summary()
+    assert "free memory read at" in summary and "fallback 0.6:" in summary and "fallback 0.3:" in summary
     older = live_plan.to_dict()
     del older["probe"], older["fallbacks"]
     assert Plan.from_dict(older).fallbacks == ()  # plans made before these sections still load
