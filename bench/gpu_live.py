@@ -88,7 +88,7 @@ def run_live(size: str, timed: Callable[[Callable[[], Any]], float] | None = Non
         lines.append(f"  runs: {live.labels[live.active]} plan, peak {format_bytes(peak)} of {format_bytes(free)} "
                      f"free ({'fits' if peak <= free else 'OVER'}), forward {format_seconds(seconds)}, "
                      f"max |diff| vs CPU {(out.float().cpu() - expected).abs().max().item():.2e}")
-        resident = live.probe._resident(torch.device("cuda:0"))
+        resident = live.probe.resident(torch.device("cuda:0"))
         torch.cuda.empty_cache()
         more = torch.empty(max(0, torch.cuda.mem_get_info()[0] - max(need[0] - resident - 2**28, 2**26)),
                            dtype=torch.uint8, device="cuda")

@@ -225,6 +225,8 @@ def detect_devices(base: str | DeviceSet | None = None, *, margin: float | int |
     notes: tuple[str, ...] = ()
     if readings is None:
         readings, notes = read_devices(profile)
+        if not readings:
+            notes = (f"{profile.name} has no accelerator: nothing capped",)
     caps = {}
     for r in readings:
         device = profile.device(r.device)

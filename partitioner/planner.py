@@ -174,6 +174,9 @@ def partition_outcome(
     fractions = check_fractions(fallbacks)
     profile = _profile(devices, memory)  # a bad profile or cap fails before the capture
     spec = _pipeline_spec(model_or_graph, example_inputs, profile, objective, micro_batches, schedule, stages)
+    if fractions and spec is not None:
+        raise HetpartError("fallback plans are not made for pipeline plans (each stage is a process of its own); "
+                           "drop fallbacks, or plan without stages")
     if spec is not None and not isinstance(model_or_graph, OpGraph) and example_inputs is not None:
         example_inputs = micro_batch_inputs(example_inputs, spec.micro_batches)  # costs are per micro-batch
     graph, inputs = _capture(model_or_graph, example_inputs, capture, model_name, dynamic_shapes, training,
@@ -222,9 +225,6 @@ def partition_outcome(
     if profile.probe is not None:
         plan = dataclasses.replace(plan, probe=profile.probe.to_dict())
     if fractions:
-        if spec is not None:
-            raise HetpartError("fallback plans are not made for pipeline plans (each stage is a process of its own); "
-                               "drop fallbacks, or plan without stages")
         plan = with_fallbacks(plan, profile, fractions, lambda base, caps: partition_outcome(
             graph, example_inputs, base, objective=objective, memory=caps, training=training, optimizer=optimizer,
             pins=pins, solver=solver, time_limit=time_limit, gap=gap, streaming=streaming, coarsen=coarsen,

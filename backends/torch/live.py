@@ -127,6 +127,9 @@ class DeviceProbe:
 
     available(d) = free now on d's CUDA device (NVML, else torch.cuda.mem_get_info)
                    + bytes of the running plan's parameters and buffers on that device
+
+    Logical devices bound to one CUDA device each see all of its free memory (the plans' needs
+    there are not added up).
     """
 
     def __init__(self, live: LiveModule) -> None:
@@ -143,10 +146,11 @@ class DeviceProbe:
                 self.reader = CudaReader()
             reading = self.reader.read(logical, int(match.group(1) or 0))
             if reading is not None:
-                out[logical] = reading.free + self._resident(torch.device(physical))
+                out[logical] = reading.free + self.resident(torch.device(physical))
         return out
 
-    def _resident(self, device: torch.device) -> int:
+    def resident(self, device: torch.device) -> int:
+        """Bytes of the running plan's parameters and buffers on ``device`` (0 before the first call)."""
         placed = self.live.placed
         if placed is None:
             return 0

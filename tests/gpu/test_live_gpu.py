@@ -99,7 +99,7 @@ def test_the_live_module_switches_when_a_second_blocker_arrives(tower) -> None: 
         torch.testing.assert_close(first.cpu(), expected, rtol=1e-3, atol=1e-3)
         # the probe counts the running plan's own weights as available (a switch frees them): leave
         # free less than the primary needs beyond them, so that only a fallback fits
-        resident = live.probe._resident(torch.device("cuda:0"))
+        resident = live.probe.resident(torch.device("cuda:0"))
         more = blocker(max(need[0] - resident - 64 * 2**20, 16 * 2**20))
         try:
             assert live.probe()["cuda:0"] < need[0]

@@ -255,3 +255,15 @@ def test_watch_with_nvml_shows_utilisation_and_which_plan_fits(tmp_path: Path, l
     assert "would run now: none; no plan fits" in capsys.readouterr().out
     assert main(["watch", str(path), "--once", "--count", "2"]) == 2
     assert "--once prints once" in capsys.readouterr().err
+
+
+def test_a_fallback_level_with_no_placement_names_the_fraction() -> None:
+    module, inputs = models.get("mlp", "small", device="meta")
+    with pytest.raises(HetpartError, match=r"fallback plan at 0.1 of the primary plan's accelerator memory"):
+        partition(module, inputs, "h200-host", memory={"cuda:0": CAP}, pins={"*": "cuda:0"}, fallbacks=[0.1],
+                  time_limit=20)
+
+
+def test_pipeline_plans_take_no_fallbacks() -> None:
+    with pytest.raises(HetpartError, match="not made for pipeline plans"):
+        partition(*models.get("mlp", "tiny"), "4x-cpu-host", objective="throughput", fallbacks=[0.5])
