@@ -119,7 +119,8 @@ class CudaReader:
     they default to importing them. Why a source was passed over is kept in ``notes``.
 
     Example:
-        >>> CudaReader().read("cuda:0", 0) is None or True
+        >>> reading = CudaReader().read("cuda:0", 0)      # None on a machine without CUDA
+        >>> reading is None or reading.source in ("nvml", "torch")
         True
     """
 
@@ -142,7 +143,8 @@ class CudaReader:
         return reading
 
 
-def read_devices(profile: DeviceSet, *, reader: CudaReader | None = None) -> tuple[tuple[DeviceReading, ...], tuple[str, ...]]:
+def read_devices(profile: DeviceSet, *,
+                 reader: CudaReader | None = None) -> tuple[tuple[DeviceReading, ...], tuple[str, ...]]:
     """The memory of every accelerator of ``profile`` now, and a note for each fallback taken.
 
     Example:

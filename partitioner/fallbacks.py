@@ -30,7 +30,8 @@ def fallback_caps(profile: DeviceSet, fraction: float) -> dict[str, int]:
 
     Example:
         >>> from cost_models.profiles import load_profile
-        >>> fallback_caps(load_profile("h200-host"), 0.5)["cuda:0"] * 2 == load_profile("h200-host").device("cuda:0").memory
+        >>> profile = load_profile("h200-host")
+        >>> fallback_caps(profile, 0.5)["cuda:0"] * 2 == profile.device("cuda:0").memory
         True
     """
     return {d.name: max(1, math.floor(fraction * d.memory)) for d in profile.devices if d.kind is not DeviceKind.CPU}

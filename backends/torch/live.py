@@ -34,7 +34,9 @@ from typing import Any
 import torch
 
 from backends.binding import bind_devices
-from backends.torch.module import PlannedInputs, _input_names, _match_persistence, capture_for, place_module, unlifted_module
+from backends.torch.module import (
+    PlannedInputs, _input_names, _match_persistence, capture_for, place_module, unlifted_module,
+)
 from cost_models.live_memory import CudaReader
 from cost_models.units import format_bytes
 from partitioner.errors import HetpartError

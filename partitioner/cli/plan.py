@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from partitioner.cli.args import add_input_shape, fallback_fractions, input_shapes, output_path, pairs, positive_int, print_progress
+from partitioner.cli.args import (
+    add_input_shape, fallback_fractions, input_shapes, output_path, pairs, positive_int, print_progress,
+)
 from partitioner.errors import HetpartError
 
 
@@ -17,7 +19,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                     help="built-in profile or TOML file; detect (this machine) or detect:PROFILE caps each "
                          "accelerator at the memory free now minus --detect-margin")
     pl.add_argument("--detect-margin", default="5%", metavar="M",
-                    help="with --devices detect: memory left free on each accelerator, a share (5%%, 0.05) or a size (2GiB)")
+                    help="with --devices detect: memory left free on each accelerator, a share (5%%, 0.05) "
+                         "or a size (2GiB)")
     pl.add_argument("--fallbacks", type=fallback_fractions, default=(), metavar="F,F",
                     help="also solve plans for less accelerator memory, e.g. 0.75,0.5 of this plan's: the emitted "
                          "module (backends.torch.emit_live) runs the one that fits the free memory at each call")

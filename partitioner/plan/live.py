@@ -115,7 +115,8 @@ def plan_that_fits(plan: Plan, available: Mapping[str, int]) -> int:
         lines = [f"{label}: " + ", ".join(f"{d} needs {format_bytes(n.get(d, 0))}, {format_bytes(free)} available"
                                           for d, free in available.items() if n.get(d, 0) > free)
                  for label, n in zip(labels, needs)]
-    lowest = f"below {min(f.fraction for f in plan.fallbacks):g}" if plan.fallbacks else "(partition(..., fallbacks=[0.75, 0.5]))"
+    lowest = (f"below {min(f.fraction for f in plan.fallbacks):g}" if plan.fallbacks
+              else "(partition(..., fallbacks=[0.75, 0.5]))")
     raise NoPlanFits("no plan fits the memory available now, nothing was run:\n  " + "\n  ".join(lines) +
                      f"\nfree memory on {', '.join(short) or 'those devices'}, or plan a fallback level {lowest} "
                      f"(CLI: hetpart plan --fallbacks)")

@@ -91,7 +91,7 @@ class Plan:
     constraints: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # pins, caps, streaming, alignment
     costs: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # the cost model that priced it ({}: analytic)
     pipeline: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # stages, ranks, schedule (plan/pipeline.py)
-    probe: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # live memory read for --devices detect (plan/live.py)
+    probe: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # memory read by --devices detect (plan/live.py)
     fallbacks: tuple[FallbackPlan, ...] = ()   # plans for less free memory, solved ahead of time (plan/live.py)
     source: str = dataclasses.field(default="<plan>", compare=False, repr=False)
 
