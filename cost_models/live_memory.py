@@ -273,7 +273,10 @@ def profile_for(spec: str | DeviceSet, *, margin: float | int | str = DEFAULT_MA
 
 
 def _base_name(profile: DeviceSet) -> str:
-    return profile.source.removeprefix("builtin:") if profile.source.startswith("builtin:") else profile.name
+    """How ``--devices`` names the base profile: its built-in name, its file, or PROFILE for a detected one."""
+    if profile.source.startswith("builtin:"):
+        return profile.source.removeprefix("builtin:")
+    return profile.source if profile.source.endswith(".toml") else "PROFILE"
 
 
 def _margin_text(margin: float | int) -> str:

@@ -104,17 +104,17 @@ class LiveModule(torch.nn.Module):
         return self.placed(*args, **kwargs)
 
     def _switch(self, index: int, available: Mapping[str, int]) -> None:
-        old = self.placed
+        previous, old = self.active, self.placed
         if old is not None:  # carry the current weights over, then free the old plan's device memory
             self._template.load_state_dict(old.state_dict())
-            self.placed = None
+            self.placed, self.active = None, None  # a failed build below leaves no half-switched module
             del old
         why = ", ".join(f"{d}: {format_bytes(free)} available, {self.labels[index]} needs "
                         f"{format_bytes(self.needs[index].get(d, 0))}" for d, free in available.items())
-        if self.active is not None:
+        if previous is not None:
             self.switches += 1
             log.warning("%s: switching from the %s plan to the %s plan (%s)", self.plan.model_name,
-                        self.labels[self.active], self.labels[index], why)
+                        self.labels[previous], self.labels[index], why)
         elif index != 0:
             log.warning("%s: starting on the %s plan (%s)", self.plan.model_name, self.labels[index], why)
         with warnings.catch_warnings():  # torch 2.13 warns about its own pytree specs when they are copied
