@@ -267,3 +267,13 @@ def test_a_fallback_level_with_no_placement_names_the_fraction() -> None:
 def test_pipeline_plans_take_no_fallbacks() -> None:
     with pytest.raises(HetpartError, match="not made for pipeline plans"):
         partition(*models.get("mlp", "tiny"), "4x-cpu-host", objective="throughput", fallbacks=[0.5])
+
+
+def test_devices_shows_a_detected_profile_with_its_probe(capsys: pytest.CaptureFixture[str], no_nvml: None) -> None:
+    assert main(["devices", "detect:cpu-gpu-npu"]) == 0
+    out = capsys.readouterr().out
+    assert "margin 5% of each device" in out and "npu:0: not a CUDA device" in out
+    memory = load_profile("cpu-gpu-npu").device("cuda:0").memory
+    from cost_models.units import format_bytes
+
+    assert f"memory {format_bytes(memory - int(0.05 * memory))}" in out
