@@ -38,6 +38,10 @@ Cases, on ``emb-transformer`` (at ``base``: a 1,048,576 x 1024 fp32 embedding, 8
     profile and with the profiled model, and the ILP plan and every baseline emitted and measured:
     predicted against measured for each (``--skip-fidelity`` leaves it out, ``--fidelity-only``
     runs it alone).
+(i) live state (``bench/gpu_live.py``): a blocker tensor takes all but 3 GiB of the GPU's free
+    memory, ``hetpart plan --devices detect --fallbacks 0.5,0.25`` plans the seed case in a subprocess
+    within what is left, and the plan runs here (probe, cap, predicted and peak memory, time,
+    difference); a second blocker then makes the live module switch to a fallback (``--skip-live``).
 
 For each: the plan's predicted time (the h200-host profile's prediction, also on CPU runs), the
 forward time (wall time with ``torch.cuda.synchronize``, median of ``--repeat`` runs after
@@ -47,7 +51,7 @@ memory of the forward runs (``torch.cuda.max_memory_allocated``, resident weight
 the largest output difference from (a), and the calibration measurement beside it.
 
     python bench/gpu_check.py [--size small|base] [--repeat 20] [--skip-accelerate] [--skip-tests] [--skip-onnx]
-        [--skip-fidelity | --fidelity-only]
+        [--skip-fidelity | --fidelity-only] [--skip-live]
 
 The exit status is 1 when a GPU test failed (the measurements still run), else 0.
 """
@@ -499,6 +503,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--skip-onnx", action="store_true", help="leave out the ONNX case (g)")
     parser.add_argument("--skip-fidelity", action="store_true", help="leave out case (h), the cost fidelity")
     parser.add_argument("--fidelity-only", action="store_true", help="run case (h) alone")
+    parser.add_argument("--skip-live", action="store_true", help="leave out case (i), the live device state")
     args = parser.parse_args(argv)
     cuda = torch.cuda.is_available()
     size = args.size or ("base" if cuda else "small")
@@ -523,6 +528,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for target in targets(rows, cap, tb, calib, env):
         print(target.line())
     print(tests_line)
+    if not args.skip_live:
+        live_state(env)
     if not args.skip_fidelity:
         fidelity(env)
     print(f"done in {time.perf_counter() - started:.0f} s")
@@ -544,6 +551,18 @@ def run_gpu_tests() -> tuple[bool, str]:
     print(output)
     summary = output.splitlines()[-1] if output else "no output"
     return done.returncode == 0, f"gpu tests ({' '.join(command[2:5])}): {'passed' if done.returncode == 0 else 'FAILED'}: {summary}"
+
+
+def live_state(env: Env) -> None:
+    """Case (i): planned from the GPU's live state with a blocker holding most of it (bench/gpu_live.py)."""
+    from gpu_live import run_live   # bench/ is on the path when this runs as a script
+
+    try:
+        lines = run_live(env.size, lambda fn: timed(fn, env))
+    except Exception as exc:  # noqa: BLE001 - a benchmark reports every case it can
+        lines = [f"(i) live state FAILED: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:160]}"]
+    for line in lines:
+        print(line, flush=True)
 
 
 def fidelity(env: Env) -> None:

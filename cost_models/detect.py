@@ -280,7 +280,7 @@ def _measure_gpu(torch: Any, index: int) -> tuple[float, float, float, float]:
             best = min(best, start.elapsed_time(end) / 1e3)
         return _round3(work / max(best, 1e-9))
 
-    with torch.cuda.device(device):
+    def measure() -> tuple[float, float, float, float]:  # its tensors are freed when it returns
         n = 4096
         a32, b32 = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
         fp32 = timed(lambda: torch.mm(a32, b32), 2 * n**3)
@@ -292,6 +292,9 @@ def _measure_gpu(torch: Any, index: int) -> tuple[float, float, float, float]:
         host = torch.empty(16 * 2**20, pin_memory=True)           # 64 MiB
         dev = torch.empty(host.numel(), device=device)
         h2d = timed(lambda: dev.copy_(host, non_blocking=True), host.numel() * 4)
-        del a32, b32, a16, b16, src, dst, host, dev
+        return fp32, bf16, bandwidth, h2d
+
+    with torch.cuda.device(device):
+        fp32, bf16, bandwidth, h2d = measure()
         torch.cuda.empty_cache()
     return fp32, bf16, bandwidth, h2d

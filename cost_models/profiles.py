@@ -575,6 +575,8 @@ class DeviceSet:
     links: tuple[Link, ...] = ()
     source: str = dataclasses.field(default="<dict>", compare=False)
     notes: tuple[str, ...] = dataclasses.field(default=(), compare=False)
+    # the live-memory probe that capped it (cost_models.live_memory.Probe), None for a static profile
+    probe: Any = dataclasses.field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "devices", tuple(self.devices))
@@ -704,6 +706,21 @@ class DeviceSet:
                                    f"host CPU); add [[links]] between = [\"{x}\", \"{y}\"]")
             route.append(link)
         return tuple(route)
+
+    @classmethod
+    def detect(cls, base: str | DeviceSet | None = None, *, margin: float | int | str = 0.05) -> DeviceSet:
+        """This machine's profile (or ``base``) with each accelerator capped at the memory free
+        now minus ``margin`` (a fraction of the device, or a size such as ``"2GiB"``); the probe
+        (NVML, else ``torch.cuda.mem_get_info``, else the profile's figure, each fallback said) is
+        kept in ``probe`` and recorded by the plan. See :mod:`cost_models.live_memory`.
+
+        Example:
+            >>> DeviceSet.detect("h200-host").probe.readings[0].device
+            'cuda:0'
+        """
+        from cost_models.live_memory import detect_devices  # it imports this module
+
+        return detect_devices(base, margin=margin)
 
     def with_memory(self, caps: Mapping[str, int | str]) -> DeviceSet:
         """A copy with the memory of some devices lowered, e.g. ``{"cuda:0": "8GiB"}``.

@@ -43,6 +43,10 @@ class InfeasiblePlacement(HetpartError):
     """No placement satisfies the memory caps and pins."""
 
 
+class NoPlanFits(InfeasiblePlacement):
+    """At run time, neither a plan nor any of its fallbacks fits the memory free on the devices now."""
+
+
 class PlanMismatch(HetpartError):
     """A plan file that does not belong to the model or profile it is used with."""
 

@@ -14,7 +14,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from cost_models.profiles import DeviceSet, load_profile
+from cost_models.live_memory import profile_for
+from cost_models.profiles import DeviceSet
 from cost_models.training import parse_optimizer
 from partitioner.coarsen import CoarsenOptions, Coarsening, auto_coarsen, coarsen as coarsen_graph, identity
 from partitioner.errors import CaptureError, HetpartError, InfeasiblePlacement, SolverUnavailable
@@ -23,7 +24,9 @@ from partitioner.frontends.inputs import dynamic_dims, input_specs
 from partitioner.frontends.onnx import from_onnx, is_onnx_graph, is_onnx_model
 from partitioner.ir import OpGraph
 from partitioner.micro_batches import batch_size, micro_batch_inputs, pipeline_spec_for
+from partitioner.fallbacks import with_fallbacks
 from partitioner.plan import Plan
+from partitioner.plan.live import check_fractions
 from partitioner.plan.values import InputSpec
 from partitioner.solvers import BASELINE_NAMES, ONNX_BASELINE_NAMES, run_baseline
 from partitioner.solvers.bounds import memory_aware_lower_bound, physical_lower_bound
@@ -110,6 +113,7 @@ def partition_outcome(
     schedule: str | None = None,
     stages: int | None = None,
     batch: str | int | None = None,
+    fallbacks: Sequence[float] | None = None,
 ) -> Outcome:
     """Place every op of a model on the devices of a profile: the plan and how it was reached.
 
@@ -123,7 +127,9 @@ def partition_outcome(
             ``{"input": (1, 3, 224, 224)}``. ONNX plans are for inference, without weight streaming
             (onnxruntime sessions hold their weights), and list the ``ort-fallback`` and
             ``openvino-pipeline`` baselines too.
-        devices: a built-in profile name, a TOML path, or a DeviceSet.
+        devices: a built-in profile name, a TOML path, or a DeviceSet; ``"detect"`` (this machine) or
+            ``"detect:NAME"`` (profile NAME) caps each accelerator at the memory free now minus 5%
+            (:meth:`DeviceSet.detect` sets another margin) and records the probe (``plan.probe``).
         objective: ``"latency"``, ``"throughput"`` or ``"makespan"``.
         memory: caps below the profile, e.g. ``{"cuda:0": "2GB"}``.
         pins: module-path globs or op names → device, e.g. ``{"emb*": "cpu"}``.
@@ -155,6 +161,9 @@ def partition_outcome(
             batch, dimension 0 of every tensor input) whose plan fits every device, a number plans
             that micro-batch; the plan is costed at one micro-batch and its ``batch`` section records
             the micro-batch, the accumulation steps and the time per global step.
+        fallbacks: fractions in (0, 1), e.g. ``[0.75, 0.5]``: plans solved ahead of time with every
+            accelerator's memory at that share of this plan's (``plan.fallbacks``); the module of
+            :func:`backends.torch.emit_live` runs the first that fits the memory free at each call.
 
     Raises:
         InfeasiblePlacement: no placement fits the caps and pins; the message names the device,
@@ -173,8 +182,12 @@ def partition_outcome(
         given = {k: v for k, v in locals().items() if k in inspect.signature(partition_outcome).parameters}
         return fit_outcome(given.pop("model_or_graph"), given.pop("example_inputs"), given.pop("devices"), **given)
     check_limits(time_limit, gap)
+    fractions = check_fractions(fallbacks)
     profile = _profile(devices, memory)  # a bad profile or cap fails before the capture
     spec = _pipeline_spec(model_or_graph, example_inputs, profile, objective, micro_batches, schedule, stages)
+    if fractions and spec is not None:
+        raise HetpartError("fallback plans are not made for pipeline plans (each stage is a process of its own); "
+                           "drop fallbacks, or plan without stages")
     if spec is not None and not isinstance(model_or_graph, OpGraph) and example_inputs is not None:
         example_inputs = micro_batch_inputs(example_inputs, spec.micro_batches)  # costs are per micro-batch
     graph, inputs = _capture(model_or_graph, example_inputs, capture, model_name, dynamic_shapes, training,
@@ -220,6 +233,14 @@ def partition_outcome(
             "align_modules": tuple(align_modules),
         },
     )
+    if profile.probe is not None:
+        plan = dataclasses.replace(plan, probe=profile.probe.to_dict())
+    if fractions:
+        plan = with_fallbacks(plan, profile, fractions, lambda base, caps: partition_outcome(
+            graph, example_inputs, base, objective=objective, memory=caps, training=training, optimizer=optimizer,
+            pins=pins, solver=solver, time_limit=time_limit, gap=gap, streaming=streaming, coarsen=coarsen,
+            no_split=no_split, align_modules=align_modules, link_budget=link_budget,
+            contiguous_stages=contiguous_stages, model_name=model_name, costs=costs).plan)
     return Outcome(plan, problem, coarse, solution, evaluation, baselines)
 
 
@@ -252,7 +273,7 @@ def _capture(model_or_graph: Any, example_inputs: Any, capture: str, name: str |
 
 
 def _profile(devices: str | DeviceSet, memory: Mapping[str, int | str] | None) -> DeviceSet:
-    profile = load_profile(devices) if isinstance(devices, str) else devices
+    profile = profile_for(devices)  # "detect[:NAME]" reads the free memory now
     return profile.with_memory(memory) if memory else profile
 
 

@@ -14,6 +14,8 @@ module        what it does
               call, prefetched on a CUDA side stream
 ``check``     :func:`check_plan`: the emitted module beside the original, outputs and gradients
 ``strict``    :class:`StrictRun`: an emitted module (or generated file) under strict devices
+``live``      :func:`emit_live`: a plan with its fallback plans; before each call the one that
+              fits the memory free now runs (a probe reads it; switches are logged)
 ============  ===================================================================================
 
 Example:
@@ -31,6 +33,7 @@ import torch
 from backends.binding import bind_devices
 from backends.compare import CheckReport
 from backends.torch.check import check_plan
+from backends.torch.live import LiveModule, emit_live
 from backends.torch.module import emit_module
 from backends.torch.source import emit_source, source_text
 from backends.torch.streaming import WeightStreamer
@@ -67,5 +70,5 @@ class TorchBackend:
 
 BACKEND = TorchBackend()
 
-__all__ = ["BACKEND", "StrictRun", "TorchBackend", "WeightStreamer", "check_plan", "emit_module", "emit_source",
+__all__ = ["BACKEND", "StrictRun", "TorchBackend", "WeightStreamer", "LiveModule", "check_plan", "emit_live", "emit_module", "emit_source",
            "source_text"]

@@ -10,7 +10,8 @@ beside the original model and compare outputs, gradients and time; exit 1 when t
 ``run`` (run a folder of ONNX parts written by ``emit`` for an ``.onnx`` model), ``profile`` (measure a
 model's ops on this machine, cached; write a costs file for ``plan --costs``), ``calibrate`` (fit
 a device profile of this machine to micro-benchmarks; a poor fit says so) and ``launch`` (the
-torchrun commands of a pipeline plan, or a local run of every rank, ``--check``ed). Every command
+torchrun commands of a pipeline plan, or a local run of every rank, ``--check``ed) and ``watch`` (the
+devices' free memory now against a plan's and its fallbacks' needs). Every command
 that takes a model takes a ``.onnx`` file too (``--input-shape NAME=AxBxC`` binds symbolic dimensions).
 Errors from hetpart print as one message and exit 2; ``--debug`` shows the traceback instead.
 
@@ -27,13 +28,13 @@ import sys
 from collections.abc import Iterator, Sequence
 
 from partitioner.cli import (
-    calibrate, check, demo, devices, emit, fit, inspect_model, launch, plan, profile, report, run,
+    calibrate, check, demo, devices, emit, fit, inspect_model, launch, plan, profile, report, run, watch,
 )
 from partitioner.errors import HetpartError
 from partitioner.terminal import PrintableStream
 
 #: The subcommand modules, in the order ``hetpart --help`` lists them.
-COMMANDS = (devices, inspect_model, plan, fit, report, demo, emit, check, run, profile, calibrate, launch)
+COMMANDS = (devices, inspect_model, plan, fit, report, demo, emit, check, run, profile, calibrate, launch, watch)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -82,6 +82,20 @@ def print_progress(report) -> None:  # noqa: ANN001 - a solvers.ilp.Progress
           file=sys.stderr)
 
 
+def fallback_fractions(text: str) -> tuple[float, ...]:
+    """``--fallbacks 0.75,0.5``: fractions in (0, 1), checked by :func:`partitioner.plan.live.check_fractions`."""
+    from partitioner.plan.live import check_fractions
+
+    try:
+        values = [float(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated fractions, e.g. 0.75,0.5") from None
+    try:
+        return check_fractions(values)
+    except HetpartError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def output_path(text: str, flag: str, *, force: bool) -> Path:
     """The path a command will write, checked before the work starts (see
     :func:`partitioner.files.check_output`): an empty path, a missing or read-only folder, a path

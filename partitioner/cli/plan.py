@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from partitioner.cli.args import add_input_shape, input_shapes, output_path, pairs, positive_int, print_progress
+from partitioner.cli.args import (
+    add_input_shape, fallback_fractions, input_shapes, output_path, pairs, positive_int, print_progress,
+)
 from partitioner.errors import HetpartError
 
 
@@ -13,7 +15,15 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     """Add the subcommand to ``hetpart``'s parser."""
     pl = sub.add_parser("plan", parents=[common], help="place a model's ops on the devices of a profile")
     pl.add_argument("model", help="zoo name (gpt, gpt:small), path/to/file.py:factory or model.onnx")
-    pl.add_argument("--devices", default="h200-host", metavar="PROFILE", help="built-in profile or TOML file")
+    pl.add_argument("--devices", default="h200-host", metavar="PROFILE",
+                    help="built-in profile or TOML file; detect (this machine) or detect:PROFILE caps each "
+                         "accelerator at the memory free now minus --detect-margin")
+    pl.add_argument("--detect-margin", default="5%", metavar="M",
+                    help="with --devices detect: memory left free on each accelerator, a share (5%%, 0.05) "
+                         "or a size (2GiB)")
+    pl.add_argument("--fallbacks", type=fallback_fractions, default=(), metavar="F,F",
+                    help="also solve plans for less accelerator memory, e.g. 0.75,0.5 of this plan's: the emitted "
+                         "module (backends.torch.emit_live) runs the one that fits the free memory at each call")
     pl.add_argument("--objective", default="latency", choices=["latency", "throughput", "makespan"])
     pl.add_argument("--memory", action="append", default=[], metavar="DEVICE=SIZE",
                     help="cap a device below its profile, e.g. cuda:0=2GB (repeatable)")
@@ -51,7 +61,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from cost_models.profiles import load_profile
+    from cost_models.live_memory import profile_for
     from partitioner.model_source import load_model
     from partitioner.planner import partition
 
@@ -62,7 +72,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         output_path(args.output, "-o", force=args.force)
     if args.format != "json" and args.output is None:
         raise HetpartError(f"--format {args.format} writes a file: give it with -o FILE")
-    profile = load_profile(args.devices)  # a bad profile fails before the model is built and captured
+    profile = profile_for(args.devices, margin=args.detect_margin)  # fails before the model is captured
+    if profile.probe is not None:
+        print("\n".join(profile.notes[-1 - len(profile.probe.notes):]), file=sys.stderr)
     # zoo models: shapes only, no memory for weights (measuring ops needs real ones);
     # ONNX models: the path, imported by partition
     loaded = load_model(args.model, device=None if args.costs == "profiled" else "meta",
@@ -78,7 +90,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         no_split=loaded.no_split, capture=args.capture, model_name=loaded.name, progress=print_progress,
         align_modules=args.align_modules, dynamic_shapes=_dynamic(args.dynamic), input_shapes=loaded.input_shapes,
         costs=args.costs,
-        micro_batches=args.micro_batches, schedule=args.schedule, stages=args.stages,
+        micro_batches=args.micro_batches, schedule=args.schedule, stages=args.stages, fallbacks=args.fallbacks,
     )
     print(plan.summary())
     if args.output:

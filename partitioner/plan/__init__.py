@@ -35,6 +35,8 @@ The file (``format_version`` 1) holds these top-level keys, in this order::
                     pipeline stages, their ranks and hosts (see partitioner.plan.pipeline)
     batch           optional {"global_batch", "micro_batch", "accumulation_steps", "step_s", "dim"}:
                     a plan costed at one micro-batch, accumulated to the global batch (partitioner.plan.batch)
+    probe           optional: the live memory read for ``--devices detect`` (see partitioner.plan.live)
+    fallbacks       optional [{"fraction", "plan"}, ...]: plans for less accelerator memory (plan.live)
 
 A plan never holds a number that is not finite: where a value may be unknown (a bound, a gap,
 an infeasible baseline's time, a predicted time) inf and nan become ``None``, written ``null``;
@@ -45,7 +47,8 @@ is a :class:`PlanFormatError` naming the file and the field path (``solver.gap``
 Modules: ``record`` (the :class:`Plan` record), ``values`` (its value types and format
 constants), ``reader`` (reading and validating files), ``consistency`` (the sections agree
 with each other), ``device_map`` (the accelerate-style module view), ``summary`` (the text for
-people), ``from_solve`` (a plan from a solver's solution), ``pipeline`` (the optional pipeline section), ``batch`` (the optional batch section).
+people), ``from_solve`` (a plan from a solver's solution), ``pipeline`` (the optional pipeline section),
+``batch`` (the optional batch section), ``live`` (the optional probe and fallbacks sections).
 """
 
 from partitioner.plan.record import Plan

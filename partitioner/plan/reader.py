@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 from cost_models.profiles import DeviceSet
 from partitioner.errors import ProfileError
 from partitioner.plan.batch import read_batch
+from partitioner.plan.live import read_fallbacks, read_probe
 from partitioner.plan.pipeline import read_pipeline
 from partitioner.plan.values import (
     _BASELINE_KEYS, _MEMORY_KEYS, _MODEL_KEYS, _OBJECTIVES, _OPTIMIZERS, _PREDICTED_MAPS,
@@ -38,7 +39,7 @@ def plan_fields(d: Any, source: str) -> dict[str, Any]:
     top = r.mapping(d, "")
     if "format_version" in top:
         _check_version(r, top["format_version"])
-    r.keys(top, "", TOP_LEVEL_KEYS, ("constraints", "costs", "pipeline", "batch"))
+    r.keys(top, "", TOP_LEVEL_KEYS, ("constraints", "costs", "pipeline", "batch", "probe", "fallbacks"))
     model = r.keys(top["model"], "model", _MODEL_KEYS, ("capture", "inputs", "edges", "param_names", "op_bytes"))
     return dict(
         model_name=r.string(model["name"], "model.name"),
@@ -72,6 +73,8 @@ def plan_fields(d: Any, source: str) -> dict[str, Any]:
         costs=_read_costs(r, top.get("costs", {})),
         pipeline=read_pipeline(r, top.get("pipeline", {})),
         batch=read_batch(r, top.get("batch", {})),
+        probe=read_probe(r, top.get("probe", {})),
+        fallbacks=read_fallbacks(r, top.get("fallbacks", [])),
         source=source,
     )
 

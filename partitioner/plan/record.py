@@ -32,6 +32,7 @@ from cost_models.profiles import DeviceSet
 from partitioner.errors import HetpartError, PlanMismatch
 from partitioner.files import read_text, refuse_overwrite, write_atomic
 from partitioner.plan.batch import check_batch
+from partitioner.plan.live import FallbackPlan, check_fallbacks
 from partitioner.plan.pipeline import check_pipeline
 from partitioner.plan.reader import FieldReader, check_references, parse_json, plan_fields, read_memory, read_predicted
 from partitioner.plan.values import (
@@ -92,6 +93,8 @@ class Plan:
     costs: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # the cost model that priced it ({}: analytic)
     pipeline: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # stages, ranks, schedule (plan/pipeline.py)
     batch: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # micro-batch, accumulation (plan/batch.py)
+    probe: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # memory read by --devices detect (plan/live.py)
+    fallbacks: tuple[FallbackPlan, ...] = ()   # plans for less free memory, solved ahead of time (plan/live.py)
     source: str = dataclasses.field(default="<plan>", compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -110,6 +113,8 @@ class Plan:
         object.__setattr__(self, "costs", _freeze(dict(self.costs)))
         object.__setattr__(self, "pipeline", _freeze(dict(self.pipeline)))
         object.__setattr__(self, "batch", _freeze(dict(self.batch)))
+        object.__setattr__(self, "probe", _freeze(dict(self.probe)))
+        object.__setattr__(self, "fallbacks", tuple(self.fallbacks))
         object.__setattr__(self, "param_names",
                            MappingProxyType({op: tuple(names) for op, names in self.param_names.items()}))
         unknown = [e for e in self.edges if e[0] not in self.placement or e[1] not in self.placement]
@@ -120,6 +125,7 @@ class Plan:
         check_pipeline(self, reader)  # before the transfers are checked against its stages
         check_batch(self, reader)
         check_references(self, reader)
+        check_fallbacks(self, reader)
 
     # -- JSON ---------------------------------------------------------------------------------
 
@@ -161,6 +167,10 @@ class Plan:
             out["pipeline"] = _plain(self.pipeline)
         if self.batch:
             out["batch"] = _plain(self.batch)
+        if self.probe:
+            out["probe"] = _plain(self.probe)
+        if self.fallbacks:
+            out["fallbacks"] = [f.to_dict() for f in self.fallbacks]
         return _plain(out)
 
     def to_json(self) -> str:

@@ -54,6 +54,13 @@ def summary_text(plan: Any) -> str:
         speedup = f"  speed-up {b.total_s / total:7.2f}x" if total else ""
         fits = "" if b.feasible else "  (does not fit: " + one_line(b.note or "over a cap") + ")"
         lines.append(f"  baseline {one_line(name):<20} {_seconds(b.total_s):>9}{speedup}{fits}")
+    if plan.probe:  # --devices detect
+        lines.append(f"  free memory read at {plan.probe['taken_at']}: " + ", ".join(
+            f"{one_line(d)} {format_bytes(r['free'])} free ({r['source']}), cap {format_bytes(r['cap'])}"
+            for d, r in plan.probe["devices"].items()))
+    for f in plan.fallbacks:
+        used = ", ".join(f"{one_line(d)} {format_bytes(m['used'])}" for d, m in f.plan.memory.items() if m["used"])
+        lines.append(f"  fallback {f.fraction:g}: {_seconds(f.plan.predicted.get('total_s'))}, memory {used or 'none'}")
     return "\n".join(lines)
 
 
