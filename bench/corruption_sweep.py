@@ -21,7 +21,12 @@ plan`` on each profile, in this process (``partitioner.cli.main``). Each run is 
   mode, capture, inputs, training, devices) equals the original's and ``check`` passed; otherwise
   it is a *silent success* (must be 0).
 
-    python bench/corruption_sweep.py [--out DIR] [--show N] [--run-accepted N]
+    python bench/corruption_sweep.py [--out DIR] [--show N] [--run-accepted N] [--variant V]
+
+``--variant`` picks the valid plan: ``placed`` (the default above), ``live`` (the same model planned on
+``detect:cpu-gpu-npu`` with ``--fallbacks 0.5``: the probe and fallbacks sections, and the fallback
+plan's own fields), or ``batch`` (``hetpart fit`` of a training step, global batch 8 in micro-batches
+of 4: the batch section; ``check`` then compares accumulated gradients with full-batch ones).
 
 It prints the counts per command and kind of damage, and the first ``--show`` error messages.
 """
@@ -185,8 +190,9 @@ def _emit_fields(plan: Any) -> tuple:
     """What decides the module ``emit`` builds: the graph it checks, where each op runs and where
     its weights live, the issue order, the capture and mode, the devices it binds. (Recorded
     inputs only re-capture the model when no example inputs are given; the commands pass them.)"""
+    fallbacks = tuple((f.fraction, _emit_fields(f.plan)) for f in getattr(plan, "fallbacks", ()))
     return (plan.fingerprint, dict(plan.placement), dict(plan.weights), plan.schedule, plan.stream_mode,
-            plan.capture, plan.training, plan.devices.names())
+            plan.capture, plan.training, plan.devices.names(), repr(plan.batch), fallbacks)
 
 
 def _outcome(code: int | None, err: str, accepted: str) -> tuple[str, str]:
@@ -251,23 +257,31 @@ def sweep_profiles(folder: Path, profile_path: Path) -> list[Run]:
     return runs
 
 
-def valid_plan_text(folder: Path) -> str:
-    """The plan every damaged plan starts from: three devices, a streamed weight, transfers."""
+VARIANTS = ("placed", "live", "batch")
+
+
+def valid_plan_text(folder: Path, variant: str = "placed") -> str:
+    """The plan every damaged plan starts from: three devices, a streamed weight, transfers (and, by
+    ``variant``, fallback plans and a probe, or a batch section)."""
     path = folder / "valid-plan.json"
-    code, _, err = _cli(["plan", MODEL, "--devices", "cpu-gpu-npu", "--pin", "linear_1=cuda:0",
-                         "--pin", "linear_2=npu:0", "--time-limit", "10", "-o", str(path), "--force"])
+    pins = ["--pin", "linear_1=cuda:0", "--pin", "linear_2=npu:0"]
+    argv = {"placed": ["plan", MODEL, "--devices", "cpu-gpu-npu", *pins],
+            "live": ["plan", MODEL, "--devices", "detect:cpu-gpu-npu", "--fallbacks", "0.5", *pins],
+            "batch": ["fit", MODEL, "--devices", "cpu-gpu-npu", "--training", "--global-batch", "8",
+                      "--micro-batch", "4", *pins]}[variant]
+    code, _, err = _cli([*argv, "--time-limit", "10", "-o", str(path), "--force"])
     if code != 0:
         raise RuntimeError(f"the valid plan could not be made: {err}")
     return path.read_text(encoding="utf-8")
 
 
-def run_sweep(folder: Path, run_accepted: int | None = None) -> list[Run]:
+def run_sweep(folder: Path, run_accepted: int | None = None, variant: str = "placed") -> list[Run]:
     """The whole sweep in ``folder``: damaged plans and profiles, every command on each (see
-    :func:`sweep_plans` for ``run_accepted``)."""
+    :func:`sweep_plans` for ``run_accepted``; profiles only with the ``placed`` variant)."""
     from cost_models.profiles import builtin_profile_path
 
-    return [*sweep_plans(folder, valid_plan_text(folder), run_accepted),
-            *sweep_profiles(folder, builtin_profile_path("cpu-gpu-npu"))]
+    plans = sweep_plans(folder, valid_plan_text(folder, variant), run_accepted)
+    return plans if variant != "placed" else [*plans, *sweep_profiles(folder, builtin_profile_path("cpu-gpu-npu"))]
 
 
 def table(runs: list[Run]) -> str:
@@ -290,11 +304,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--show", type=int, default=5, help="print this many error messages as samples")
     parser.add_argument("--run-accepted", type=int, default=None, metavar="N",
                         help="run emit and check on only N of the damaged plans that load (default: all)")
+    parser.add_argument("--variant", choices=VARIANTS, default="placed",
+                        help="the valid plan damaged: placed (default), live (probe, fallbacks) or batch")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.out or Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
-        runs = run_sweep(folder, args.run_accepted)
+        runs = run_sweep(folder, args.run_accepted, args.variant)
     print(table(runs))
     accepted = sorted({r.damage.what for r in runs if r.outcome in ("harmless", "accepted")})
     print(f"\naccepted without error ({len(accepted)}): {', '.join(accepted)}")

@@ -39,10 +39,18 @@ def _cmd_emit(args: argparse.Namespace) -> int:
     loaded = load_model(args.model, input_shapes=input_shapes(args.input_shape))  # real weights
     if loaded.is_onnx:
         return _emit_onnx(args, plan, loaded, output, binding)
+    example_inputs = loaded.example_inputs
+    if plan.batch:  # the plan was made at one micro-batch: the file runs one micro-batch
+        from partitioner.batching import inputs_at_batch
+
+        example_inputs = inputs_at_batch(example_inputs, plan.batch["micro_batch"])
     with naming_the_model(plan, loaded.name):
-        plan.emit_source(output, loaded.module, binding or None, example_inputs=loaded.example_inputs,
-                         force=args.force)
+        plan.emit_source(output, loaded.module, binding or None, example_inputs=example_inputs, force=args.force)
     print(f"wrote {output}")
+    if plan.batch:
+        print(f"it runs one micro-batch of {plan.batch['micro_batch']}: accumulate gradients over "
+              f"{plan.batch['accumulation_steps']} of them per global batch of {plan.batch['global_batch']} "
+              "(backends.torch.training.accumulate_gradients does it for you)")
     print(one_line_summary(plan, binding))
     return 0
 

@@ -105,3 +105,23 @@ def test_bad_input_to_the_accumulating_step(setup) -> None:
     plain = fit.plan.__class__.from_dict({k: v for k, v in fit.plan.to_dict().items() if k != "batch"})
     with pytest.raises(HetpartError, match="no batch section"):
         AccumulatingStep(plain, module, BIND, loss_fn=_next_token_loss)
+
+
+def test_hetpart_emit_writes_a_fit_plan_at_its_micro_batch(tmp_path, capsys) -> None:
+    """`hetpart emit` of a `hetpart fit` plan captures the model at the plan's micro-batch (not the
+    zoo's example batch, which is another graph) and the file it writes runs and says so."""
+    import subprocess
+    import sys
+
+    from partitioner.cli import main
+
+    plan = tmp_path / "fit.json"
+    assert main(["fit", "mlp:tiny", "--devices", "cpu-gpu-npu", "--training", "--global-batch", "8",
+                 "--micro-batch", "4", "--pin", "linear_1=cuda:0", "--time-limit", "10", "-o", str(plan)]) == 0
+    out = tmp_path / "fit.py"
+    assert main(["emit", "mlp:tiny", "--plan", str(plan), "-o", str(out),
+                 "--bind", "cuda:0=cpu", "--bind", "npu:0=cpu"]) == 0
+    said = capsys.readouterr().out
+    assert "one micro-batch of 4" in said and "2 of them per global batch of 8" in said
+    run = subprocess.run([sys.executable, str(out)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
