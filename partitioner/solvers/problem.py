@@ -644,5 +644,6 @@ def explain_infeasibility(problem: Problem) -> str:
         d = min(p.device_names, key=lambda name: p.capacity[name])
         lines.append(f"no placement satisfies every memory cap and pin together; the tightest device is {d} "
                      f"with {p.capacity[d]:,} bytes")
-    hint = "raise the caps (--memory), remove pins, or allow weight streaming"
+    hint = ("raise the caps (--memory), remove pins, or size a smaller micro-batch (hetpart fit, partition(batch=...))"
+            if p.options.training else "raise the caps (--memory), remove pins, or allow weight streaming")
     return "no placement fits: " + "; ".join(lines) + f". To fix: {hint}."

@@ -181,3 +181,14 @@ def test_hetpart_fit_refuses_bad_input_in_one_line(capsys, argv, words) -> None:
     code = main(["fit", "gpt:tiny", *argv])
     _, err = capsys.readouterr()
     assert code == 2 and words in err and "Traceback" not in err
+
+
+def test_a_training_step_that_fits_nowhere_suggests_a_smaller_micro_batch_not_streaming(gpt_tiny) -> None:
+    """Weight streaming is for inference plans: the training error points to hetpart fit instead."""
+    module, inputs = gpt_tiny
+    with pytest.raises(InfeasiblePlacement) as err:
+        partition(module, inputs, "h200-host", memory={"cuda:0": "100KB", "cpu": "100KB"}, training=True,
+                  time_limit=5)
+    assert "smaller micro-batch (hetpart fit" in str(err.value) and "streaming" not in str(err.value)
+    with pytest.raises(InfeasiblePlacement, match="allow weight streaming"):
+        partition(module, inputs, "h200-host", memory={"cuda:0": "10KB", "cpu": "10KB"}, time_limit=5)
