@@ -18,8 +18,8 @@ plan`` on each profile, in this process (``partitioner.cli.main``). Each run is 
 * ``accepted``   exit status 0. A profile that still parses after truncation at a line boundary
   is valid TOML and planned for (TOML has no end marker; the count is reported). An accepted plan
   is *harmless* when everything ``emit`` uses (fingerprint, placement, weights, schedule, stream
-  mode, capture, inputs, training, devices) equals the original's and ``check`` passed; otherwise
-  it is a *silent success* (must be 0).
+  mode, capture, inputs, training, devices, batch section, and each fallback plan it still holds)
+  equals the original's and ``check`` passed; otherwise it is a *silent success* (must be 0).
 
     python bench/corruption_sweep.py [--out DIR] [--show N] [--run-accepted N] [--variant V]
 
@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import dataclasses
 import io
 import json
 import sys
@@ -190,9 +191,18 @@ def _emit_fields(plan: Any) -> tuple:
     """What decides the module ``emit`` builds: the graph it checks, where each op runs and where
     its weights live, the issue order, the capture and mode, the devices it binds. (Recorded
     inputs only re-capture the model when no example inputs are given; the commands pass them.)"""
-    fallbacks = tuple((f.fraction, _emit_fields(f.plan)) for f in getattr(plan, "fallbacks", ()))
     return (plan.fingerprint, dict(plan.placement), dict(plan.weights), plan.schedule, plan.stream_mode,
-            plan.capture, plan.training, plan.devices.names(), repr(plan.batch), fallbacks)
+            plan.capture, plan.training, plan.devices.names(),
+            {k: v for k, v in plan.batch.items() if k != "step_s"})  # step_s: a prediction, like predicted
+
+
+def _harmless(damaged: Any, original: Any) -> bool:
+    """Everything a command (or ``emit_live``) would run from ``damaged`` is ``original``'s: its own
+    fields, and each fallback plan it still holds (a fallback deleted whole is never run: the plan
+    reads as one made without it, which emit and check do not use either)."""
+    kept = {f.fraction: _emit_fields(f.plan) for f in original.fallbacks}
+    return _emit_fields(damaged) == _emit_fields(original) and all(
+        kept.get(f.fraction) == _emit_fields(f.plan) for f in damaged.fallbacks)
 
 
 def _outcome(code: int | None, err: str, accepted: str) -> tuple[str, str]:
@@ -214,9 +224,17 @@ def sweep_plans(folder: Path, plan_text: str, run_accepted: int | None = None) -
     only that many of the plans ``report`` loads (they all load like the first: a quicker sweep)."""
     from partitioner.plan import Plan
 
-    original = _emit_fields(Plan.from_json(plan_text))
-    damaged = [*truncations(plan_text),
-               *deletions_and_wrong_types(json.loads(plan_text), lambda t: json.dumps(t, indent=1))]
+    original = Plan.from_json(plan_text)
+    tree = json.loads(plan_text)
+    damaged = [*truncations(plan_text), *deletions_and_wrong_types(tree, lambda t: json.dumps(t, indent=1))]
+    if tree.get("fallbacks"):  # the first fallback plan, damaged three levels down in its own right
+        def embedded(inner: Any) -> str:
+            whole = copy.deepcopy(tree)
+            whole["fallbacks"][0]["plan"] = inner
+            return json.dumps(whole, indent=1)
+
+        damaged += [dataclasses.replace(d, what=f"fallbacks.0.plan.{d.what}")
+                    for d in deletions_and_wrong_types(tree["fallbacks"][0]["plan"], embedded)]
     runs = []
     loaded = 0
     for i, d in enumerate(damaged):
@@ -224,7 +242,8 @@ def sweep_plans(folder: Path, plan_text: str, run_accepted: int | None = None) -
         path.write_text(d.text, encoding="utf-8")
         report = _cli(["report", str(path), "-o", str(folder / "r.html"), "--force"])
         loaded += report[0] == 0
-        skip = report[0] == 0 and run_accepted is not None and loaded > run_accepted
+        skip = report[0] == 0 and run_accepted is not None and loaded > run_accepted \
+            and _harmless(Plan.load(path), original)  # a plan whose fields changed always goes on to emit
         for command, argv in (("report", None),
                               ("emit", ["emit", MODEL, "--plan", str(path), "-o", str(folder / "e.py"),
                                         "--force", *BIND]),
@@ -234,10 +253,15 @@ def sweep_plans(folder: Path, plan_text: str, run_accepted: int | None = None) -
             code, _, err = report if argv is None else _cli(argv)
             outcome, message = _outcome(code, err, "accepted")
             if outcome == "accepted":
-                same = _emit_fields(Plan.load(path)) == original
+                same = _harmless(Plan.load(path), original)
                 outcome = "harmless" if same else "silent success"
                 message = "" if same else "emit ran a plan whose placement fields changed"
             runs.append(Run(command, d, outcome, message))
+        mine = {r.command: r for r in runs[-3:] if r.damage is d}
+        if "emit" in mine and mine["report"].outcome == "silent success" and mine["emit"].outcome == "error":
+            # report runs nothing; a plan emit refuses is not run silently by anything (e.g. a batch
+            # section deleted whole: the rest reads as a plan at the micro-batch, which emit refuses)
+            runs[runs.index(mine["report"])] = Run("report", d, "accepted", "emit refuses it")
     return runs
 
 
