@@ -31,6 +31,7 @@ from backends.strict_report import planned_parameters
 from backends.torch.check import check_plan
 from partitioner import partition
 from tests.e2e.placements import plan_with_placement
+from tests.gpu.tower import Tower
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -39,23 +40,10 @@ WIDTH, DEPTH, BATCH = 4096, 8, 1024      # 64 MiB of fp32 weights per layer, ~69
 ACTIVATION_RESERVE = 512 * 2**20          # as bench/gpu_check.py: activations, stream buffers, rounding
 
 
-class Tower(nn.Module):
-    """``DEPTH`` square linear layers with ReLU: big weights, enough compute to hide their copies."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(nn.Linear(WIDTH, WIDTH) for _ in range(DEPTH))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = torch.relu(layer(x))
-        return x
-
-
 @pytest.fixture(scope="module")
 def tower() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     torch.manual_seed(0)
-    return Tower().eval(), (torch.randn(BATCH, WIDTH) / WIDTH**0.5,)
+    return Tower(WIDTH, DEPTH).eval(), (torch.randn(BATCH, WIDTH) / WIDTH**0.5,)
 
 
 def streamed_plan(model: nn.Module, inputs: tuple):  # noqa: ANN201 - a Plan

@@ -21,6 +21,7 @@ from torch import nn
 from backends.torch import emit_live
 from cost_models.profiles import DeviceSet
 from partitioner import partition
+from tests.gpu.tower import Tower
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -28,17 +29,6 @@ pytestmark = [pytest.mark.gpu,
 WIDTH, DEPTH, BATCH = 4096, 8, 256       # 64 MiB of fp32 weights per layer, 512 MiB in all
 LEFT_FREE = 1024 * 2**20                 # what the blocker leaves free
 MARGIN = "128MiB"
-
-
-class Tower(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(nn.Linear(WIDTH, WIDTH) for _ in range(DEPTH))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = torch.relu(layer(x))
-        return x
 
 
 def blocker(leave: int) -> torch.Tensor:
@@ -51,7 +41,7 @@ def blocker(leave: int) -> torch.Tensor:
 @pytest.fixture(scope="module")
 def tower() -> tuple[nn.Module, tuple[torch.Tensor, ...], torch.Tensor]:
     torch.manual_seed(0)
-    model = Tower().eval()
+    model = Tower(WIDTH, DEPTH).eval()
     inputs = (torch.randn(BATCH, WIDTH) / WIDTH**0.5,)
     with torch.no_grad():
         expected = model(*inputs)
