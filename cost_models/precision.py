@@ -23,6 +23,8 @@ float32 (when it runs it) and each 16-bit dtype whose peak rate in the profile i
 float32 peak ("runs well"); with a mapping, each named device computes its flexible ops in the
 dtype given, ``fixed`` ops in float32, and unnamed devices in float32 (or their first dtype
 when they cannot run float32).
+Without a ``precision`` setting (None) every op computes as traced and ``dtypes`` is not
+consulted, so plans made before precision existed stay as they were.
 
 Example:
     >>> from cost_models.profiles import load_profile
@@ -147,11 +149,8 @@ def resolve_precision(value: Any, devices: Any) -> Precision | None:
     Raises:
         PrecisionError: an unknown dtype or device, or a dtype the device's profile does not run.
     """
-    if value is None:
-        if any(d.dtypes and FLOAT32 not in d.dtypes for d in devices.devices):
-            value = {}  # a device without float32: its ops still need a low-precision dtype
-        else:
-            return None
+    if value is None:  # as traced: a profile's dtypes limit only plans that ask for precision
+        return None
     names = devices.names()
     can_fp32 = {d.name: FLOAT32 in device_dtypes(d) for d in devices.devices}
     if isinstance(value, str) and value.strip().lower() == "auto":

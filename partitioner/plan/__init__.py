@@ -33,6 +33,8 @@ The file (``format_version`` 1) holds these top-level keys, in this order::
                      "unsupported": {op: {device: why it failed when measured}}}; absent = analytic
     pipeline        optional {"micro_batches", "schedule", "world_size", "stages": [...], ...}:
                     pipeline stages, their ranks and hosts (see partitioner.plan.pipeline)
+    precision       optional {"setting", "ops": {op: "bfloat16" | "float16"}, "casts"}: ops computing
+                    in 16 bits (see partitioner.plan.precision)
 
 A plan never holds a number that is not finite: where a value may be unknown (a bound, a gap,
 an infeasible baseline's time, a predicted time) inf and nan become ``None``, written ``null``;
@@ -43,7 +45,8 @@ is a :class:`PlanFormatError` naming the file and the field path (``solver.gap``
 Modules: ``record`` (the :class:`Plan` record), ``values`` (its value types and format
 constants), ``reader`` (reading and validating files), ``consistency`` (the sections agree
 with each other), ``device_map`` (the accelerate-style module view), ``summary`` (the text for
-people), ``from_solve`` (a plan from a solver's solution), ``pipeline`` (the optional pipeline section).
+people), ``from_solve`` (a plan from a solver's solution), ``pipeline`` (the optional pipeline section),
+``precision`` (the optional precision section).
 """
 
 from partitioner.plan.record import Plan

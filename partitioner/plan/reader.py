@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 from cost_models.profiles import DeviceSet
 from partitioner.errors import ProfileError
 from partitioner.plan.pipeline import read_pipeline
+from partitioner.plan.precision import read_precision
 from partitioner.plan.values import (
     _BASELINE_KEYS, _MEMORY_KEYS, _MODEL_KEYS, _OBJECTIVES, _OPTIMIZERS, _PREDICTED_MAPS,
     _PREDICTED_OPTIONAL, _PREDICTED_REQUIRED, _REPLAN, _SOLVER_KEYS, _SOLVER_OPTIONAL, _STATUSES, _STREAM_MODES,
@@ -37,7 +38,7 @@ def plan_fields(d: Any, source: str) -> dict[str, Any]:
     top = r.mapping(d, "")
     if "format_version" in top:
         _check_version(r, top["format_version"])
-    r.keys(top, "", TOP_LEVEL_KEYS, ("constraints", "costs", "pipeline"))
+    r.keys(top, "", TOP_LEVEL_KEYS, ("constraints", "costs", "pipeline", "precision"))
     model = r.keys(top["model"], "model", _MODEL_KEYS, ("capture", "inputs", "edges", "param_names", "op_bytes"))
     return dict(
         model_name=r.string(model["name"], "model.name"),
@@ -70,6 +71,7 @@ def plan_fields(d: Any, source: str) -> dict[str, Any]:
         constraints=_read_constraints(r, top.get("constraints", {})),
         costs=_read_costs(r, top.get("costs", {})),
         pipeline=read_pipeline(r, top.get("pipeline", {})),
+        precision=read_precision(r, top.get("precision", {})),
         source=source,
     )
 

@@ -32,6 +32,7 @@ from cost_models.profiles import DeviceSet
 from partitioner.errors import HetpartError, PlanMismatch
 from partitioner.files import read_text, refuse_overwrite, write_atomic
 from partitioner.plan.pipeline import check_pipeline
+from partitioner.plan.precision import check_precision
 from partitioner.plan.reader import FieldReader, check_references, parse_json, plan_fields, read_memory, read_predicted
 from partitioner.plan.values import (
     _REPLAN, FORMAT_VERSION, BaselineInfo, InputSpec, SolverInfo, TransferInfo, _freeze, _plain,
@@ -90,6 +91,7 @@ class Plan:
     constraints: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # pins, caps, streaming, alignment
     costs: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # the cost model that priced it ({}: analytic)
     pipeline: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # stages, ranks, schedule (plan/pipeline.py)
+    precision: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # op -> 16-bit dtype (plan/precision.py)
     source: str = dataclasses.field(default="<plan>", compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -107,6 +109,7 @@ class Plan:
         object.__setattr__(self, "constraints", _freeze(dict(self.constraints)))
         object.__setattr__(self, "costs", _freeze(dict(self.costs)))
         object.__setattr__(self, "pipeline", _freeze(dict(self.pipeline)))
+        object.__setattr__(self, "precision", _freeze(dict(self.precision)))
         object.__setattr__(self, "param_names",
                            MappingProxyType({op: tuple(names) for op, names in self.param_names.items()}))
         unknown = [e for e in self.edges if e[0] not in self.placement or e[1] not in self.placement]
@@ -115,6 +118,7 @@ class Plan:
         object.__setattr__(self, "memory", _freeze(read_memory(reader, self.memory)))
         object.__setattr__(self, "predicted", _freeze(read_predicted(reader, self.predicted)))
         check_pipeline(self, reader)  # before the transfers are checked against its stages
+        check_precision(self, reader)
         check_references(self, reader)
 
     # -- JSON ---------------------------------------------------------------------------------
@@ -155,6 +159,8 @@ class Plan:
             out["costs"] = _plain(self.costs)
         if self.pipeline:
             out["pipeline"] = _plain(self.pipeline)
+        if self.precision:
+            out["precision"] = _plain(self.precision)
         return _plain(out)
 
     def to_json(self) -> str:

@@ -529,6 +529,22 @@ class Problem:
         """Seconds to copy a shared parameter to ``dst``, from the slowest possible source."""
         return max((self.transfer_s(param.bytes, s, dst) for s in self.device_names if s != dst), default=0.0)
 
+    def least_compute(self, node: str, device: str) -> float:
+        """``node``'s time on ``device`` in its fastest dtype there (bounds: no placement is faster)."""
+        return min(self.compute_in[node][device].values())
+
+    def least_param_mem(self, node: str) -> int:
+        """``node``'s parameter bytes in the dtype that holds them in the fewest (bounds)."""
+        return min(self.param_mem_at[node].values())
+
+    def least_work_mem(self, node: str) -> int:
+        """``node``'s working set in the dtype that needs the fewest bytes (bounds)."""
+        return min(self.work_mem_at[node].values())
+
+    def least_saved(self, node: str) -> int:
+        """``node``'s saved activations in the dtype that needs the fewest bytes (bounds)."""
+        return min(self.saved_at[node].values())
+
     def fits_alone(self, node: str, device: str) -> bool:
         """Whether ``node`` alone fits on ``device`` in some dtype it may use there: its working
         set, saved activations and its parameters, or its stream buffer where it may stream them
