@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from partitioner.plan.reader import FieldReader
     from partitioner.solvers.problem import Placement, Problem
 
-__all__ = ["precision_record", "read_precision", "check_precision", "PRECISION_KEYS"]
+__all__ = ["precision_record", "read_precision", "check_precision", "precision_lines", "PRECISION_KEYS"]
 
 PRECISION_KEYS = ("setting", "ops", "casts")
 
@@ -105,3 +105,19 @@ def check_precision(plan: Any, r: FieldReader) -> None:
         if dtype not in device_dtypes(device):
             r.fail(path, f"{op} computes in {dtype} on {device.name}, whose profile runs only "
                          f"{', '.join(device_dtypes(device))}")
+
+
+def precision_lines(plan: Any) -> list[str]:
+    """The summary's precision line: the setting, and how many ops compute in each 16-bit dtype where."""
+    section = plan.precision
+    if not section:
+        return []
+    counts: dict[tuple[str, str], int] = {}
+    for op, dtype in section["ops"].items():
+        key = (dtype, plan.placement[op])
+        counts[key] = counts.get(key, 0) + 1
+    setting = section["setting"]
+    shown = setting if isinstance(setting, str) else ", ".join(f"{d}={a}" for d, a in setting.items()) or "fp32"
+    where = ", ".join(f"{n} in {a} on {d}" for (a, d), n in sorted(counts.items())) or "every op in float32"
+    casts = f"; {section['casts']} casting" if "casts" in section else ""
+    return [f"  precision  {shown}: {where}{casts}"]

@@ -10,6 +10,7 @@ from typing import Any
 
 from cost_models.units import format_bytes, format_seconds
 from partitioner.plan.pipeline import summary_lines
+from partitioner.plan.precision import precision_lines
 from partitioner.plan.values import TransferInfo
 from partitioner.terminal import one_line
 
@@ -28,6 +29,7 @@ def summary_text(plan: Any) -> str:
     lines += solver_lines(plan)
     lines.append(f"  costs      {costs_text(plan)}")
     lines += summary_lines(plan)
+    lines += precision_lines(plan)
     busy = plan.predicted["per_device_s"]
     for device, ops in plan.per_device_ops().items():
         mem = plan.memory.get(device, {})
