@@ -28,7 +28,8 @@ if TYPE_CHECKING:
     from partitioner.plan.reader import FieldReader
     from partitioner.solvers.problem import Placement, Problem
 
-__all__ = ["precision_record", "read_precision", "check_precision", "precision_lines", "PRECISION_KEYS"]
+__all__ = ["precision_record", "read_precision", "check_precision", "precision_lines", "refuse_precision",
+           "PRECISION_KEYS"]
 
 PRECISION_KEYS = ("setting", "ops", "casts")
 
@@ -121,3 +122,18 @@ def precision_lines(plan: Any) -> list[str]:
     where = ", ".join(f"{n} in {a} on {d}" for (a, d), n in sorted(counts.items())) or "every op in float32"
     casts = f"; {section['casts']} casting" if "casts" in section else ""
     return [f"  precision  {shown}: {where}{casts}"]
+
+
+def refuse_precision(plan: Any, backend: str) -> None:
+    """Raise when ``plan`` computes ops in 16 bits: ``backend`` runs every op as traced.
+
+    Raises:
+        HetpartError: the plan has a precision section with 16-bit ops; names the backend and the fix.
+    """
+    from partitioner.errors import HetpartError
+
+    if plan.precision and plan.precision.get("ops"):
+        count = len(plan.precision["ops"])
+        raise HetpartError(f"{plan.source} computes {count} ops in 16 bits (its precision section), but {backend} runs "
+                           f"every op as traced: run it with plan.emit(model) (CLI: hetpart check / hetpart run), "
+                           f"or re-plan without --precision")
