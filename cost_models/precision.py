@@ -20,7 +20,9 @@ and optimizer state) and casts a low-precision op's weights on every call (price
 A device runs the dtypes its profile lists in ``dtypes`` (``dtypes = ["bfloat16", "float16"]``:
 an NPU without float32) or, when it lists none, every dtype. With ``"auto"`` a device is offered
 float32 (when it runs it) and each 16-bit dtype whose peak rate in the profile is above its
-float32 peak ("runs well"); with a mapping, each named device computes its flexible ops in the
+float32 peak ("runs well"), float16 only where it is faster than bfloat16 too (bfloat16 keeps
+float32's exponent range, so it needs no loss scaling; a device limited to ``dtypes`` is offered
+them under the same rule); with a mapping, each named device computes its flexible ops in the
 dtype given, ``fixed`` ops in float32, and unnamed devices in float32 (or their first dtype
 when they cannot run float32).
 Without a ``precision`` setting (None) every op computes as traced and ``dtypes`` is not
@@ -30,7 +32,7 @@ Example:
     >>> from cost_models.profiles import load_profile
     >>> p = resolve_precision("auto", load_profile("cpu-gpu-npu"))
     >>> p.dtypes["npu:0"]
-    ('bfloat16', 'float16')
+    ('bfloat16',)
 """
 
 from __future__ import annotations
@@ -109,10 +111,18 @@ def runs_well(device: Any) -> tuple[str, ...]:
     """The dtypes ``auto`` offers on ``device``: float32 when it runs it, and each 16-bit dtype it
     runs faster than float32 (its ``peak_flops`` entry above the float32 one), float32 first."""
     runs = device_dtypes(device)
-    if device.dtypes:  # the profile says what the device runs: offer all of it
-        return tuple(d for d in DTYPES if d in runs)
-    fast = tuple(d for d in LOW if d in device.peak_flops and device.peak(d) > device.peak(FLOAT32))
-    return (FLOAT32, *fast)
+    if device.dtypes:  # the profile says what the device runs: offer it (float16 as below)
+        offered = tuple(d for d in DTYPES if d in runs)
+    else:
+        offered = (FLOAT32, *(d for d in LOW if d in device.peak_flops and device.peak(d) > device.peak(FLOAT32)))
+    if "bfloat16" in offered and "float16" in offered and not _faster(device, "float16", "bfloat16"):
+        offered = tuple(d for d in offered if d != "float16")  # bfloat16 keeps float32's range: no loss scaling
+    return offered
+
+
+def _faster(device: Any, a: str, b: str) -> bool:
+    """Whether ``device``'s profile lists a higher peak rate for ``a`` than for ``b``."""
+    return a in device.peak_flops and (b not in device.peak_flops or device.peak(a) > device.peak(b))
 
 
 @dataclasses.dataclass(frozen=True)
