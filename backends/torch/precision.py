@@ -11,8 +11,8 @@ same module, in place, with explicit casts:
   dtype boundary, where the plan's cost model puts it (on the reader's device, once per value
   and device);
 * every float32 output of the model is cast back to float32 where it is produced in 16 bits;
-* inference plans store a weight in 16 bits when every op reading it computes in that dtype (the
-  plan's memory counts it so; no cast per call); training plans keep float32 master weights: the
+* inference plans store a weight in 16 bits when the op owning it computes in that dtype (the
+  plan's memory counts it so; no cast per call; a tied reader in another dtype casts it); training plans keep float32 master weights: the
   parameters stay float32 and their casts are part of the graph, so gradients (and the optimizer
   step) land in float32;
 * a training plan with float16 ops gets a :class:`LossScaler` (``module.hetpart_loss_scaler``):
@@ -58,7 +58,7 @@ def apply_precision(gm: torch.fx.GraphModule, plan: Any) -> torch.fx.GraphModule
                            f"precision needs the dtypes torch.export records; re-plan with capture 'export'")
     low = {op: DTYPES[a] for op, a in section["ops"].items()}
     if not plan.training:
-        _store_low_weights(gm, low)
+        _store_low_weights(gm, plan, low)
     _Casts(gm, low).run()
     fp16 = any(d is torch.float16 for d in low.values())
     if plan.training and fp16:
@@ -154,54 +154,35 @@ def _attr(gm: torch.fx.GraphModule, target: str) -> Any:
     return getattr(gm.get_submodule(owner) if owner else gm, attr)
 
 
-def _store_low_weights(gm: torch.fx.GraphModule, low: Mapping[str, torch.dtype]) -> None:
-    """Inference: a float32 weight every reader of which computes in one 16-bit dtype is stored in
-    it (tied names stay one tensor). Readers are the ops using its ``get_attr`` node (directly or
-    through a device copy); a streamed weight is fetched in float32 and keeps it."""
-    readers: dict[int, list[tuple[str, set[str]]]] = {}
+def _store_low_weights(gm: torch.fx.GraphModule, plan: Any, low: Mapping[str, torch.dtype]) -> None:
+    """Inference: a float32 weight whose owner op (``plan.param_names``) computes in 16 bits, and
+    does not stream it, is stored in that dtype, as the plan's memory counts it (tied names stay
+    one tensor; another reader in another dtype casts it)."""
+    owner_of = {name: op for op, names in plan.param_names.items() for name in names}
+    converted: dict[int, torch.Tensor] = {}
     for node in gm.graph.nodes:
         if node.op != "get_attr":
             continue
-        value = _attr(gm, str(node.target))
+        target = str(node.target)
+        op = owner_of.get(target)
+        if op is None or op not in low or op in plan.weights:
+            continue
+        owner, _, attr = target.rpartition(".")
+        module = gm.get_submodule(owner) if owner else gm
+        value = getattr(module, attr)
         if not isinstance(value, torch.Tensor) or value.dtype is not torch.float32:
             continue
-        readers.setdefault(id(value), []).append((str(node.target), set(_readers(node))))
-    converted: dict[int, torch.Tensor] = {}
-    for key, entries in readers.items():
-        ops = set().union(*(r for _, r in entries))
-        dtypes = {low.get(op) for op in ops}
-        if not ops or len(dtypes) != 1 or None in dtypes or any(op.startswith("\0") for op in ops):
-            continue
-        dtype = dtypes.pop()
-        for target, _ in entries:
-            owner, _, attr = target.rpartition(".")
-            module = gm.get_submodule(owner) if owner else gm
-            value = getattr(module, attr)
-            if key not in converted:
-                data = value.detach().to(dtype)
-                converted[key] = torch.nn.Parameter(data, requires_grad=False) \
-                    if isinstance(value, torch.nn.Parameter) else data
-            new = converted[key]
-            if isinstance(new, torch.nn.Parameter):
-                module._parameters[attr] = new
-            elif attr in module._buffers:
-                module._buffers[attr] = new
-            else:
-                setattr(module, attr, new)
-
-
-def _readers(node: torch.fx.Node) -> Iterable[str]:
-    """The op names reading ``node``'s value, through device copies; a streamer fetch reads it in
-    float32 (named ``"\\0stream"``, never an op)."""
-    for user in node.users:
-        if user.op == "call_method" and user.target == "to" and "val" not in user.meta:
-            yield from _readers(user)
-        elif user.op == "call_method" and user.target == "get":
-            yield "\0stream"
-        elif user.op == "output":
-            yield "\0output"
+        if id(value) not in converted:
+            data = value.detach().to(low[op])
+            converted[id(value)] = torch.nn.Parameter(data, requires_grad=False) \
+                if isinstance(value, torch.nn.Parameter) else data
+        new = converted[id(value)]
+        if isinstance(new, torch.nn.Parameter):
+            module._parameters[attr] = new
+        elif attr in module._buffers:
+            module._buffers[attr] = new
         else:
-            yield user.name
+            setattr(module, attr, new)
 
 
 class LossScaler:
