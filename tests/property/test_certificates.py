@@ -11,6 +11,10 @@ coarsened and not, the ILP at gap 0 (HiGHS, cold and warm started, and CBC)
   exceeds), and
 * the physical and the memory-aware lower bounds are no higher than the optimum.
 
+With ``precision="auto"`` (accelerators faster in 16 bits, a host as fast or a little faster,
+sometimes an accelerator running only bfloat16) the same holds against brute force over every
+(device, dtype) of every node.
+
 The instances are drawn by hypothesis with a fixed seed (``derandomize``) so CI sees the same
 ones every run; the last test checks that every kind of instance was drawn and prints the counts.
 """
@@ -197,17 +201,6 @@ def test_cbc_certificate_holds(case: tuple[Problem, dict]) -> None:
     assert not failures, (info, failures)
 
 
-def test_the_oracle_saw_every_kind_of_instance(capsys: pytest.CaptureFixture[str]) -> None:
-    if COUNTS["instances"] == 0:
-        pytest.skip("run with the oracle tests above")
-    with capsys.disabled():
-        print("\noracle:", ", ".join(f"{k} {v}" for k, v in sorted(COUNTS.items())))
-    for key in ("objective latency", "objective throughput", "objective makespan", "pipeline", "streaming", "training",
-                "tied", "coarsened", "pinned", "pinned producer, several consumers", "solver highs", "solver cbc"):
-        assert COUNTS[key] > 0, f"no instance with {key}: widen the strategy"
-    assert COUNTS["violations"] == 0
-
-
 @st.composite
 def precision_instances(draw: st.DrawFn) -> tuple[Problem, dict]:
     """A small problem planned with ``precision="auto"``: accelerators many times faster in 16 bits,
@@ -264,3 +257,16 @@ def test_precision_certificate_holds(case: tuple[Problem, dict], warm: bool) -> 
     COUNTS["precision"] += 1
     COUNTS["precision, 16-bit chosen"] += bool(solve_ilp(problem, time_limit=60, gap=0.0).placement.precision)
     assert not failures, (info, failures)
+
+
+def test_the_oracle_saw_every_kind_of_instance(capsys: pytest.CaptureFixture[str]) -> None:
+    if COUNTS["instances"] == 0:
+        pytest.skip("run with the oracle tests above")
+    with capsys.disabled():
+        print("\noracle:", ", ".join(f"{k} {v}" for k, v in sorted(COUNTS.items())))
+    for key in ("objective latency", "objective throughput", "objective makespan", "pipeline", "streaming", "training",
+                "tied", "coarsened", "pinned", "pinned producer, several consumers", "solver highs", "solver cbc",
+                "precision", "precision, 16-bit chosen"):
+        assert COUNTS[key] > 0, f"no instance with {key}: widen the strategy"
+    assert COUNTS["violations"] == 0
+
