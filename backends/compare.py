@@ -19,6 +19,14 @@ bfloat16     1.6e-2   1e-2     ~2 ulps of 2**-7 (torch.testing uses the same rto
 integer/bool 0        0        exact: indices, masks and counts must agree
 ============ ======== ======== =========================================================
 
+A plan that computes ops in 16 bits (its ``precision`` section) produces float32 outputs, losses and
+gradients through 16-bit arithmetic: each of them is held to the tolerance of the lowest dtype the
+plan computes in (``computed_in``: bfloat16 1.6e-2/1e-2, float16 2e-3/1e-3, rows above), and the
+report names that dtype beside the tensor's (``float32 via bfloat16``). A 16-bit op rounds its
+inputs and result to 8 (bfloat16) or 11 (float16) significant bits, so its error is a few units
+of 2**-8 or 2**-11 of its values; float32 softmax statistics, norms and reductions (the accuracy
+policy of :mod:`cost_models.precision`) keep it from growing along the model.
+
 The loss and the gradients are sums over many elements, so an element that nearly cancels to 0
 keeps the absolute error of its large summands: for them ``atol`` is scaled by the tensor's
 largest reference magnitude (``atol * max(1, max|original|)``). The *relative error* printed is
@@ -99,13 +107,15 @@ class TensorError:
     tolerance: Tolerance      # the tolerance it was held to
     passed: bool              # every element within the tolerance
     note: str = ""            # why it failed without numbers: shapes differ, gradient missing, ...
+    computed_in: str = ""     # the 16-bit dtype a float32 tensor was computed through ("": its own)
 
     def row(self) -> list[str]:
         """The cells of this tensor's line in :meth:`CheckReport.to_text`."""
         shape = "×".join(map(str, self.shape)) or "scalar"
         tol = "exact" if self.tolerance == EXACT else f"{self.tolerance.rtol:.0e}/{self.tolerance.atol:.0e}"
         verdict = "ok" if self.passed else "FAIL" + (f" ({self.note})" if self.note else "")
-        return [self.name, self.dtype, shape, f"{self.max_abs:.3g}", f"{self.max_rel:.3g}", tol, verdict]
+        dtype = f"{self.dtype} via {self.computed_in}" if self.computed_in else self.dtype
+        return [self.name, dtype, shape, f"{self.max_abs:.3g}", f"{self.max_rel:.3g}", tol, verdict]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,8 +181,10 @@ class CheckReport:
 MISSING = object()  # a gradient the emitted module did not produce (or has no parameter for)
 
 
-def compare(name: str, emitted: Any, original: torch.Tensor | None, *, summed: bool = False) -> TensorError:
-    """The error of ``emitted`` against ``original`` (``summed``: a reduction, atol scaled by its size).
+def compare(name: str, emitted: Any, original: torch.Tensor | None, *, summed: bool = False,
+            computed_in: torch.dtype | None = None) -> TensorError:
+    """The error of ``emitted`` against ``original`` (``summed``: a reduction, atol scaled by its size;
+    ``computed_in``: the 16-bit dtype a floating tensor was computed through, whose tolerance applies).
 
     Example:
         >>> compare("x", torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.00001])).passed
@@ -182,10 +194,13 @@ def compare(name: str, emitted: Any, original: torch.Tensor | None, *, summed: b
         ok = emitted is None or emitted is MISSING
         return TensorError(name, "-", (), 0.0, 0.0, EXACT, ok, "" if ok else "only the emitted module has a gradient")
     tol = tolerance_for(original.dtype)
+    via = ""
+    if computed_in is not None and original.is_floating_point() and tolerance_for(computed_in).rtol > tol.rtol:
+        tol, via = tolerance_for(computed_in), str(computed_in).removeprefix("torch.")
     dtype, shape = str(original.dtype).removeprefix("torch."), tuple(original.shape)
     failed = _structural_mismatch(emitted, original)
     if failed:
-        return TensorError(name, dtype, shape, float("inf"), float("inf"), tol, False, failed)
+        return TensorError(name, dtype, shape, float("inf"), float("inf"), tol, False, failed, via)
     work = torch.complex128 if original.is_complex() else torch.float64
     a, b = emitted.detach().to("cpu", work), original.detach().to("cpu", work)
     diff = (a - b).abs()
@@ -198,7 +213,7 @@ def compare(name: str, emitted: Any, original: torch.Tensor | None, *, summed: b
         atol = tol.atol * max(1.0, scale) if summed else tol.atol
         passed = bool(torch.all(diff <= atol + tol.rtol * b.abs()).item())  # NaN compares False: a failure
     note = "NaN" if not passed and diff.isnan().any().item() else ""
-    return TensorError(name, dtype, shape, max_abs, max_rel, tol, passed, note)
+    return TensorError(name, dtype, shape, max_abs, max_rel, tol, passed, note, via)
 
 
 def interleaved_medians(fns: Sequence[Callable[[], Any]], repeat: int,

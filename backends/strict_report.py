@@ -132,10 +132,15 @@ def observed_transfers(plan: Any, copies: Iterable[Copy]) -> dict[TransferKey, t
 
 
 def planned_parameters(plan: Any) -> dict[str, int]:
-    """Parameter bytes per device as the plan counts them: each op's own, where its weights live."""
+    """Parameter bytes per device as the plan counts them: each op's own, where its weights live
+    (an inference plan stores the weights of an op computing in 16 bits in half the bytes)."""
     out = {d: 0 for d in plan.devices.names()}
+    low = plan.precision.get("ops", {}) if plan.precision and not plan.training else {}
     for op in plan.param_ops:
-        out[plan.weights.get(op, plan.placement[op])] += plan.op_bytes.get(op, (0, 0))[1]
+        nbytes = plan.op_bytes.get(op, (0, 0))[1]
+        if op in low and op not in plan.weights:
+            nbytes //= 2
+        out[plan.weights.get(op, plan.placement[op])] += nbytes
     return out
 
 

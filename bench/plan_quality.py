@@ -29,6 +29,13 @@ share this machine's cores and loopback, so the ratio says how far this machine 
                                  [--onnx-models gpt,resnet50 | --onnx-models ''] [--onnx-profiles cpu-gpu-npu]
                                  [--skip-seed]
     python bench/plan_quality.py --part clusters,measured --steps 5      # the pipeline rows only
+    python bench/plan_quality.py --precision                            # the precision table only
+
+Precision rows (``--precision``): the seed case (emb-transformer ``base``, GPU capped to the
+embedding plus half the layers) and ``gpt:small`` on ``h200-host`` and ``cpu-gpu-npu`` (whose NPU
+runs only 16-bit), inference and training, planned all-float32 and with ``precision="auto"``:
+predicted time and memory per device side by side, and how many ops the auto plan computes in 16
+bits where (predictions of the cost model, not measurements).
 """
 
 from __future__ import annotations
@@ -189,7 +196,11 @@ def main() -> int:
     parser.add_argument("--skip-seed", action="store_true", help="leave out the seed case rows")
     parser.add_argument("--part", default="zoo,clusters,measured", help="which tables: zoo (with the ONNX and seed rows), clusters, measured")
     parser.add_argument("--steps", type=int, default=10, help="measured rows: timed steps per run")
+    parser.add_argument("--precision", action="store_true", help="only the precision table: auto vs all-fp32")
     args = parser.parse_args()
+    if args.precision:
+        precision_rows(args.time_limit)
+        return 0
     parts = set(args.part.split(","))
     if "clusters" in parts:
         cluster_rows(args.time_limit)
@@ -253,6 +264,50 @@ def main() -> int:
     print(f"speed-up over greedy on the capped seed case: {speedups[0]:.1f}x (emb+half layers), "
           f"{speedups[1]:.1f}x (2 GiB); target >= 10x: {'met' if max(speedups) >= 10 else 'MISSED'}")
     return 0 if all_ok else 1
+
+
+def precision_rows(time_limit: float) -> None:
+    """The precision table (see the module docstring): all-float32 vs ``precision="auto"``."""
+    from cost_models.units import format_bytes
+
+    cap = int(measured_anchors()["cap_half_layers"])
+    cases = [("seed case (GPU emb+half layers)", "emb-transformer", "base", {"cuda:0": cap}),
+             ("gpt:small", "gpt", "small", None)]
+    header = ["case", "profile", "mode", "fp32 time", "auto time", "speed-up", "fp32 memory per device",
+              "auto memory per device", "16-bit ops (auto)"]
+    rows = []
+    for label, name, size, caps in cases:
+        module, inputs = models.get(name, size, device="meta")
+        graph = from_module(module, inputs, name=f"{name}:{size}")
+        no_split = models.entry(name).no_split_classes
+        for profile in ("h200-host", "cpu-gpu-npu"):
+            for training in (False, True):
+                plans = {}
+                for precision in (None, "auto"):
+                    try:
+                        plans[precision] = partition_outcome(graph, devices=profile, memory=caps, training=training,
+                                                             precision=precision, time_limit=time_limit,
+                                                             no_split=no_split).plan
+                    except InfeasiblePlacement as exc:
+                        print(f"# {label} / {profile} / {precision}: {exc}")
+                if len(plans) < 2:
+                    continue
+                fp32, auto = plans[None], plans["auto"]
+
+                def memory(plan) -> str:  # noqa: ANN001
+                    return ", ".join(f"{d} {format_bytes(m['used'])}" for d, m in plan.memory.items() if m["used"])
+
+                where: dict[str, int] = {}
+                for op, dtype in auto.precision.get("ops", {}).items():
+                    key = f"{dtype} on {auto.placement[op]}"
+                    where[key] = where.get(key, 0) + 1
+                rows.append([label, profile, "training" if training else "inference",
+                             format_seconds(fp32.predicted["total_s"]), format_seconds(auto.predicted["total_s"]),
+                             f"{fp32.predicted['total_s'] / auto.predicted['total_s']:.2f}x", memory(fp32),
+                             memory(auto), f"{sum(where.values())}/{auto.op_count}: "
+                             + (", ".join(f"{n} {k}" for k, n in sorted(where.items())) or "none")])
+    _print(header, rows)
+    print("(predicted by the cost model; auto keeps softmax, norms, reductions and losses in float32)")
 
 
 def onnx_table(names: list[str], size: str, profiles: list[str], time_limit: float) -> tuple[list[list[str]], bool]:

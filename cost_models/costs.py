@@ -14,13 +14,15 @@ show it.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
-from cost_models.analytic import op_time, transfer_time
+from cost_models.analytic import kernel_time, op_time, transfer_time
 from cost_models.estimate import Estimate
 from cost_models.profiles import Device, DeviceSet
 from cost_models.training import Optimizer, optimizer_step_time, training_op_time
-from partitioner.ir import Op
+from cost_models.precision import cast_bytes, itemsize_factor
+from partitioner.ir import Op, OpClass
 
 __all__ = ["ANALYTIC", "CostModel"]
 
@@ -43,6 +45,28 @@ class CostModel:
     def training_op_time(self, op: Op, device: Device) -> Estimate:
         """Forward plus backward time of ``op`` on ``device``."""
         return training_op_time(op, device)
+
+    def op_time_in(self, op: Op, device: Device, dtype: str, *, training: bool = False) -> Estimate:
+        """Time of ``op`` on ``device`` computing in ``dtype`` (forward, or forward + backward).
+
+        In a 16-bit dtype the op moves half its bytes at the device's rate for that dtype; in
+        training it also casts its float32 master weights on every call (:meth:`cast_time`)."""
+        timed = self.training_op_time if training else self.op_time
+        if dtype == op.dtype:
+            return timed(op, device)
+        f = itemsize_factor(dtype)
+        low = dataclasses.replace(op, dtype=dtype, bytes_read=int(op.bytes_read * f),
+                                  bytes_written=int(op.bytes_written * f))
+        seconds = timed(low, device)
+        if training and op.trainable_param_bytes:
+            seconds = seconds + self.cast_time(op.trainable_param_bytes, device)
+        return seconds
+
+    def cast_time(self, nbytes_fp32: int, device: Device) -> Estimate:
+        """Time to cast a tensor of ``nbytes_fp32`` float32 bytes to or from a 16-bit dtype on ``device``."""
+        if nbytes_fp32 <= 0:
+            return Estimate()
+        return kernel_time(OpClass.ELEMENTWISE, "float32", 0, cast_bytes(nbytes_fp32), device)
 
     def transfer_time(self, nbytes: float, src: str, dst: str, devices: DeviceSet, *, pinned: bool = True) -> Estimate:
         """Time to copy ``nbytes`` from ``src`` to ``dst`` (``pinned``: from page-locked host memory)."""

@@ -301,7 +301,7 @@ _DEVICE_REQUIRED = {
 }
 _DEVICE_FIELDS = (*_DEVICE_REQUIRED, "efficiency", "mem_efficiency", "fixed_latency",
                   "supported_ops", "host", "cache_size", "cache_bandwidth", "onnx_provider", "alloc_threshold",
-                  "first_touch_bandwidth")
+                  "first_touch_bandwidth", "dtypes")
 _LINK_REQUIRED = {"between": 'between = ["cpu", "cuda:0"]', "bandwidth": 'bandwidth = "55GB/s"',
                   "latency": 'latency = "17us"'}
 _LINK_FIELDS = (*_LINK_REQUIRED, "pageable_bandwidth", "kind")
@@ -370,7 +370,26 @@ def _device_fields(name: str, raw: Mapping[str, Any], where: Where) -> dict[str,
         onnx_provider=provider,
         alloc_threshold=alloc_threshold,
         first_touch_bandwidth=first_touch,
+        dtypes=_dtypes(raw.get("dtypes"), where("dtypes")),
     )
+
+
+def _dtypes(raw: Any, where: str) -> tuple[str, ...] | None:
+    """The dtypes a device computes in (``dtypes = ["bfloat16", "float16"]``; None: all of them)."""
+    if raw is None:
+        return None
+    example = 'dtypes = ["bfloat16", "float16"]'
+    if isinstance(raw, str) or not isinstance(raw, (list, tuple)) or not raw:
+        raise ProfileError(f"{where}: {raw!r} is not a non-empty list of dtype names; e.g. {example}")
+    from cost_models.precision import DTYPES, PrecisionError, parse_dtype
+
+    out = []
+    for item in raw:
+        try:
+            out.append(parse_dtype(item, where))
+        except PrecisionError as exc:
+            raise ProfileError(f"{exc}; e.g. {example}") from None
+    return tuple(d for d in DTYPES if d in out)
 
 
 def _link_fields(raw: Mapping[str, Any], where: Where) -> dict[str, Any]:
@@ -443,6 +462,7 @@ class Device:
     onnx_provider: str | None = None             # onnxruntime provider of its ONNX parts (None: by kind)
     alloc_threshold: int = 0                     # bytes: outputs this large are fresh pages each call (0: none)
     first_touch_bandwidth: float = 0.0           # bytes/s at which fresh pages are faulted in
+    dtypes: tuple[str, ...] | None = None        # dtypes it computes in (None: all; cost_models.precision)
 
     def __post_init__(self) -> None:
         name = _device_name(self.name, "Device.name")
@@ -799,6 +819,8 @@ class DeviceSet:
             if d.supported_ops is not None:
                 out.append(f"supported_ops = [{', '.join(json.dumps(s) for s in d.supported_ops)}]")
             out.append(f"host = {json.dumps(d.host)}")
+            if d.dtypes is not None:
+                out.append(f"dtypes = [{', '.join(json.dumps(t) for t in d.dtypes)}]")
             if d.onnx_provider is not None:
                 out.append(f"onnx_provider = {json.dumps(d.onnx_provider)}")
             if d.cache_size:

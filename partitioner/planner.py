@@ -114,6 +114,7 @@ def partition_outcome(
     stages: int | None = None,
     batch: str | int | None = None,
     fallbacks: Sequence[float] | None = None,
+    precision: Any = None,
 ) -> Outcome:
     """Place every op of a model on the devices of a profile: the plan and how it was reached.
 
@@ -164,6 +165,11 @@ def partition_outcome(
         fallbacks: fractions in (0, 1), e.g. ``[0.75, 0.5]``: plans solved ahead of time with every
             accelerator's memory at that share of this plan's (``plan.fallbacks``); the module of
             :func:`backends.torch.emit_live` runs the first that fits the memory free at each call.
+        precision: the dtype each device computes in (:mod:`cost_models.precision`): ``"auto"`` (the
+            solver chooses per op among the dtypes each device runs well, by the profile's peak
+            rates), or ``{"cuda:0": "bf16", "cpu": "fp32"}``; ops the accuracy policy keeps in
+            float32 (softmax, norms, reductions, losses) stay float32; None: every op as traced.
+            Recorded in the plan's ``precision`` section; latency and throughput objectives only.
 
     Raises:
         InfeasiblePlacement: no placement fits the caps and pins; the message names the device,
@@ -188,6 +194,7 @@ def partition_outcome(
     if fractions and spec is not None:
         raise HetpartError("fallback plans are not made for pipeline plans (each stage is a process of its own); "
                            "drop fallbacks, or plan without stages")
+    dtypes = _precision(precision, profile, objective, spec)
     if spec is not None and not isinstance(model_or_graph, OpGraph) and example_inputs is not None:
         example_inputs = micro_batch_inputs(example_inputs, spec.micro_batches)  # costs are per micro-batch
     graph, inputs = _capture(model_or_graph, example_inputs, capture, model_name, dynamic_shapes, training,
@@ -205,7 +212,7 @@ def partition_outcome(
     options = Options(
         objective=_objective(objective), training=training, optimizer=parse_optimizer(optimizer),
         streaming=streaming and spec is None, link_budget=dict(link_budget or {}),
-        contiguous_stages=contiguous_stages, pipeline=spec,
+        contiguous_stages=contiguous_stages, pipeline=spec, precision=dtypes,
     )
     coarse = _coarsen(graph, options, coarsen, pins, align_modules)
     from cost_models.profiled import resolve_costs  # here: cost_models.profiled imports partitioner's errors
@@ -240,7 +247,7 @@ def partition_outcome(
             graph, example_inputs, base, objective=objective, memory=caps, training=training, optimizer=optimizer,
             pins=pins, solver=solver, time_limit=time_limit, gap=gap, streaming=streaming, coarsen=coarsen,
             no_split=no_split, align_modules=align_modules, link_budget=link_budget,
-            contiguous_stages=contiguous_stages, model_name=model_name, costs=costs).plan)
+            contiguous_stages=contiguous_stages, model_name=model_name, costs=costs, precision=precision).plan)
     return Outcome(plan, problem, coarse, solution, evaluation, baselines)
 
 
@@ -295,6 +302,18 @@ def _pipeline_spec(model_or_graph: Any, example_inputs: Any, profile: DeviceSet,
 
 #: The longest solve a time limit may ask for (a week): beyond it a limit is a mistake.
 MAX_TIME_LIMIT = 7 * 24 * 3600.0
+
+
+def _precision(value: Any, profile: DeviceSet, objective: str | Objective, spec: PipelineSpec | None) -> Any:
+    """The resolved ``precision`` setting (None: as traced), refused where it cannot be priced."""
+    from cost_models.precision import PrecisionError, resolve_precision
+
+    resolved = resolve_precision(value, profile)
+    if resolved is not None and (spec is not None or _objective(objective) is Objective.MAKESPAN):
+        raise PrecisionError("precision is planned for the latency and throughput objectives without pipeline "
+                             "stages (the makespan and pipeline models do not price 16-bit copies and casts): "
+                             "drop precision, or plan with objective 'latency' or 'throughput'")
+    return resolved
 
 
 def check_limits(time_limit: Any, gap: Any, names: tuple[str, str] = ("time_limit", "gap")) -> None:

@@ -74,7 +74,7 @@ def _check_memory(problem: Problem, placement: Placement, evaluation: Evaluation
     out = []
     params = {d: 0 for d in problem.device_names}
     for n in problem.nodes:
-        params[placement.residence(n)] += problem.param_mem[n]
+        params[placement.residence(n)] += problem.least_param_mem(n)  # 16 bits: as few as half
     for d in problem.device_names:
         if evaluation.memory[d] < params[d]:
             out.append(f"memory on {d} is reported as {evaluation.memory[d]:,} bytes, below its parameters ({params[d]:,})")

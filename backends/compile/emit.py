@@ -47,6 +47,9 @@ def emit_graph(
     gm: torch.fx.GraphModule, example_inputs: Sequence[Any], plan: Any, binding: Mapping[str, str]
 ) -> torch.fx.GraphModule:
     """A private copy of ``gm`` that runs ``plan`` on the bound devices (see the module docstring)."""
+    from partitioner.plan.precision import refuse_precision
+
+    refuse_precision(plan, "the torch.compile backend")
     private = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
     placeholders = [n for n in private.graph.nodes if n.op == "placeholder"]
     for node in private.graph.nodes:

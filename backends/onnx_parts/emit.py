@@ -51,6 +51,9 @@ def graph_for(plan: Any, model: str | os.PathLike[str] | onnx.ModelProto | OpGra
     Example:
         >>> graph = graph_for(plan, "resnet50.onnx")          # doctest: +SKIP
     """
+    from partitioner.plan.precision import refuse_precision
+
+    refuse_precision(plan, "the onnxruntime backend (emit_onnx)")
     if plan.capture != "onnx":
         raise OnnxError(f"{plan.source} was made for a torch model ({plan.capture} capture), not an ONNX model: "
                         "run it with plan.emit(module) / `hetpart emit MODEL.py`, or plan the .onnx file")

@@ -118,6 +118,9 @@ def rank_errors(output: str) -> str:
 
 
 def _require_pipeline(plan: Any) -> None:
+    from partitioner.plan.precision import refuse_precision
+
+    refuse_precision(plan, "the pipeline backend")
     if not plan.pipeline:
         raise HetpartError(f"{plan.source} is not a pipeline plan (no pipeline section): plan one with "
                            f"`hetpart plan MODEL --devices 4x-cpu-host --objective throughput`")

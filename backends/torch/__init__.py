@@ -12,6 +12,8 @@ module        what it does
               (``Plan.emit_source``); a generator in three parts (layout, forward, template)
 ``streaming`` :class:`WeightStreamer`: host-resident weights copied to the computing device per
               call, prefetched on a CUDA side stream
+``precision`` :func:`apply_precision`: casts where the plan computes in 16 bits, float32 master
+              weights in training, :class:`LossScaler` for float16 training
 ``check``     :func:`check_plan`: the emitted module beside the original, outputs and gradients
 ``strict``    :class:`StrictRun`: an emitted module (or generated file) under strict devices
 ``live``      :func:`emit_live`: a plan with its fallback plans; before each call the one that

@@ -6,7 +6,9 @@ to run both on, and a binding of the plan's logical devices to present ones
 Out: a :class:`~backends.compare.CheckReport`: every output (in training also the loss, the sum
 of the outputs, and every parameter's gradient) compared with :func:`~backends.compare.compare`
 under its dtype's tolerance, and the median wall time of the original and of the emitted module.
-The verdict needs every one of them: outputs, loss and gradients.
+The verdict needs every one of them: outputs, loss and gradients. A plan computing in 16 bits is
+held to its 16-bit dtype's tolerance (:func:`computed_in`; :mod:`backends.compare`), and float16
+training unscales the gradients of the module's loss scaler before comparing them.
 
 A plan with a ``batch`` section (:mod:`partitioner.batching`) is checked at its global batch: the
 original runs the whole batch at once, the emitted module runs the plan's micro-batches one after
@@ -35,6 +37,7 @@ from torch.utils import _pytree as pytree
 
 from backends.binding import bind_devices
 from backends.compare import MISSING, CheckReport, compare, interleaved_medians
+from backends.torch.precision import SCALER_ATTR
 from backends.torch.strict import StrictRun
 from partitioner.errors import DeviceMismatch, HetpartError, PlanMismatch
 
@@ -112,11 +115,13 @@ def check_plan(
             except DeviceMismatch as exc:  # the verdict; the numbers are still compared
                 devices = strict.report(error=str(exc))
                 emit_outs, emit_grads = run_emitted(emitted, args)
-        outputs = tuple(compare(name, emit_outs.get(name), ref) for name, ref in ref_outs.items())
+        via = computed_in(plan)
+        outputs = tuple(compare(name, emit_outs.get(name), ref, computed_in=via) for name, ref in ref_outs.items())
         loss = grads = None
         if training:
-            loss = compare("loss", _loss(list(emit_outs.values())), _loss(list(ref_outs.values())), summed=True)
-            grads = tuple(compare(name, emit_grads.get(name, MISSING), ref, summed=True)
+            loss = compare("loss", _loss(list(emit_outs.values())), _loss(list(ref_outs.values())), summed=True,
+                           computed_in=via)
+            grads = tuple(compare(name, emit_grads.get(name, MISSING), ref, summed=True, computed_in=via)
                           for name, ref in ref_grads.items() if ref is not None or emit_grads.get(name) is not None)
         original_s, emitted_s = interleaved_medians(
             [lambda: run(reference, args, keep=False), lambda: run_emitted(emitted, args, keep=False)], repeat, sync)
@@ -165,6 +170,19 @@ def _accumulated(steps: int, whole: Callable[..., tuple[dict, dict]]) -> Callabl
         return outs, {name: p.grad for name, p in params.items() if p.requires_grad}
 
     return run
+
+
+MAX_SKIPPED_STEPS = 40  # float16 training: overflowing steps skipped before the gradients are compared anyway
+
+
+def computed_in(plan: Any) -> torch.dtype | None:
+    """The 16-bit dtype whose tolerance a precision plan's results are held to: the loosest it
+    computes in (bfloat16 before float16); None for a plan computing as traced."""
+    dtypes = set(plan.precision.get("ops", {}).values()) if plan.precision else set()
+    for name in ("bfloat16", "float16"):
+        if name in dtypes:
+            return getattr(torch, name)
+    return None
 
 
 def _strict_forward(strict: StrictRun, module: torch.nn.Module, args: tuple) -> Any:
@@ -219,8 +237,22 @@ def _training_step(module: torch.nn.Module, args: tuple, *, keep: bool = True,
     params = dict(module.named_parameters())
     for p in params.values():
         p.grad = None
-    outs = _outputs(call(module, args))
-    _loss(list(outs.values())).backward()
+    scaler = getattr(module, SCALER_ATTR, None)
+    for _ in range(MAX_SKIPPED_STEPS):
+        outs = _outputs(call(module, args))
+        loss = _loss(list(outs.values()))
+        if scaler is None:
+            loss.backward()
+            break
+        # float16 training: dynamic loss scaling; a step whose gradients overflow is skipped (the
+        # scale backs off) and taken again, as GradScaler would on the next batch
+        scaler.scale_loss(loss).backward()
+        finite = scaler.unscale(params.values())
+        scaler.update(finite)
+        if finite:
+            break
+        for p in params.values():
+            p.grad = None
     if not keep:
         return {}, {}
     grads = {name: p.grad for name, p in params.items() if p.requires_grad}

@@ -22,6 +22,8 @@ logical devices to real ones (``{"cuda:0": "cpu"}`` runs any plan on a CPU-only 
   :class:`~backends.torch.streaming.WeightStreamer`: on CUDA, copies run on a side stream a
   few ops ahead, ordered by events; on a CPU binding the same path makes plain copies.
 
+A plan with a ``precision`` section gets its casts from :mod:`backends.torch.precision`.
+
 The generated ``forward`` is ordinary fx Python code (``module.code``): no interpreter at run time.
 """
 
@@ -39,6 +41,7 @@ import torch
 import torch.fx
 
 from backends.binding import bind_devices
+from backends.torch.precision import apply_precision
 from backends.torch.streaming import WeightStreamer
 from partitioner.errors import HetpartError, PlanMismatch
 from partitioner.frontends.fx import capture_mode, from_module
@@ -108,6 +111,7 @@ def emit_module(
     _match_persistence(gm, model)
     tensors = {name for name, t in graph.tensors.items() if t.dtype != NOT_A_TENSOR}
     gm = place_module(gm, plan, binding, tensors=tensors)
+    apply_precision(gm, plan)  # casts where the plan computes in 16 bits (a no-op without a precision section)
     if plan.inputs:
         gm.register_forward_pre_hook(PlannedInputs(plan.inputs, _input_names(model)), prepend=True)
     return gm

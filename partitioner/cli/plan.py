@@ -52,6 +52,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                          "divisor of the batch up to 2x the devices); throughput on a cluster plans stages anyway")
     pl.add_argument("--schedule", choices=["gpipe", "1f1b"], help="pipeline schedule (default 1f1b)")
     pl.add_argument("--stages", type=positive_int, metavar="N", help="exactly N pipeline stages (default: the best)")
+    pl.add_argument("--precision", metavar="auto|DEVICE=DTYPE,...",
+                    help="compute in 16 bits: auto (the solver chooses per op among the dtypes each device runs "
+                         "well) or per device, e.g. cuda:0=bf16,cpu=fp32 (softmax, norms, losses stay fp32)")
     pl.add_argument("-o", "--output", metavar="FILE", help="write the plan (see --format)")
     pl.add_argument("--format", default="json", choices=["json", "device-map", "csv"],
                     help="json: the plan file; device-map: accelerate's device_map; csv: op, module, device, seconds")
@@ -75,6 +78,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     profile = profile_for(args.devices, margin=args.detect_margin)  # fails before the model is captured
     if profile.probe is not None:
         print("\n".join(profile.notes[-1 - len(profile.probe.notes):]), file=sys.stderr)
+    if args.precision is not None:  # a bad --precision fails before the capture too
+        from cost_models.precision import resolve_precision
+
+        resolve_precision(args.precision, profile)
     # zoo models: shapes only, no memory for weights (measuring ops needs real ones);
     # ONNX models: the path, imported by partition
     loaded = load_model(args.model, device=None if args.costs == "profiled" else "meta",
@@ -91,6 +98,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         align_modules=args.align_modules, dynamic_shapes=_dynamic(args.dynamic), input_shapes=loaded.input_shapes,
         costs=args.costs,
         micro_batches=args.micro_batches, schedule=args.schedule, stages=args.stages, fallbacks=args.fallbacks,
+        precision=args.precision,
     )
     print(plan.summary())
     if args.output:

@@ -37,6 +37,8 @@ The file (``format_version`` 1) holds these top-level keys, in this order::
                     a plan costed at one micro-batch, accumulated to the global batch (partitioner.plan.batch)
     probe           optional: the live memory read for ``--devices detect`` (see partitioner.plan.live)
     fallbacks       optional [{"fraction", "plan"}, ...]: plans for less accelerator memory (plan.live)
+    precision       optional {"setting", "ops": {op: "bfloat16" | "float16"}, "casts"}: ops computing
+                    in 16 bits (see partitioner.plan.precision)
 
 A plan never holds a number that is not finite: where a value may be unknown (a bound, a gap,
 an infeasible baseline's time, a predicted time) inf and nan become ``None``, written ``null``;
@@ -48,7 +50,8 @@ Modules: ``record`` (the :class:`Plan` record), ``values`` (its value types and 
 constants), ``reader`` (reading and validating files), ``consistency`` (the sections agree
 with each other), ``device_map`` (the accelerate-style module view), ``summary`` (the text for
 people), ``from_solve`` (a plan from a solver's solution), ``pipeline`` (the optional pipeline section),
-``batch`` (the optional batch section), ``live`` (the optional probe and fallbacks sections).
+``batch`` (the optional batch section), ``live`` (the optional probe and fallbacks sections),
+``precision`` (the optional precision section).
 """
 
 from partitioner.plan.record import Plan

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from partitioner.plan.pipeline import pipeline_record
+from partitioner.plan.precision import precision_record
 from partitioner.plan.values import BaselineInfo, InputSpec, SolverInfo, TransferInfo
 
 if TYPE_CHECKING:
@@ -48,6 +49,7 @@ def fields_from_solution(
     weights = {op: home for n, home in placement.streamed.items() if home != placement.device[n]
                for op in problem.members[n] if graph.ops[op].owned_params}
     order = placement.order or problem.nodes
+    precision = precision_record(problem, placement)
     return dict(
         model_name=model_name or graph.name,
         inputs=inputs if inputs is not None else tuple(
@@ -61,6 +63,7 @@ def fields_from_solution(
         constraints=dict(constraints or {}),
         costs=problem.costs.record(),
         pipeline=pipeline_record(problem, placement) if problem.options.pipeline is not None else {},
+        precision=precision,
         fingerprint=graph.fingerprint(),
         op_count=len(graph),
         modules={op.name: op.module_path for op in graph.topological_order()},
@@ -79,7 +82,7 @@ def fields_from_solution(
         predicted={"total_s": ev.total_s, "critical_path_s": ev.critical_path_s,
                    "per_device_s": dict(ev.per_device_s), "per_link_s": dict(ev.per_link_s),
                    "lower_bound_s": lower_bound if lower_bound is not None else solution.bound,
-                   "per_op_s": _per_op_seconds(problem, device),
+                   "per_op_s": _per_op_seconds(problem, device, precision.get("ops")),
                    "per_op_device_s": _per_op_device_seconds(problem)},
         solver=_solver_info(problem, solution, ev.total_s, ilp, requested_gap),
         baselines={name: b if isinstance(b, BaselineInfo) else
@@ -126,8 +129,9 @@ def _per_op_device_seconds(problem: Problem) -> dict[str, dict[str, float | None
     return out
 
 
-def _per_op_seconds(problem: Problem, device: Mapping[str, str]) -> dict[str, float]:
-    """Each op's own time on its device, the cost model's view of the problem's node times."""
-    cost = problem.costs.training_op_time if problem.options.training else problem.costs.op_time
-    ops = problem.original.ops
-    return {op: cost(ops[op], problem.devices.device(d)).seconds for op, d in device.items()}
+def _per_op_seconds(problem: Problem, device: Mapping[str, str],
+                    precision: Mapping[str, str] | None = None) -> dict[str, float]:
+    """Each op's own time on its device (in its dtype), the cost model's view of the problem's node times."""
+    ops, dtype = problem.original.ops, precision or {}
+    return {op: problem.compute_time(ops[op], problem.devices.device(d), dtype.get(op, "float32"))
+            for op, d in device.items()}

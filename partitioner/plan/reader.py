@@ -20,6 +20,7 @@ from partitioner.errors import ProfileError
 from partitioner.plan.batch import read_batch
 from partitioner.plan.live import read_fallbacks, read_probe
 from partitioner.plan.pipeline import read_pipeline
+from partitioner.plan.precision import read_precision
 from partitioner.plan.values import (
     _BASELINE_KEYS, _MEMORY_KEYS, _MODEL_KEYS, _OBJECTIVES, _OPTIMIZERS, _PREDICTED_MAPS,
     _PREDICTED_OPTIONAL, _PREDICTED_REQUIRED, _REPLAN, _SOLVER_KEYS, _SOLVER_OPTIONAL, _STATUSES, _STREAM_MODES,
@@ -39,7 +40,7 @@ def plan_fields(d: Any, source: str) -> dict[str, Any]:
     top = r.mapping(d, "")
     if "format_version" in top:
         _check_version(r, top["format_version"])
-    r.keys(top, "", TOP_LEVEL_KEYS, ("constraints", "costs", "pipeline", "batch", "probe", "fallbacks"))
+    r.keys(top, "", TOP_LEVEL_KEYS, ("constraints", "costs", "pipeline", "batch", "probe", "fallbacks", "precision"))
     model = r.keys(top["model"], "model", _MODEL_KEYS, ("capture", "inputs", "edges", "param_names", "op_bytes"))
     return dict(
         model_name=r.string(model["name"], "model.name"),
@@ -75,6 +76,7 @@ def plan_fields(d: Any, source: str) -> dict[str, Any]:
         batch=read_batch(r, top.get("batch", {})),
         probe=read_probe(r, top.get("probe", {})),
         fallbacks=read_fallbacks(r, top.get("fallbacks", [])),
+        precision=read_precision(r, top.get("precision", {})),
         source=source,
     )
 

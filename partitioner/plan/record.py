@@ -34,6 +34,7 @@ from partitioner.files import read_text, refuse_overwrite, write_atomic
 from partitioner.plan.batch import check_batch
 from partitioner.plan.live import FallbackPlan, check_fallbacks
 from partitioner.plan.pipeline import check_pipeline
+from partitioner.plan.precision import check_precision
 from partitioner.plan.reader import FieldReader, check_references, parse_json, plan_fields, read_memory, read_predicted
 from partitioner.plan.values import (
     _REPLAN, FORMAT_VERSION, BaselineInfo, InputSpec, SolverInfo, TransferInfo, _freeze, _plain,
@@ -95,6 +96,7 @@ class Plan:
     batch: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # micro-batch, accumulation (plan/batch.py)
     probe: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # memory read by --devices detect (plan/live.py)
     fallbacks: tuple[FallbackPlan, ...] = ()   # plans for less free memory, solved ahead of time (plan/live.py)
+    precision: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # op -> 16-bit dtype (plan/precision.py)
     source: str = dataclasses.field(default="<plan>", compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -115,6 +117,7 @@ class Plan:
         object.__setattr__(self, "batch", _freeze(dict(self.batch)))
         object.__setattr__(self, "probe", _freeze(dict(self.probe)))
         object.__setattr__(self, "fallbacks", tuple(self.fallbacks))
+        object.__setattr__(self, "precision", _freeze(dict(self.precision)))
         object.__setattr__(self, "param_names",
                            MappingProxyType({op: tuple(names) for op, names in self.param_names.items()}))
         unknown = [e for e in self.edges if e[0] not in self.placement or e[1] not in self.placement]
@@ -124,6 +127,7 @@ class Plan:
         object.__setattr__(self, "predicted", _freeze(read_predicted(reader, self.predicted)))
         check_pipeline(self, reader)  # before the transfers are checked against its stages
         check_batch(self, reader)
+        check_precision(self, reader)
         check_references(self, reader)
         check_fallbacks(self, reader)
 
@@ -171,6 +175,8 @@ class Plan:
             out["probe"] = _plain(self.probe)
         if self.fallbacks:
             out["fallbacks"] = [f.to_dict() for f in self.fallbacks]
+        if self.precision:
+            out["precision"] = _plain(self.precision)
         return _plain(out)
 
     def to_json(self) -> str:

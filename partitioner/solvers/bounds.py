@@ -17,6 +17,9 @@ In: a :class:`~partitioner.solvers.problem.Problem`. Out: seconds.
   micro-batches the schedule keeps (GPipe: ``M``, 1F1B: one) and no relay. Every placement is a
   point of this program, so its optimum is a lower bound, and it is at least the physical one.
   It is computed on the uncoarsened graph, so it bounds every placement, coarsened or not.
+
+With precision (``Options.precision``) both price every node in its cheapest dtype (fastest
+compute, fewest bytes), so they bound every choice of dtypes too.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ log = logging.getLogger(__name__)
 
 def fastest(problem: Problem, node: str) -> float:
     """A node's time on its fastest allowed device, with its cheapest optimizer step."""
-    compute = min(problem.compute[node].values())
+    compute = min(problem.least_compute(node, d) for d in problem.compute[node])
     step = min(problem.opt_step[node].values()) if problem.options.training else 0.0
     return compute + step
 
@@ -49,7 +52,7 @@ def physical_lower_bound(problem: Problem) -> float:
     objective = problem.options.objective
     spec = problem.options.pipeline
     if spec is not None:  # every stage time <= the bottleneck, and they add up to at least the work
-        compute = sum(min(problem.compute[n].values()) for n in problem.nodes)
+        compute = sum(min(problem.least_compute(n, d) for d in problem.compute[n]) for n in problem.nodes)
         steps = sum(best.values()) - compute
         devices = len(problem.device_names)
         return compute * (1 + (spec.micro_batches - 1) / devices) + steps / devices
@@ -105,7 +108,7 @@ def _program(p: Problem, scale: float) -> Milp:
     step_terms: dict[str, list[Term]] = {d: [] for d in p.device_names}  # per device: optimizer steps
     for n in p.nodes:
         for d, v in x[n].items():
-            time_terms[d].append((scale * p.compute[n][d], v))
+            time_terms[d].append((scale * p.least_compute(n, d), v))
             if p.opt_step[n][d]:  # no streaming in training: the step runs where the node runs
                 step_terms[d].append((scale * p.opt_step[n][d], v))
         for d, v in s.get(n, {}).items():
@@ -118,9 +121,9 @@ def _program(p: Problem, scale: float) -> Milp:
         buffer = m.column(f"buffer[{d}]")
         for n in p.nodes:
             if d in x[n]:
-                terms += [(mu * p.param_mem[n], x[n][d]), (mu * in_flight * p.saved[n], x[n][d])]
-                if p.work_mem[n]:
-                    m.at_least(f"working_set[{n}][{d}]", work, [(mu * p.work_mem[n], x[n][d])])
+                terms += [(mu * p.least_param_mem(n), x[n][d]), (mu * in_flight * p.least_saved(n), x[n][d])]
+                if p.least_work_mem(n):
+                    m.at_least(f"working_set[{n}][{d}]", work, [(mu * p.least_work_mem(n), x[n][d])])
             if d in s.get(n, {}):
                 terms.append((-mu * p.param_mem[n], s[n][d]))
                 m.at_least(f"buffer[{n}][{d}]", buffer,

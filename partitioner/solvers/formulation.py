@@ -23,6 +23,14 @@ memory ``unit.memory`` per byte, chosen by ``ilp.py`` so that the numbers stay w
 * latency: ``T >=`` compute + copies + shared-parameter copies + stream issue; throughput: ``T >=``
   each device's load; makespan: see :mod:`partitioner.solvers.makespan`; every objective:
   ``T >=`` each link's load;
+* precision (``Options.precision``): where node ``v`` may compute in several dtypes on ``d``,
+  ``r[v,d,a]`` binary with ``dtype[v,d]``: ``sum_a r[v,d,a] = x[v,d]`` (elsewhere ``r`` is ``x`` for
+  the one dtype, or 0): the decision is (device, dtype). Compute, parameters, working set and
+  saved activations are priced per ``r``; a stream needs float32 (``s[v,d] <= r[v,d,float32]``);
+  a copy is sized by the largest dtype its producer may hold it in on the source, and
+  ``half[t,a,b] <= y[t,a,b]``, ``half <= sum_low r[producer,a,low]`` takes back the bytes saved
+  when it crosses in 16 bits; ``cast[t,c,d] >= [c reads in a on d] - [t held in a]`` for each
+  dtype ``a`` prices a reader's cast, and ``r[v,d,low]`` the cast of a 16-bit graph output;
 * ``symmetry[d1,d2,k]``: between two interchangeable devices (same figures, same links, same
   cap, no pins, the same nodes allowed) the first node placed on either goes to the first one.
 
@@ -44,7 +52,8 @@ import itertools
 from collections.abc import Mapping
 
 from partitioner.solvers.milp import Column, Milp, Term, value
-from partitioner.solvers.problem import Objective, Placement, Problem, StreamMode, list_schedule
+from cost_models.precision import FLOAT32, LOW
+from partitioner.solvers.problem import Objective, Placement, Problem, StreamMode, list_schedule, node_dtypes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,8 +96,11 @@ class Formulation:
         self.milp = Milp()
         self.defined: dict[int, list[int]] = {}  # column -> rows "column >= ..." that define it
         self._assignment()
+        self._dtypes()
         self._streaming()
         self._copies()
+        self._halves()
+        self._casts()
         self._shared()
         self._memory()
         self._link_budgets()
@@ -124,7 +136,7 @@ class Formulation:
         out = {}
         for n in self.p.nodes:
             cheap = tuple(d for d in self.p.allowed[n]
-                          if not self.too_dear(self.p.compute[n][d]) and self.p.fits_alone(n, d))
+                          if not self.too_dear(min(self.p.compute_in[n][d].values())) and self.p.fits_alone(n, d))
             out[n] = cheap or self.p.allowed[n]
         return out
 
@@ -149,6 +161,29 @@ class Formulation:
             return 0.0
         return self.xv[node].get(device, 1.0)
 
+    def r(self, node: str, device: str, dtype: str) -> Column | float:
+        """The (device, dtype) column: ``node`` runs on ``device`` in ``dtype`` (or a constant)."""
+        if device not in self.allowed[node] or dtype not in self.p.choices[node][device]:
+            return 0.0
+        per = self.rv.get(node, {}).get(device)
+        return per[dtype] if per else self.x(node, device)
+
+    def held(self, node: str | None, dtype: str) -> list[Term]:
+        """Terms of "``node`` computes in ``dtype``" (on whichever device); ``None``: a graph input (float32)."""
+        if node is None:
+            return [(1.0 if dtype == FLOAT32 else 0.0, 1.0)]
+        return [(1.0, self.r(node, d, dtype)) for d in self.allowed[node]]
+
+    def dtypes_on(self, node: str, device: str) -> tuple[str, ...]:
+        return self.p.choices[node].get(device, ()) if device in self.allowed[node] else ()
+
+    def copy_nbytes(self, t, src: str) -> int:  # noqa: ANN001 - a CrossTensor
+        """Bytes a copy of ``t`` from ``src`` carries at most: held in its producer's largest dtype there."""
+        if t.producer is None or not t.follows:
+            return t.bytes
+        dtypes = self.dtypes_on(t.producer, src) or (FLOAT32,)
+        return max(self.p.copy_bytes(t, a) for a in dtypes)
+
     def resident(self, node: str, device: str) -> list[Term]:
         """Terms of "``node``'s own parameters live on ``device``"."""
         terms: list[Term] = [(1.0, self.x(node, device))]
@@ -169,11 +204,23 @@ class Formulation:
             self.xv[n] = {d: self.milp.column(_name("x", n, d), upper=1.0, integer=True) for d in allowed}
             self.milp.equal(_name("assign", n), [(1.0, v) for v in self.xv[n].values()], 1.0)
 
+    def _dtypes(self) -> None:
+        self.rv: dict[str, dict[str, dict[str, Column]]] = {}
+        for n in self.p.nodes:
+            for d in self.allowed[n]:
+                dtypes = self.p.choices[n][d]
+                if len(dtypes) < 2:
+                    continue
+                cols = self.rv.setdefault(n, {})[d] = {
+                    a: self.milp.column(_name("r", n, d, a), upper=1.0, integer=True) for a in dtypes}
+                self.milp.equal(_name("dtype", n, d), [(1.0, c) for c in cols.values()]
+                                + [(-1.0, self.x(n, d))], 0.0)
+
     def _streaming(self) -> None:
         self.sv: dict[str, dict[str, Column]] = {}
         p = self.p
         for n in p.streamable:
-            targets = [d for d in self.allowed[n] if d != p.host
+            targets = [d for d in self.allowed[n] if d != p.host and FLOAT32 in p.choices[n][d]
                        and not self.too_dear(p.node_stream_issue_s(n, d))
                        and not any(self.too_dear(p.node_stream_hop_s(n, p.host, d, lbl)) for lbl in p.hops(p.host, d))]
             if not targets:
@@ -182,6 +229,8 @@ class Formulation:
             for d, s in self.sv[n].items():
                 if isinstance(self.x(n, d), Column):
                     self.milp.at_most(_name("stream_le_x", n, d), [(1.0, s), (-1.0, self.x(n, d))], 0.0)
+                if d in self.rv.get(n, {}):  # streamed weights are float32: the node computes in float32
+                    self.milp.at_most(_name("stream_fp32", n, d), [(1.0, s), (-1.0, self.r(n, d, FLOAT32))], 0.0)
 
     def _copies(self) -> None:
         """One ``Copy`` per (tensor, source, destination) that may happen; see the module docstring."""
@@ -200,9 +249,9 @@ class Formulation:
                 stay = self.x(t.producer, b)
                 if isinstance(stay, float) and any(isinstance(xc, float) and xc >= 1 for xc, _ in demands) \
                         and stay == 0 and len(origins) == 1:
-                    self.copies.append(Copy(t.name, origins[0], b, t.bytes, 1.0))  # both ends fixed
+                    self.copies.append(Copy(t.name, origins[0], b, self.copy_nbytes(t, origins[0]), 1.0))  # both ends fixed
                     continue
-                dear = [a for a in origins if self.too_dear(self.copy_cost(t.bytes, a, b))]
+                dear = [a for a in origins if self.too_dear(self.copy_cost(self.least_bytes(t, a), a, b))]
                 for a in dear:  # never both: the copy alone costs more than the cutoff
                     for xc, c in demands:
                         self.milp.at_most(_name("no_copy", t.name, c, a, b), [(1.0, self.x(t.producer, a)), (1.0, xc)], 1.0)
@@ -214,7 +263,7 @@ class Formulation:
                     y = self.milp.column(_name("y", t.name, a, b), upper=1.0)
                     for xc, c in demands:
                         self.ge(_name("send", t.name, c, b), y, [(1.0, xc), (-1.0, stay)])
-                    self.copies.append(Copy(t.name, a, b, t.bytes, y))
+                    self.copies.append(Copy(t.name, a, b, self.copy_nbytes(t, a), y))
                     continue
                 ys = [(a, self.milp.column(_name("y", t.name, a, b), upper=1.0)) for a in origins]
                 for xc, c in demands:
@@ -223,8 +272,79 @@ class Formulation:
                                   + [(1.0, self.x(t.producer, a)) for a in dear], lower=0.0)
                 for a, y in ys:
                     self.milp.at_most(_name("from", t.name, a, b), [(1.0, y), (-1.0, self.x(t.producer, a))], 0.0)
-                    self.copies.append(Copy(t.name, a, b, t.bytes, y))
+                    self.copies.append(Copy(t.name, a, b, self.copy_nbytes(t, a), y))
                 self.y_multi[(t.name, b)] = ys
+
+    def least_bytes(self, t, src: str) -> int:  # noqa: ANN001 - a CrossTensor
+        """Bytes a copy of ``t`` from ``src`` carries at least (its producer's smallest dtype there)."""
+        if t.producer is None or not t.follows:
+            return t.bytes
+        return min(self.p.copy_bytes(t, a) for a in (self.dtypes_on(t.producer, src) or (FLOAT32,)))
+
+    def _halves(self) -> None:
+        """``half`` columns: a copy that crosses in 16 bits carries half its float32 bytes."""
+        p = self.p
+        self.halves: list[tuple[Copy, Column, int]] = []  # (copy, column, bytes saved)
+        info = p.tensor_info
+        for k, cp in enumerate(self.copies):
+            t = info[cp.tensor]
+            saved = cp.nbytes - self.least_bytes(t, cp.src)
+            if saved <= 0:
+                continue
+            low = [(1.0, self.r(t.producer, cp.src, a)) for a in LOW if a in self.dtypes_on(t.producer, cp.src)]
+            u = self.milp.column(_name("half", cp.tensor, cp.src, cp.dst), upper=1.0)
+            if isinstance(cp.term, Column):
+                self.milp.at_most(_name("half_le_copy", cp.tensor, cp.src, cp.dst), [(1.0, u), (-1.0, cp.term)], 0.0)
+            self.milp.at_most(_name("half_le_low", cp.tensor, cp.src, cp.dst), [(1.0, u)] + [(-c, v) for c, v in low], 0.0)
+            self.halves.append((cp, u, saved))
+
+    def _casts(self) -> None:
+        """``cast`` columns (a reader casts a tensor held in another dtype) and 16-bit outputs' casts."""
+        p = self.p
+        self.cast_cols: list[tuple[str, str, float, Column | float]] = []  # (node, device, seconds, term)
+        self.cast_of: dict[tuple[str, str, str], Column | float] = {}     # (tensor, reader, device) -> term
+        if p.precision is None:
+            return
+        for t in p.tensors:
+            if not t.float32:
+                continue
+            if t.follows and t.producer is not None:
+                held_as = {a for d in self.allowed[t.producer] for a in self.dtypes_on(t.producer, d)}
+            else:
+                held_as = {FLOAT32}
+            for c, reads in zip(t.consumers, t.reads):
+                for d in self.allowed[c]:
+                    options = self.dtypes_on(c, d) if reads else (FLOAT32,)
+                    rows = []
+                    for a in options:
+                        if held_as == {a}:
+                            continue  # never a mismatch in a
+                        reader = self.r(c, d, a) if reads else self.x(c, d)
+                        rows.append((a, [(1.0, reader)] + [(-k, v) for k, v in self.held(t.producer, a)]))
+                    if not rows:
+                        continue
+                    seconds = p.cast_s(t.bytes, d)
+                    if all(not isinstance(v, Column) for _, terms in rows for _, v in terms):
+                        if any(sum(k * float(v) for k, v in terms) >= 1 for _, terms in rows):
+                            self.cast_cols.append((c, d, seconds, 1.0))
+                            self.cast_of[(t.name, c, d)] = 1.0
+                        continue
+                    k = self.milp.column(_name("cast", t.name, c, d), upper=1.0)
+                    for a, terms in rows:
+                        self.ge(_name("cast_need", t.name, c, d, a), k, terms)
+                    self.cast_cols.append((c, d, seconds, k))
+                    self.cast_of[(t.name, c, d)] = k
+        for name, u, nbytes in p.output_casts:
+            for d in self.allowed[u]:
+                for a in self.dtypes_on(u, d):
+                    if a != FLOAT32:
+                        self.cast_cols.append((u, d, p.cast_s(nbytes, d), self.r(u, d, a)))
+
+    def cast_terms(self, device: str | None = None, node: str | None = None) -> list[Term]:
+        """Cast time, on ``device`` or of ``node`` only when given."""
+        tu = self.units.time
+        return [(tu * s, v) for n, d, s, v in self.cast_cols
+                if (device is None or d == device) and (node is None or n == node)]
 
     def _shared(self) -> None:
         self.zv: dict[tuple[str, str], Column] = {}
@@ -249,17 +369,22 @@ class Formulation:
         for d in p.device_names:
             terms: list[Term] = []
             for n in p.nodes:
-                terms += [(mu * c * p.param_mem[n], v) for c, v in self.resident(n, d)]
-                if p.saved[n]:
-                    terms.append((mu * p.saved[n], self.x(n, d)))
-            sizes = [(n, p.work_mem[n]) for n in p.nodes if p.work_mem[n] > 0 and d in self.allowed[n]]
-            fixed = max((w for n, w in sizes if self.x(n, d) == 1.0), default=0)
+                terms += self.param_terms(n, d)
+                for a in self.dtypes_on(n, d):
+                    if p.saved_at[n][a]:
+                        terms.append((mu * p.saved_at[n][a], self.r(n, d, a)))
+            sizes = [(n, max(p.work_mem_at[n][a] for a in self.dtypes_on(n, d)))
+                     for n in p.nodes if d in self.allowed[n]]
+            sizes = [(n, w) for n, w in sizes if w > 0]
+            fixed = max((min(p.work_mem_at[n][a] for a in self.dtypes_on(n, d))
+                         for n, _ in sizes if self.x(n, d) == 1.0), default=0)
             if any(w > fixed for _, w in sizes):
                 work = self.work[d] = self.milp.column(_name("work", d), lower=mu * fixed)
                 terms.append((1.0, work))
                 for n, w in sizes:
                     if w > fixed:
-                        self.ge(_name("working_set", n, d), work, [(mu * w, self.x(n, d))])
+                        self.ge(_name("working_set", n, d), work,
+                                [(mu * p.work_mem_at[n][a], self.r(n, d, a)) for a in self.dtypes_on(n, d)])
             else:
                 terms.append((mu * fixed, 1.0))
             streamed = [(n, self.sv[n][d]) for n in self.sv if d in self.sv[n]]
@@ -270,6 +395,17 @@ class Formulation:
                     self.ge(_name("buffer", n, d), buffer, [(mu * p.stream_buffer_bytes(n, StreamMode.PREFETCH), s)])
             self.milp.at_most(_name("mem_cap", d), terms, mu * p.capacity[d])
 
+    def param_terms(self, n: str, d: str) -> list[Term]:
+        """Memory of ``n``'s own parameters on ``d`` (in the dtype it computes in; streamed: float32)."""
+        p, mu = self.p, self.units.memory
+        if p.precision is None:
+            return [(mu * c * p.param_mem[n], v) for c, v in self.resident(n, d)]
+        terms: list[Term] = [(mu * p.param_mem_at[n][a], self.r(n, d, a)) for a in self.dtypes_on(n, d)]
+        if d == p.host:
+            return terms + [(mu * p.param_mem[n], s) for s in self.sv.get(n, {}).values()]
+        s = self.sv.get(n, {}).get(d)
+        return terms + ([(-mu * p.param_mem[n], s)] if s is not None else [])
+
     def link_terms(self, label: str, *, budget: bool = False) -> list[Term]:
         """Load on link ``label``: model time (or memory units of bytes when ``budget``)."""
         p, tu, mu = self.p, self.units.time, self.units.memory
@@ -279,6 +415,12 @@ class Formulation:
             if label in p.hops(cp.src, cp.dst):
                 terms.append((mu * cp.nbytes if budget else tu * factor * p.hop_s(cp.nbytes, cp.src, cp.dst, label),
                               cp.term))
+        for cp, u, saved in self.halves:
+            if label in p.hops(cp.src, cp.dst):
+                less = cp.nbytes - saved
+                terms.append((-mu * saved if budget else
+                              -tu * factor * (p.hop_s(cp.nbytes, cp.src, cp.dst, label)
+                                              - p.hop_s(less, cp.src, cp.dst, label)), u))
         for n, per_d in self.sv.items():
             for d, s in per_d.items():
                 if label in p.hops(p.host, d):
@@ -360,11 +502,11 @@ class Formulation:
         for n in p.nodes:
             for d in self.allowed[n]:
                 if device is None or d == device:
-                    terms.append((tu * p.compute[n][d], self.x(n, d)))
+                    terms += [(tu * p.compute_in[n][d][a], self.r(n, d, a)) for a in self.dtypes_on(n, d)]
             for d in p.device_names:  # the optimizer step runs where the parameters live
                 if p.opt_step[n][d] and (device is None or d == device):
                     terms += [(tu * p.opt_step[n][d] * c, v) for c, v in self.resident(n, d)]
-        return terms
+        return terms + self.cast_terms(device)
 
     def issue_terms(self, device: str | None = None) -> list[Term]:
         """Each prefetched copy's issue latency, charged to the node that waits for it."""
@@ -373,7 +515,9 @@ class Formulation:
 
     def copy_terms(self) -> list[Term]:
         p, tu = self.p, self.units.time
-        return [(tu * p.transfer_s(cp.nbytes, cp.src, cp.dst), cp.term) for cp in self.copies]
+        return [(tu * p.transfer_s(cp.nbytes, cp.src, cp.dst), cp.term) for cp in self.copies] + [
+            (-tu * (p.transfer_s(cp.nbytes, cp.src, cp.dst) - p.transfer_s(cp.nbytes - saved, cp.src, cp.dst)), u)
+            for cp, u, saved in self.halves]
 
     def shared_terms(self, device: str | None = None) -> list[Term]:
         shared = {sp.name: sp for sp in self.p.shared}
@@ -390,6 +534,11 @@ class Formulation:
         for n, per_d in self.xv.items():
             for d, v in per_d.items():
                 values[v.index] = 1.0 if dev[n] == d else 0.0
+        dtype = node_dtypes(p, placement)
+        for n, per_d in self.rv.items():
+            for d, cols in per_d.items():
+                for a, v in cols.items():
+                    values[v.index] = 1.0 if dev[n] == d and dtype[n] == a else 0.0
         for n, per_d in self.sv.items():
             for d, v in per_d.items():
                 values[v.index] = 1.0 if n in placement.streamed and dev[n] == d else 0.0
@@ -408,6 +557,10 @@ class Formulation:
         if p.options.objective is Objective.MAKESPAN:
             self.makespan.start_values(values, placement, list_schedule(p, placement))
         self._propagate(values)
+        for cp, u, _ in self.halves:  # the copy happens and its producer holds the tensor in 16 bits
+            y = values[cp.term.index] if isinstance(cp.term, Column) else float(cp.term)
+            values[u.index] = min(y, 1.0 if dtype[p.tensor_info[cp.tensor].producer] in LOW
+                                  and dev[p.tensor_info[cp.tensor].producer] == cp.src else 0.0)
         return values
 
     def _propagate(self, values: list[float]) -> None:
@@ -439,7 +592,14 @@ class Formulation:
         order: tuple[str, ...] = ()
         if p.options.objective is Objective.MAKESPAN:
             order = self.makespan.order(values)
-        return Placement(device, streamed, StreamMode.PREFETCH, order)
+        precision = {}
+        for n in p.nodes:
+            d = device[n]
+            per = self.rv.get(n, {}).get(d)
+            a = max(per, key=lambda k: values[per[k].index]) if per else p.default_dtype(n, d)
+            if a != FLOAT32:
+                precision[n] = a
+        return Placement(device, streamed, StreamMode.PREFETCH, order, precision)
 
 
 def interchangeable_devices(problem: Problem) -> list[tuple[str, str]]:

@@ -201,7 +201,7 @@ def _units(problem: Problem, incumbent: float | None) -> Units:
 def _largest_time(problem: Problem) -> float:
     """The largest time any single option of ``problem`` costs (compute or one copy), seconds."""
     p = problem
-    largest = max((t for n in p.nodes for t in p.compute[n].values()), default=0.0)
+    largest = max((t for n in p.nodes for per_d in p.compute_in[n].values() for t in per_d.values()), default=0.0)
     for t in p.tensors:
         for a in p.device_names:
             for b in p.device_names:

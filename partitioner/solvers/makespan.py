@@ -51,6 +51,9 @@ class MakespanRows:
     def __init__(self, f: Formulation) -> None:
         p, tu, m = f.p, f.units.time, f.milp
         check_size(p)
+        if p.precision is not None:
+            raise SolverUnavailable("the makespan ILP does not price precision (16-bit copies and casts): "
+                                    "plan precision with objective 'latency' or 'throughput'")
         self.f = f
         # a list schedule ends by the sum of all durations and one copy of each tensor (the chain of
         # waits behind the last node meets each node and each tensor at most once)

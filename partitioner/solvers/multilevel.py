@@ -60,7 +60,9 @@ def expand(finer: Problem, group_of: dict[str, str], placement: Placement) -> Pl
     device = {n: placement.device[group_of[n]] for n in finer.nodes}
     streamed = {n: finer.host for n in finer.nodes
                 if group_of[n] in placement.streamed and n in finer.streamable and device[n] != finer.host}
-    return Placement(device, streamed, StreamMode.PREFETCH)
+    precision = {n: a for n in finer.nodes if (a := placement.precision.get(group_of[n])) is not None
+                 and n not in streamed and a in finer.choices[n].get(device[n], ())}  # a member may need float32
+    return Placement(device, streamed, StreamMode.PREFETCH, precision=precision)
 
 
 def solve_multilevel(

@@ -32,7 +32,15 @@ Semantics (documented once, here):
   schedule's bubble, in :mod:`partitioner.solvers.pipeline`; ``evaluate`` hands such problems there;
 * memory on a device = parameters resident there (training: with gradients and optimizer state)
   + stream buffers + activations (inference: the largest node's working set; training: saved
-  activations of its nodes plus that working set).
+  activations of its nodes plus that working set);
+* precision (``Options.precision``, :mod:`cost_models.precision`): a node computes its flexible
+  member ops in one dtype of ``choices[node][device]`` (``Placement.precision``; default the first,
+  float32 where the device runs it), at ``compute_in`` (the cost model's ``op_time_in``); in 16 bits
+  its float32 activations take half the bytes (copies, working set, saved activations) and, in
+  inference, so do its resident weights (training keeps float32 master weights, gradients and
+  optimizer state); a node whose weights are streamed computes in float32. Where a float32 tensor
+  reaches a reader in another dtype, the reader's device casts it (``cast_s``; once per tensor and
+  reading node), and a 16-bit graph output is cast back to float32 where it is produced.
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
 from cost_models.costs import ANALYTIC, CostModel
+from cost_models.precision import FLOAT32, Precision, itemsize_factor, op_precision
 from cost_models.profiles import DeviceKind, DeviceSet
 from cost_models.training import (
     Optimizer,
@@ -83,6 +92,7 @@ class Options:
     link_budget: Mapping[str, int] = dataclasses.field(default_factory=dict)  # link label -> max bytes per step
     contiguous_stages: bool = False            # devices form a pipeline: no edge goes back to an earlier stage
     pipeline: PipelineSpec | None = None       # plan pipeline stages (solvers/pipeline.py semantics) instead
+    precision: Precision | None = None         # dtypes per device (cost_models/precision.py); None: as traced
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +108,7 @@ class Placement:
     streamed: Mapping[str, str] = dataclasses.field(default_factory=dict)
     stream_mode: StreamMode = StreamMode.PREFETCH
     order: tuple[str, ...] = ()
+    precision: Mapping[str, str] = dataclasses.field(default_factory=dict)  # node -> dtype (absent: the default)
 
     def residence(self, node: str) -> str:
         """The device holding ``node``'s own parameters."""
@@ -145,6 +156,9 @@ class CrossTensor:
     producer: str | None
     consumers: tuple[str, ...]
     bytes: int
+    float32: bool = False            # a float32 tensor as traced (precision may hold it in 16 bits)
+    follows: bool = False            # held in its producer node's dtype (the producing op is flexible)
+    reads: tuple[bool, ...] = ()     # per consumer: read in that node's dtype (else in float32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,6 +204,7 @@ class Problem:
         self.index = {n: i for i, n in enumerate(self.nodes)}
         self.device_names = devices.names()
         self.capacity = {d.name: d.memory for d in devices.devices}
+        self.precision = self.options.precision
         self.pins = self._resolve_pins(pins or {})
         self.allowed = self._allowed()
         self._cost_nodes()
@@ -257,6 +272,14 @@ class Problem:
                 if all(d.supports(op.kind, op.op_class.value) and self.costs.unsupported(op, d) is None
                        for op in ops)
             )
+            if self.precision is not None and ok:
+                kinds = self.precision_kinds(node)
+                ok = tuple(d for d in ok if self.precision.choices(kinds, d))
+                if not ok:
+                    raise UnsupportedOp(
+                        f"op {node!r} ({ops[0].kind}) must compute in float32 (cost_models/precision.py) but "
+                        f"no device that supports it runs float32; add one, or give it a device without a "
+                        f"dtypes limit in the profile")
             if not ok:
                 measured = [f"{d.name}: {why}" for d in self.devices.devices for op in ops
                             if (why := self.costs.unsupported(op, d)) is not None]
@@ -276,9 +299,28 @@ class Problem:
             allowed[node] = ok
         return allowed
 
+    def precision_kinds(self, node: str) -> set[str]:
+        """The precision classes (``fixed``, ``flexible``, ``native``) of ``node``'s member ops."""
+        return {self.op_kind[m] for m in self.members[node]}
+
+    @functools.cached_property
+    def op_kind(self) -> dict[str, str]:
+        """Each original op's precision class (cost_models.precision.op_precision)."""
+        g = self.original
+        return {name: op_precision(op, g.tensors, g.params) for name, op in g.ops.items()}
+
+    def op_dtype(self, op: str, dtype: str) -> str:
+        """The dtype member op ``op`` computes in when its node computes in ``dtype``."""
+        return dtype if dtype != FLOAT32 and self.op_kind[op] == "flexible" else FLOAT32
+
     def _cost_nodes(self) -> None:
         training, opt = self.options.training, self.options.optimizer
         cost = self.costs.training_op_time if training else self.costs.op_time
+        self.choices: dict[str, dict[str, tuple[str, ...]]] = {}
+        self.compute_in: dict[str, dict[str, dict[str, float]]] = {}
+        self.param_mem_at: dict[str, dict[str, int]] = {}
+        self.work_mem_at: dict[str, dict[str, int]] = {}
+        self.saved_at: dict[str, dict[str, int]] = {}
         self.compute: dict[str, dict[str, float]] = {}
         self.param_bytes: dict[str, int] = {}
         self.stream_parts: dict[str, tuple[int, ...]] = {}  # each member op's own weights: streamed one copy per op
@@ -308,13 +350,117 @@ class Problem:
                 if training else 0.0
                 for d in self.devices.devices
             }
+            self._cost_precision(node, ops)
+
+    def _cost_precision(self, node: str, ops: list) -> None:
+        """Per dtype a node may compute in: its time on each device (with casts between its own
+        members) and its parameters, working set and saved activations."""
+        training, tensors = self.options.training, self.original.tensors
+        kinds = self.precision_kinds(node)
+        self.choices[node] = {d: self.precision.choices(kinds, d) if self.precision else (FLOAT32,)
+                              for d in self.allowed[node]}
+        dtypes = {a for per_d in self.choices[node].values() for a in per_d}
+        if dtypes == {FLOAT32}:
+            self.compute_in[node] = {d: {FLOAT32: t} for d, t in self.compute[node].items()}
+            self.param_mem_at[node] = {FLOAT32: self.param_mem[node]}
+            self.work_mem_at[node] = {FLOAT32: self.work_mem[node]}
+            self.saved_at[node] = {FLOAT32: self.saved[node]}
+            return
+        members = set(self.members[node])
+
+        def size(tensor: str, dtype: str) -> int:  # bytes of a tensor held in dtype
+            t = tensors[tensor]
+            return int(t.nbytes * itemsize_factor(dtype)) if t.dtype == FLOAT32 else t.nbytes
+
+        self.compute_in[node], self.param_mem_at[node], self.work_mem_at[node], self.saved_at[node] = {}, {}, {}, {}
+        for a in dtypes:
+            eff = {op.name: self.op_dtype(op.name, a) for op in ops}
+            self.param_mem_at[node][a] = sum(
+                parameter_memory(op, self.options.optimizer, training=training) if training or eff[op.name] == FLOAT32
+                else int(op.param_bytes * itemsize_factor(a)) for op in ops)
+            self.work_mem_at[node][a] = max(
+                sum(size(t, eff[op.name]) for t in (*op.inputs, *op.outputs)) for op in ops)
+            self.saved_at[node][a] = sum(
+                saved_activation_bytes(op, sum(size(t, eff[op.name]) for t in op.outputs)) for op in ops
+            ) if training else 0
+        for d, per_d in self.choices[node].items():
+            device = self.devices.device(d)
+            self.compute_in[node][d] = {}
+            for a in per_d:
+                eff = {op.name: self.op_dtype(op.name, a) for op in ops}
+                seconds = sum(self.compute_time(op, device, eff[op.name]) for op in ops)
+                for op in ops:  # casts between the node's own members
+                    for t in op.inputs:
+                        src = tensors[t].producer
+                        if src in members and tensors[t].dtype == FLOAT32 and eff[src] != eff[op.name]:
+                            seconds += self.cast_s(tensors[t].nbytes, d)
+                self.compute_in[node][d][a] = seconds
+            self.compute[node][d] = self.compute_in[node][d][per_d[0]]
+
+    def compute_time(self, op, device, dtype: str) -> float:  # noqa: ANN001
+        """Seconds ``op`` takes on ``device`` computing in ``dtype`` (as traced when float32)."""
+        if dtype == FLOAT32:
+            cost = self.costs.training_op_time if self.options.training else self.costs.op_time
+            return cost(op, device).seconds
+        return self.costs.op_time_in(op, device, dtype, training=self.options.training).seconds
+
+    @functools.cache  # noqa: B019
+    def cast_s(self, nbytes_fp32: int, device: str) -> float:
+        """Seconds to cast a float32 tensor of ``nbytes_fp32`` to 16 bits or back on ``device``
+        (training: and its gradient back)."""
+        one = self.costs.cast_time(nbytes_fp32, self.devices.device(device)).seconds
+        return 2 * one if self.options.training else one
+
+    def default_dtype(self, node: str, device: str) -> str:
+        """The dtype ``node`` computes in on ``device`` when a placement does not say (baselines)."""
+        return self.choices[node][device][0] if device in self.choices[node] else FLOAT32
+
+    def dtype_of(self, placement: Placement, node: str) -> str:
+        """The dtype ``node`` computes in under ``placement``."""
+        return placement.precision.get(node) or self.default_dtype(node, placement.device[node])
+
+    def tensor_dtype(self, t: CrossTensor | str, node_dtype: Mapping[str, str]) -> str:
+        """The dtype a tensor crosses in: its producer node's when it follows it, else float32."""
+        t = self.tensor_info[t] if isinstance(t, str) else t
+        return node_dtype[t.producer] if t.follows and t.producer is not None else FLOAT32
+
+    def copy_bytes(self, t: CrossTensor, dtype: str) -> int:
+        """Bytes of ``t`` held in ``dtype`` (float32 tensors only shrink)."""
+        return int(t.bytes * itemsize_factor(dtype)) if t.float32 else t.bytes
+
+    @property
+    def has_choices(self) -> bool:
+        """Whether some node may compute in more than one dtype on some device."""
+        return any(len(c) > 1 for per_d in self.choices.values() for c in per_d.values())
+
+    @property
+    def output_casts(self) -> tuple[tuple[str, str, int], ...]:
+        """(tensor, producer node, float32 bytes) of graph outputs a 16-bit producer casts back."""
+        tensors = self.original.tensors
+        group_of = {op: n for n in self.nodes for op in self.members[n]}
+        out = []
+        for name in dict.fromkeys(self.original.outputs):
+            t = tensors.get(name)
+            if t is None or t.producer is None or t.dtype != FLOAT32 or t.producer not in group_of:
+                continue
+            if self.op_kind[t.producer] == "flexible":
+                out.append((name, group_of[t.producer], t.nbytes))
+        return tuple(out)
 
     def _cross_tensors(self) -> tuple[CrossTensor, ...]:
         out = []
         for t in self.graph.tensors.values():
             consumers = tuple(sorted(set(t.consumers) & set(self.graph.ops), key=self.index.__getitem__))
             if consumers and t.nbytes > 0:
-                out.append(CrossTensor(t.name, t.producer, consumers, t.nbytes))
+                orig = self.original.tensors.get(t.name, t)
+                float32 = self.precision is not None and orig.dtype == FLOAT32
+                follows = float32 and orig.producer is not None and self.op_kind.get(orig.producer) == "flexible"
+                reads = tuple(
+                    float32 and all(self.op_kind[m] == "flexible" for m in self.members[c]
+                                    if t.name in self.original.ops[m].inputs)
+                    for c in consumers)
+                out.append(CrossTensor(t.name, t.producer, consumers, t.nbytes, float32, follows, reads))
+        self.tensor_info = {t.name: t for t in out}
         return tuple(out)
 
     def _shared_params(self) -> tuple[SharedParam, ...]:
@@ -383,14 +529,33 @@ class Problem:
         """Seconds to copy a shared parameter to ``dst``, from the slowest possible source."""
         return max((self.transfer_s(param.bytes, s, dst) for s in self.device_names if s != dst), default=0.0)
 
+    def least_compute(self, node: str, device: str) -> float:
+        """``node``'s time on ``device`` in its fastest dtype there (bounds: no placement is faster)."""
+        return min(self.compute_in[node][device].values())
+
+    def least_param_mem(self, node: str) -> int:
+        """``node``'s parameter bytes in the dtype that holds them in the fewest (bounds)."""
+        return min(self.param_mem_at[node].values())
+
+    def least_work_mem(self, node: str) -> int:
+        """``node``'s working set in the dtype that needs the fewest bytes (bounds)."""
+        return min(self.work_mem_at[node].values())
+
+    def least_saved(self, node: str) -> int:
+        """``node``'s saved activations in the dtype that needs the fewest bytes (bounds)."""
+        return min(self.saved_at[node].values())
+
     def fits_alone(self, node: str, device: str) -> bool:
-        """Whether ``node`` alone fits on ``device``: its working set, saved activations and its
-        parameters, or its stream buffer where it may stream them there. When it does not, no
-        feasible placement puts it there."""
-        weights = self.param_mem[node]
-        if node in self.streamable and device != self.host:
-            weights = min(weights, self.stream_buffer_bytes(node, StreamMode.PREFETCH))
-        return self.work_mem[node] + self.saved[node] + weights <= self.capacity[device]
+        """Whether ``node`` alone fits on ``device`` in some dtype it may use there: its working
+        set, saved activations and its parameters, or its stream buffer where it may stream them
+        there. When it does not, no feasible placement puts it there."""
+        need = []
+        for a in self.choices[node].get(device, (FLOAT32,)):
+            weights = self.param_mem_at[node][a]
+            if node in self.streamable and device != self.host and a == FLOAT32:
+                weights = min(weights, self.stream_buffer_bytes(node, StreamMode.PREFETCH))
+            need.append(self.work_mem_at[node][a] + self.saved_at[node][a] + weights)
+        return min(need) <= self.capacity[device]
 
     def buffer_factor(self, mode: StreamMode) -> int:
         """Reused device buffers for streamed weights: two for double-buffered prefetch, one for sync."""
@@ -420,6 +585,14 @@ def evaluate(problem: Problem, placement: Placement) -> Evaluation:
         if x[n] not in p.allowed[n]:
             why = "is pinned elsewhere" if n in p.pins else "cannot run it"
             violations.append(f"op {n} placed on {x[n]}, which {why} (allowed: {', '.join(p.allowed[n])})")
+    dtype = node_dtypes(p, placement)
+    for n in p.nodes:
+        if x[n] in p.choices[n] and dtype[n] not in p.choices[n][x[n]]:
+            violations.append(f"op {n} computes in {dtype[n]} on {x[n]}, which offers it "
+                              f"{', '.join(p.choices[n][x[n]])} only")
+        if n in placement.streamed and placement.streamed[n] != x[n] and dtype[n] != FLOAT32:
+            violations.append(f"op {n} streams its float32 weights but computes in {dtype[n]}")
+    casts = cast_load(p, placement, dtype)
     transfers = _transfers(p, placement)
     link_load = {label: 0.0 for label in p.link_labels}
     for t in transfers:
@@ -435,7 +608,7 @@ def evaluate(problem: Problem, placement: Placement) -> Evaluation:
     busy = {d: 0.0 for d in p.device_names}
     opt = {d: 0.0 for d in p.device_names}
     for n in p.nodes:
-        busy[x[n]] += p.compute[n].get(x[n], float("inf"))
+        busy[x[n]] += p.compute_in[n].get(x[n], {}).get(dtype[n], float("inf")) + casts[n]
         opt[placement.residence(n)] += p.opt_step[n][placement.residence(n)]
     for t in transfers:
         if t.kind == "param":
@@ -490,14 +663,41 @@ def evaluate(problem: Problem, placement: Placement) -> Evaluation:
     )
 
 
+def node_dtypes(p: Problem, placement: Placement) -> dict[str, str]:
+    """The dtype every node computes in under ``placement`` (its own, or its device's default)."""
+    return {n: p.dtype_of(placement, n) for n in p.nodes}
+
+
+def cast_load(p: Problem, placement: Placement, dtype: Mapping[str, str]) -> dict[str, float]:
+    """Seconds each node spends casting: each float32 tensor it reads in another dtype than the
+    tensor is held in (once per tensor), and each graph output it produces in 16 bits."""
+    x = placement.device
+    out = {n: 0.0 for n in p.nodes}
+    if p.precision is None:
+        return out
+    for t in p.tensors:
+        if not t.float32:
+            continue
+        held = p.tensor_dtype(t, dtype)
+        for c, reads in zip(t.consumers, t.reads):
+            if (dtype[c] if reads else FLOAT32) != held:
+                out[c] += p.cast_s(t.bytes, x[c])
+    for _, u, nbytes in p.output_casts:
+        if dtype[u] != FLOAT32:
+            out[u] += p.cast_s(nbytes, x[u])
+    return out
+
+
 def _transfers(p: Problem, placement: Placement) -> list[Transfer]:
     x = placement.device
     out: list[Transfer] = []
+    dtype = node_dtypes(p, placement) if p.precision is not None else {}
     for t in p.tensors:
         src = x[t.producer] if t.producer is not None else p.host
+        nbytes = p.copy_bytes(t, p.tensor_dtype(t, dtype)) if dtype else t.bytes
         for dst in dict.fromkeys(x[c] for c in t.consumers):
             if dst != src:
-                out.append(Transfer(t.name, src, dst, t.bytes, p.transfer_s(t.bytes, src, dst)))
+                out.append(Transfer(t.name, src, dst, nbytes, p.transfer_s(nbytes, src, dst)))
     for n, home in placement.streamed.items():
         if home != x[n] and p.param_bytes[n]:
             out.append(Transfer(n, home, x[n], p.param_bytes[n],
@@ -517,13 +717,15 @@ def memory_use(p: Problem, placement: Placement) -> dict[str, int]:
     buffers = {d: 0 for d in p.device_names}
     work = {d: 0 for d in p.device_names}
     saved = {d: 0 for d in p.device_names}
+    dtype = node_dtypes(p, placement)
     for n in p.nodes:
-        d = x[n]
-        params[placement.residence(n)] += p.param_mem[n]
-        if n in placement.streamed and placement.streamed[n] != d:
+        d, a = x[n], dtype[n]
+        streams = n in placement.streamed and placement.streamed[n] != d
+        params[placement.residence(n)] += p.param_mem[n] if streams else p.param_mem_at[n].get(a, p.param_mem[n])
+        if streams:
             buffers[d] = max(buffers[d], p.stream_buffer_bytes(n, placement.stream_mode))
-        work[d] = max(work[d], p.work_mem[n])
-        saved[d] += p.saved[n]
+        work[d] = max(work[d], p.work_mem_at[n].get(a, p.work_mem[n]))
+        saved[d] += p.saved_at[n].get(a, p.saved[n])
     return {d: params[d] + buffers[d] + work[d] + saved[d] for d in p.device_names}
 
 
@@ -535,12 +737,14 @@ def list_schedule(p: Problem, placement: Placement) -> dict[str, tuple[float, fl
     free = {d: 0.0 for d in p.device_names}
     end: dict[str, float] = {}
     times: dict[str, tuple[float, float]] = {}
-    arrival = _arrival_fn(p, x, end)
+    dtype = node_dtypes(p, placement)
+    casts = cast_load(p, placement, dtype)
+    arrival = _arrival_fn(p, x, end, dtype)
     for n in order:
         d = x[n]
         ready = max((arrival(t, d) for t in p.graph.ops[n].inputs), default=0.0)
         start = max(free[d], ready)
-        finish = start + p.compute[n].get(d, float("inf"))
+        finish = start + p.compute_in[n].get(d, {}).get(dtype[n], float("inf")) + casts[n]
         if n in placement.streamed and placement.streamed[n] != d:
             if placement.stream_mode is StreamMode.SYNC:
                 finish += p.node_stream_s(n, placement.streamed[n], d, StreamMode.SYNC)
@@ -552,17 +756,20 @@ def list_schedule(p: Problem, placement: Placement) -> dict[str, tuple[float, fl
     return times
 
 
-def _arrival_fn(p: Problem, x: Mapping[str, str], end: Mapping[str, float]):  # noqa: ANN202
+def _arrival_fn(p: Problem, x: Mapping[str, str], end: Mapping[str, float],  # noqa: ANN202
+                dtype: Mapping[str, str]):
     tensors = p.graph.tensors
 
     def arrival(tensor: str, dst: str) -> float:
         t = tensors[tensor]
+        info = p.tensor_info.get(tensor)
+        nbytes = p.copy_bytes(info, p.tensor_dtype(info, dtype)) if info is not None else t.nbytes
         if t.producer is None:
-            return p.transfer_s(t.nbytes, p.host, dst) if dst != p.host and t.nbytes else 0.0
+            return p.transfer_s(nbytes, p.host, dst) if dst != p.host and nbytes else 0.0
         if t.producer not in end:
             raise HetpartError(f"issue order runs a consumer of {tensor!r} before its producer {t.producer!r}")
         src = x[t.producer]
-        return end[t.producer] + (p.transfer_s(t.nbytes, src, dst) if src != dst and t.nbytes else 0.0)
+        return end[t.producer] + (p.transfer_s(nbytes, src, dst) if src != dst and nbytes else 0.0)
 
     return arrival
 

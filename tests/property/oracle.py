@@ -6,6 +6,9 @@ device, each streamable node's weights resident or streamed, and for ``makespan`
 order), each evaluated on the *original* graph, so that the ILP's certificate is checked against
 something independent of the ILP and of coarsening.
 
+Precision (``Options.precision``): every dtype a node may compute in on its device is tried too,
+a streamed node in float32 only.
+
 Makespan: the list schedule depends only on the order of the nodes sharing a device, so every
 topological order is tried (few at these sizes).
 """
@@ -36,7 +39,8 @@ def expand(problem: Problem, placement: Placement) -> tuple[Problem, Placement]:
     streamed = {op: home for n, home in placement.streamed.items()
                 for op in problem.members[n] if original.param_bytes[op]}
     order = tuple(op for n in (placement.order or problem.nodes) for op in problem.members[n])
-    return original, Placement(device, streamed, placement.stream_mode, order)
+    precision = {op: problem.op_dtype(op, a) for n, a in placement.precision.items() for op in problem.members[n]}
+    return original, Placement(device, streamed, placement.stream_mode, order, precision)
 
 
 def original_problem(problem: Problem) -> Problem:
@@ -54,7 +58,14 @@ def placements(problem: Problem) -> Iterator[Placement]:
         optional = [n for n in problem.nodes if n in streamable and device[n] != host]
         for mask in itertools.product((False, True), repeat=len(optional)):
             streamed = {n: host for n, on in zip(optional, mask) if on}
-            yield Placement(device, streamed, StreamMode.PREFETCH)
+            for dtypes in itertools.product(*(_dtypes(problem, n, device[n], n in streamed) for n in problem.nodes)):
+                yield Placement(device, streamed, StreamMode.PREFETCH, precision=dict(zip(problem.nodes, dtypes)))
+
+
+def _dtypes(problem: Problem, node: str, device: str, streamed: bool) -> tuple[str, ...]:
+    """The dtypes ``node`` may compute in on ``device`` (streamed weights: float32 only)."""
+    choices = problem.choices[node][device]
+    return tuple(a for a in choices if a == "float32") if streamed else choices
 
 
 def orders(problem: Problem) -> list[tuple[str, ...]]:
@@ -69,7 +80,8 @@ def count_candidates(problem: Problem) -> int:
     per_node = 1
     streamable = set(problem.streamable)
     for n in problem.nodes:
-        options = sum(2 if n in streamable and d != problem.host else 1 for d in problem.allowed[n])
+        options = sum((2 if n in streamable and d != problem.host else 1) * len(problem.choices[n][d])
+                      for d in problem.allowed[n])
         per_node *= options
     return per_node * (len(orders(problem)) if problem.options.objective is Objective.MAKESPAN else 1)
 
@@ -85,7 +97,8 @@ def optimum(problem: Problem) -> tuple[float, Placement | None]:
     all_orders = orders(problem)
     for placement in placements(problem):
         for order in all_orders:
-            candidate = Placement(placement.device, placement.streamed, placement.stream_mode, order)
+            candidate = Placement(placement.device, placement.streamed, placement.stream_mode, order,
+                                  placement.precision)
             original, flat = expand(problem, candidate)
             ev = evaluate(original, flat)
             if ev.feasible and ev.total_s < best:

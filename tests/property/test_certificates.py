@@ -11,6 +11,10 @@ coarsened and not, the ILP at gap 0 (HiGHS, cold and warm started, and CBC)
   exceeds), and
 * the physical and the memory-aware lower bounds are no higher than the optimum.
 
+With ``precision="auto"`` (accelerators faster in 16 bits, a host as fast or a little faster,
+sometimes an accelerator running only bfloat16) the same holds against brute force over every
+(device, dtype) of every node.
+
 The instances are drawn by hypothesis with a fixed seed (``derandomize``) so CI sees the same
 ones every run; the last test checks that every kind of instance was drawn and prints the counts.
 """
@@ -197,12 +201,72 @@ def test_cbc_certificate_holds(case: tuple[Problem, dict]) -> None:
     assert not failures, (info, failures)
 
 
+@st.composite
+def precision_instances(draw: st.DrawFn) -> tuple[Problem, dict]:
+    """A small problem planned with ``precision="auto"``: accelerators many times faster in 16 bits,
+    the host as fast or a little faster, and sometimes an accelerator that runs only bfloat16."""
+    import dataclasses
+
+    from cost_models.precision import resolve_precision
+
+    seed = draw(st.integers(0, 10**6))
+    objective = draw(st.sampled_from([Objective.LATENCY, Objective.THROUGHPUT]))
+    n_devices = draw(st.integers(2, 3))
+    n_ops = draw(st.sampled_from(range(6 if n_devices == 2 else 4, 1, -1)))
+    training = draw(st.booleans())
+    streaming = draw(st.booleans()) and not training
+    graph = random_dag(seed, n_ops, tied_prob=0.5 if draw(st.booleans()) else 0.0, max_inputs=2, param_prob=0.7,
+                       param_sizes=(1 << 16, 1 << 22, 1 << 26))
+    profile = random_profile(seed, n_devices, tight=draw(st.booleans()))
+    host_speedup = draw(st.sampled_from((1.0, 1.5)))
+    low_only = draw(st.booleans()) and n_devices == 3
+    devices = []
+    for i, d in enumerate(profile.devices):
+        f32 = d.peak("float32")
+        speedup = host_speedup if d.name == "cpu" else draw(st.sampled_from((2.0, 8.0)))
+        peaks = {"float32": f32, "bfloat16": f32 * speedup, "float16": f32 * speedup}
+        dtypes = ("bfloat16",) if low_only and d.name != "cpu" and i == len(profile.devices) - 1 else None
+        devices.append(dataclasses.replace(d, peak_flops=peaks, dtypes=dtypes))
+    profile = dataclasses.replace(profile, devices=tuple(devices))
+    if draw(st.booleans()):  # a cap that 16-bit weights fit and float32 ones may not
+        cap = max(1, graph.total_param_bytes() // 3) + (1 << 24)
+        profile = profile.with_memory({d.name: min(cap, d.memory) for d in profile.devices if d.name != "cpu"})
+    options = Options(objective=objective, streaming=streaming, training=training,
+                      precision=resolve_precision("auto", profile))
+    try:
+        problem = Problem(graph, profile, options)
+    except Exception:  # an op no device can run in a dtype it needs: not an instance
+        assume(False)
+        raise
+    assume(count_candidates(problem) <= 3000)
+    info = {"objective": objective.value, "pipeline": False, "streaming": streaming, "training": training,
+            "tied": bool(problem.shared), "coarsened": False, "pinned": False,
+            "pinned producer, several consumers": False, "nodes": len(problem.nodes),
+            "candidates": count_candidates(problem), "low only": low_only}
+    return problem, info
+
+
+@settings(SETTINGS, max_examples=150)
+@given(case=precision_instances(), warm=st.booleans())
+def test_precision_certificate_holds(case: tuple[Problem, dict], warm: bool) -> None:
+    """precision="auto": the ILP's (device, dtype) choice is within gap 0 of brute force over
+    every (device, dtype) per node, its objective is evaluate's, and the lower bounds hold."""
+    problem, info = case
+    failures = check(problem, info, "highs", warm)
+    _record(info, "highs", failures)
+    COUNTS["precision"] += 1
+    COUNTS["precision, 16-bit chosen"] += bool(solve_ilp(problem, time_limit=60, gap=0.0).placement.precision)
+    assert not failures, (info, failures)
+
+
 def test_the_oracle_saw_every_kind_of_instance(capsys: pytest.CaptureFixture[str]) -> None:
     if COUNTS["instances"] == 0:
         pytest.skip("run with the oracle tests above")
     with capsys.disabled():
         print("\noracle:", ", ".join(f"{k} {v}" for k, v in sorted(COUNTS.items())))
     for key in ("objective latency", "objective throughput", "objective makespan", "pipeline", "streaming", "training",
-                "tied", "coarsened", "pinned", "pinned producer, several consumers", "solver highs", "solver cbc"):
+                "tied", "coarsened", "pinned", "pinned producer, several consumers", "solver highs", "solver cbc",
+                "precision", "precision, 16-bit chosen"):
         assert COUNTS[key] > 0, f"no instance with {key}: widen the strategy"
     assert COUNTS["violations"] == 0
+

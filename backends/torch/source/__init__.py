@@ -122,6 +122,9 @@ def op_lines(
 
 def _generate(plan: Any, model: torch.nn.Module, device_map: Mapping[str, str] | None,
               example_inputs: Any) -> tuple[str, dict[int, Site]]:
+    from partitioner.plan.precision import refuse_precision
+
+    refuse_precision(plan, "emit_source (the generated file)")
     if plan.capture != "export":
         raise HetpartError(f"emit_source needs a plan captured with torch.export, not {plan.capture!r}: "
                            f"re-plan with capture='export' (CLI: --capture export)")

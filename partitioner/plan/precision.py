@@ -1,0 +1,139 @@
+"""The plan's optional ``precision`` section: the dtype each op computes in.
+
+In: a problem planned with ``precision`` and its placement (:func:`precision_record`), or the
+section of a plan file (:func:`read_precision`, checked field by field; :func:`check_precision`,
+checked against the plan's placement and devices). Out: the section as plain values. Plans
+without the section (every plan made without ``precision``) compute every op as traced.
+
+The section::
+
+    precision  {"setting": "auto" | {device: dtype},          # what partition(precision=...) was given
+                "ops": {op: "bfloat16" | "float16"},          # ops computing in 16 bits (the rest: as traced)
+                "casts": count}                               # tensors cast at a dtype boundary (predicted)
+
+An op listed computes in that dtype: its float32 inputs (activations and weights) are cast to it,
+and what it produces is held in it until an op computing in another dtype reads it (cast there),
+or it leaves the model (cast back to float32). Training keeps float32 master weights: the
+parameters stay float32 and their casts are part of the graph, so gradients land in float32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from cost_models.precision import DTYPES, FLOAT32, LOW, device_dtypes
+
+if TYPE_CHECKING:
+    from partitioner.plan.reader import FieldReader
+    from partitioner.solvers.problem import Placement, Problem
+
+__all__ = ["precision_record", "read_precision", "check_precision", "precision_lines", "refuse_precision",
+           "PRECISION_KEYS"]
+
+PRECISION_KEYS = ("setting", "ops", "casts")
+
+
+def precision_record(problem: Problem, placement: Placement) -> dict[str, Any]:
+    """The ``precision`` section of the plan of ``placement`` (empty: planned without precision).
+
+    Example:
+        >>> precision_record(problem, solution.placement)["ops"]["linear"]   # doctest: +SKIP
+        'bfloat16'
+    """
+    from partitioner.solvers.problem import cast_load, node_dtypes
+
+    if problem.precision is None:
+        return {}
+    dtype = node_dtypes(problem, placement)
+    ops = {}
+    for n in problem.nodes:
+        for op in problem.members[n]:
+            a = problem.op_dtype(op, dtype[n])
+            if a != FLOAT32:
+                ops[op] = a
+    casts = cast_load(problem, placement, dtype)
+    setting = problem.precision.setting
+    return {"setting": setting if isinstance(setting, str) else dict(setting),
+            "ops": {op: ops[op] for op in problem.original.ops if op in ops},
+            "casts": sum(1 for s in casts.values() if s > 0)}
+
+
+def read_precision(r: FieldReader, value: Any) -> dict[str, Any]:
+    """``precision``: the section as written (see the module docstring); ``{}`` when absent."""
+    if value == {}:
+        return {}
+    c = r.keys(r.mapping(value, "precision"), "precision", ("setting", "ops"), ("casts",))
+    setting = c["setting"]
+    if isinstance(setting, str):
+        if setting != "auto":
+            r.fail("precision.setting", f"{setting!r} is neither \"auto\" nor a mapping of device to dtype")
+    else:
+        setting = r.string_map(setting, "precision.setting", lambda v, p: _dtype(r, v, p, DTYPES))
+    out: dict[str, Any] = {"setting": setting,
+                           "ops": r.string_map(c["ops"], "precision.ops", lambda v, p: _dtype(r, v, p, LOW))}
+    if "casts" in c:
+        out["casts"] = r.count(c["casts"], "precision.casts")
+    return out
+
+
+def _dtype(r: FieldReader, value: Any, path: str, allowed: tuple[str, ...]) -> str:
+    name = r.string(value, path)
+    if name not in allowed:
+        r.fail(path, f"{name!r} is not a dtype a plan computes in here; use one of {', '.join(allowed)} "
+                     f"(re-plan with partition(precision=...) rather than editing the file)")
+    return name
+
+
+def check_precision(plan: Any, r: FieldReader) -> None:
+    """Every op of the section is an op of the plan, on a device whose profile runs its dtype,
+    and every device named by the setting is a device of the plan."""
+    section = plan.precision
+    if not section:
+        return
+    names = set(plan.devices.names())
+    setting = section["setting"]
+    if isinstance(setting, Mapping):
+        for device in setting:
+            if device not in names:
+                r.fail(f"precision.setting[{device!r}]", f"{device!r} is not a device of the plan "
+                                                         f"({', '.join(sorted(names))})")
+    for op, dtype in section["ops"].items():
+        path = f"precision.ops[{op!r}]"
+        if op not in plan.placement:
+            r.fail(path, "names an op that is not in placement")
+        device = plan.devices.device(plan.placement[op])
+        if dtype not in device_dtypes(device):
+            r.fail(path, f"{op} computes in {dtype} on {device.name}, whose profile runs only "
+                         f"{', '.join(device_dtypes(device))}")
+
+
+def precision_lines(plan: Any) -> list[str]:
+    """The summary's precision line: the setting, and how many ops compute in each 16-bit dtype where."""
+    section = plan.precision
+    if not section:
+        return []
+    counts: dict[tuple[str, str], int] = {}
+    for op, dtype in section["ops"].items():
+        key = (dtype, plan.placement[op])
+        counts[key] = counts.get(key, 0) + 1
+    setting = section["setting"]
+    shown = setting if isinstance(setting, str) else ", ".join(f"{d}={a}" for d, a in setting.items()) or "fp32"
+    where = ", ".join(f"{n} in {a} on {d}" for (a, d), n in sorted(counts.items())) or "every op in float32"
+    casts = f"; {section['casts']} casting" if "casts" in section else ""
+    return [f"  precision  {shown}: {where}{casts}"]
+
+
+def refuse_precision(plan: Any, backend: str) -> None:
+    """Raise when ``plan`` computes ops in 16 bits: ``backend`` runs every op as traced.
+
+    Raises:
+        HetpartError: the plan has a precision section with 16-bit ops; names the backend and the fix.
+    """
+    from partitioner.errors import HetpartError
+
+    if plan.precision and plan.precision.get("ops"):
+        count = len(plan.precision["ops"])
+        raise HetpartError(f"{plan.source} computes {count} ops in 16 bits (its precision section), but {backend} runs "
+                           f"every op as traced: run it with plan.emit(model) (CLI: hetpart check / hetpart run), "
+                           f"or re-plan without --precision")
