@@ -6,7 +6,8 @@ folder, so no port is taken). Out: :class:`LoopbackLink` — seconds per message
 ``torch.distributed`` send/recv over gloo on loopback, what the ranks of a local pipeline run
 (``backends/pipeline/launch.py`` ``run_local``) pay to hand activations and gradients to each other.
 
-How: rank 0 sends a tensor, rank 1 receives it and sends it back; half the round trip is one
+How: rank 0 sends a tensor, rank 1 receives it and sends it back (``isend`` / ``irecv`` and their
+``wait``, as ``torch.distributed.pipelining`` moves a stage's tensors); half the round trip is one
 message. The latency is the median over ``repeats`` round trips of a 1-element fp32 tensor; the
 bandwidth is ``large`` bytes over the median one-way time of the large tensor less that latency.
 Medians, not minima: the pipeline runs under the same load as the benchmark, so the typical
@@ -111,12 +112,12 @@ def _peer(rank: int, store_path: str, large: int, repeats: int, results: Any) ->
                 times = []
                 for i in range(repeats + 1):                 # the first round trip warms up
                     t0 = time.perf_counter()
-                    if rank == 0:
-                        dist.send(x, 1)
-                        dist.recv(x, 1)
+                    if rank == 0:                    # isend / irecv and wait: as the pipeline's stages do
+                        dist.isend(x, 1).wait()
+                        dist.irecv(x, 1).wait()
                     else:
-                        dist.recv(x, 0)
-                        dist.send(x, 0)
+                        dist.irecv(x, 0).wait()
+                        dist.isend(x, 0).wait()
                     if i:
                         times.append(time.perf_counter() - t0)
                 rounds.append(times)
