@@ -25,8 +25,9 @@ profile (``cost_models/local_cluster.py``: one rank's share of this machine's CP
 loopback link measured by ``cost_models/loopback.py``) and run with every rank a local gloo process
 (``torchrun --standalone``, one thread each): the median time per step (slowest rank, after one
 warm-up step) against the plan's prediction, with the ``4x-cpu-host`` (datacenter) prediction beside
-it; then each stage's predicted forward and forward+backward time per micro-batch against its
-module timed alone at one thread.
+it, the same step formula on the stages timed alone, and the runtime's floor (a near-empty ``mlp:tiny``
+pipeline); then each stage's predicted forward and forward+backward time per micro-batch against its
+module timed alone at one thread and its actions timed during the run.
 
     python bench/plan_quality.py [--models gpt,bert] [--objectives latency] [--time-limit 20]
                                  [--onnx-models gpt,resnet50 | --onnx-models ''] [--onnx-profiles cpu-gpu-npu]
@@ -167,18 +168,20 @@ def measured_rows(steps: int) -> None:
         cluster = local.flatten()
         plan = partition(module, inputs, cluster, stages=stages, model_name="mlp:small", **options)
         datacenter = partition(module, inputs, "4x-cpu-host", stages=stages, model_name="mlp:small", **options)
-        measured = measured_step(plan, "mlp:small", steps)
-        floor = measured_step(partition(tiny, tiny_inputs, cluster, stages=stages, model_name="mlp:tiny", **options),
-                              "mlp:tiny", steps)
+        measured, records = measured_step(plan, "mlp:small", steps)
+        floor, _ = measured_step(partition(tiny, tiny_inputs, cluster, stages=stages, model_name="mlp:tiny",
+                                           **options), "mlp:tiny", steps)
         section = plan.pipeline
         predicted = section["step_s"]
         slicing = cluster_slicing(stages)
         alone = [tuple(slicing * t for t in times) for times in stage_times(plan, module, inputs, M)]
-        for st, (fwd, total, opt) in zip(section["stages"], alone):
+        for st, (fwd, total, opt), record in zip(section["stages"], alone, records):
+            in_fwd = statistics.median(record["forward_s"][1:]) / M
+            in_run = statistics.median(f + b for f, b in zip(record["forward_s"][1:], record["backward_s"][1:])) / M
             stage_rows.append([f"{stages} ranks / stage {st['index']} ({st['ops']} ops)",
-                               format_seconds(st["forward_s"]), format_seconds(fwd), f"{fwd / st['forward_s']:.2f}x",
-                               format_seconds(st["compute_s"]), format_seconds(total),
-                               f"{total / st['compute_s']:.2f}x", format_seconds(st["optimizer_s"]),
+                               format_seconds(st["forward_s"]), format_seconds(fwd), format_seconds(in_fwd),
+                               format_seconds(st["compute_s"]), format_seconds(total), format_seconds(in_run),
+                               f"{in_run / st['compute_s']:.2f}x", format_seconds(st["optimizer_s"]),
                                format_seconds(opt)])
         parts = [t for _, t, _ in alone] + [st["send_s"] for st in section["stages"][:-1]]
         from_parts = (M - 1) * max(parts) + sum(parts) + max(o for _, _, o in alone)
@@ -205,16 +208,18 @@ def measured_rows(steps: int) -> None:
           "gloo cost per step, which the formula does not price; 4x-cpu-host = the datacenter cluster profile, four "
           "16-core servers on 10 GbE)")
     print()
-    _print(["stage (one micro-batch)", "fwd predicted", "fwd alone", "ratio", "fwd+bwd predicted", "fwd+bwd alone",
-            "ratio", "optimizer predicted", "optimizer alone"], stage_rows)
-    print("(alone = the stage's module timed by itself in this process at 1 thread, median of 10, not during the "
-          "run, as the run's ranks record whole steps only; times the time-slicing factor when the ranks outnumber "
-          "the cores: x2 for 4 ranks on 2 cores)")
+    _print(["stage (one micro-batch)", "fwd predicted", "fwd alone", "fwd in run", "fwd+bwd predicted",
+            "fwd+bwd alone", "fwd+bwd in run", "in run / predicted", "optimizer predicted", "optimizer alone"],
+           stage_rows)
+    print("(alone = the stage's module timed by itself in this process at 1 thread, median of 10, times the "
+          "time-slicing factor when the ranks outnumber the cores: x2 for 4 ranks on 2 cores; in run = the rank's "
+          "forward and backward actions during the run (backends/pipeline/runtime.py records them: compute and the "
+          "schedule's work around it, no waits for a peer), per micro-batch, median over the timed steps)")
 
 
-def measured_step(plan, spec: str, steps: int) -> float:  # noqa: ANN001
+def measured_step(plan, spec: str, steps: int) -> tuple[float, list[dict]]:  # noqa: ANN001
     """Run ``plan`` on local gloo ranks for one warm-up step and ``steps`` more: the median step of
-    the slowest rank."""
+    the slowest rank, and every rank's record (``backends.pipeline.runtime``)."""
     from backends.pipeline.check import read_results
     from backends.pipeline.launch import rank_arguments, run_local
     from backends.pipeline.runtime import RunOptions
@@ -227,7 +232,8 @@ def measured_step(plan, spec: str, steps: int) -> float:  # noqa: ANN001
         run = run_local(plan, rank_arguments(path, spec, options), timeout_s=600)
         if run.returncode != 0:
             raise SystemExit(f"the {world}-rank run of {spec} failed:\n{run.output[-2000:]}")
-        return max(statistics.median(r["step_s"][1:]) for r in read_results(folder, world))
+        records = read_results(folder, world)
+        return max(statistics.median(r["step_s"][1:]) for r in records), records
 
 
 def cluster_slicing(ranks: int, threads: int = 1) -> float:
