@@ -20,10 +20,14 @@ cases: GPT-2 (``gpt:base``, batch 8) for training and inference on one H200 host
 (100 Gb/s), and ``emb-transformer:base`` on ``2x-h200-host`` with each GPU capped at 3 GiB, below
 its 4 GiB embedding, where a host CPU has to take the embedding.
 
-Measured rows (``--part measured``): ``mlp:small`` training on ``4x-cpu-host`` in 2 and 4 stages,
-every rank a local gloo process (``torchrun --standalone``): the median time per step (slowest
-rank, after one warm-up step) against the plan's prediction for the cluster profile. Local ranks
-share this machine's cores and loopback, so the ratio says how far this machine is from the profile.
+Measured rows (``--part measured``): ``mlp:small`` training in 2 and 4 stages, planned on the local
+profile (``cost_models/local_cluster.py``: one rank's share of this machine's CPU per stage, the gloo
+loopback link measured by ``cost_models/loopback.py``) and run with every rank a local gloo process
+(``torchrun --standalone``, one thread each): the median time per step (slowest rank, after one
+warm-up step) against the plan's prediction, with the ``4x-cpu-host`` (datacenter) prediction beside
+it, the same step formula on the stages timed alone, and the runtime's floor (a near-empty ``mlp:tiny``
+pipeline); then each stage's predicted forward and forward+backward time per micro-batch against its
+module timed alone at one thread and its actions timed during the run.
 
     python bench/plan_quality.py [--models gpt,bert] [--objectives latency] [--time-limit 20]
                                  [--onnx-models gpt,resnet50 | --onnx-models ''] [--onnx-profiles cpu-gpu-npu]
@@ -150,30 +154,153 @@ def cluster_rows(time_limit: float) -> None:
 
 
 def measured_rows(steps: int) -> None:
-    """mlp:small training in 2 and 4 local gloo ranks: measured time per step against the prediction."""
-    from backends.pipeline.check import read_results
-    from backends.pipeline.launch import rank_arguments, run_local
-    from backends.pipeline.runtime import RunOptions
+    """mlp:small training in 2 and 4 local gloo ranks: measured time per step against the prediction
+    on the local profile (this machine's CPU shared by the ranks, the measured loopback link), with
+    the datacenter profile's (``4x-cpu-host``) prediction beside it; the same step formula on the
+    stages timed alone, and the runtime's floor (``mlp:tiny`` in the same stages); then each stage's
+    predicted compute per micro-batch against its module timed alone here."""
+    from cost_models.local_cluster import local_cluster
+    from cost_models.loopback import measure_loopback
     from partitioner import partition
 
     module, inputs = models.get("mlp", "small")
-    rows = []
+    tiny, tiny_inputs = models.get("mlp", "tiny")
+    link = measure_loopback()
+    M = 4
+    options = dict(objective="throughput", training=True, micro_batches=M, schedule="gpipe")
+    rows, stage_rows, notes = [], [], []
     for stages in (2, 4):
-        plan = partition(module, inputs, "4x-cpu-host", objective="throughput", training=True, stages=stages,
-                         micro_batches=4, schedule="gpipe", model_name="mlp:small")
-        with tempfile.TemporaryDirectory(prefix="hetpart-bench-") as folder:
-            path = Path(folder) / "plan.json"
-            plan.save(path)
-            options = RunOptions(training=True, steps=steps + 1, results=folder, timeout_s=120)
-            run = run_local(plan, rank_arguments(path, "mlp:small", options), timeout_s=600)
-            if run.returncode != 0:
-                raise SystemExit(f"the {stages}-rank run failed:\n{run.output[-2000:]}")
-            per_rank = [record["step_s"][1:] for record in read_results(folder, stages)]
-        measured = max(statistics.median(s) for s in per_rank)
-        predicted = plan.pipeline["step_s"]
-        rows.append([f"mlp:small / 4x-cpu-host / {stages} ranks / gpipe, 4 micro-batches / training",
-                     format_seconds(predicted), format_seconds(measured), f"{measured / predicted:.2f}x"])
-    _print(["run (local gloo ranks)", "predicted", f"measured (median of {steps})", "measured / predicted"], rows)
+        local = local_cluster(stages, threads_per_rank=1, network=link)
+        notes.append(local.hosts[0].profile.notes)
+        cluster = local.flatten()
+        plan = partition(module, inputs, cluster, stages=stages, model_name="mlp:small", **options)
+        datacenter = partition(module, inputs, "4x-cpu-host", stages=stages, model_name="mlp:small", **options)
+        measured, records = measured_step(plan, "mlp:small", steps)
+        floor, _ = measured_step(partition(tiny, tiny_inputs, cluster, stages=stages, model_name="mlp:tiny",
+                                           **options), "mlp:tiny", steps)
+        section = plan.pipeline
+        predicted = section["step_s"]
+        slicing = cluster_slicing(stages)
+        alone = [tuple(slicing * t for t in times) for times in stage_times(plan, module, inputs, M)]
+        for st, (fwd, total, opt), record in zip(section["stages"], alone, records):
+            in_fwd = statistics.median(record["forward_s"][1:]) / M
+            in_run = statistics.median(f + b for f, b in zip(record["forward_s"][1:], record["backward_s"][1:])) / M
+            stage_rows.append([f"{stages} ranks / stage {st['index']} ({st['ops']} ops)",
+                               format_seconds(st["forward_s"]), format_seconds(fwd), format_seconds(in_fwd),
+                               format_seconds(st["compute_s"]), format_seconds(total), format_seconds(in_run),
+                               f"{in_run / st['compute_s']:.2f}x", format_seconds(st["optimizer_s"]),
+                               format_seconds(opt)])
+        parts = [t for _, t, _ in alone] + [st["send_s"] for st in section["stages"][:-1]]
+        from_parts = (M - 1) * max(parts) + sum(parts) + max(o for _, _, o in alone)
+        same = [st["ops"] for st in datacenter.pipeline["stages"]] == [st["ops"] for st in section["stages"]]
+        rows.append([f"mlp:small / {stages} local ranks / gpipe, {M} micro-batches / training",
+                     format_seconds(predicted), format_seconds(section["bubble_s"]),
+                     format_seconds(sum(st["send_s"] for st in section["stages"])),
+                     format_seconds(section["optimizer_s"]), format_seconds(measured),
+                     f"{measured / predicted:.2f}x", format_seconds(from_parts), format_seconds(floor),
+                     f"{measured / (from_parts + floor):.2f}x",
+                     format_seconds(datacenter.pipeline["step_s"]) + ("" if same else " (other split)"),
+                     f"{measured / datacenter.pipeline['step_s']:.1f}x"])
+    for lines in notes:
+        for line in lines:
+            print(f"# {line}")
+    _print(["run (local gloo ranks, local profile)", "predicted", "of it: bubble", "sends/mb", "optimizer",
+            f"measured (median of {steps})", "measured / predicted", "formula on parts alone", "runtime floor",
+            "measured / (parts + floor)", "4x-cpu-host predicted", "measured / 4x-cpu"], rows)
+    print("(predicted = (M - 1) x bottleneck + stage and boundary times + optimizer, on the local profile: this "
+          "machine's CPU measured at 1 thread, shared by the ranks, and the gloo loopback link measured above; "
+          "formula on parts alone = the same formula with each stage's forward+backward and optimizer step timed "
+          "alone below instead of predicted, and the predicted sends; runtime floor = the measured step of mlp:tiny "
+          "in the same stages and micro-batches, compute next to nothing: what torch.distributed.pipelining and "
+          "gloo cost per step, which the formula does not price; 4x-cpu-host = the datacenter cluster profile, four "
+          "16-core servers on 10 GbE)")
+    print()
+    _print(["stage (one micro-batch)", "fwd predicted", "fwd alone", "fwd in run", "fwd+bwd predicted",
+            "fwd+bwd alone", "fwd+bwd in run", "in run / predicted", "optimizer predicted", "optimizer alone"],
+           stage_rows)
+    print("(alone = the stage's module timed by itself in this process at 1 thread, median of 10, times the "
+          "time-slicing factor when the ranks outnumber the cores: x2 for 4 ranks on 2 cores; in run = the rank's "
+          "forward and backward actions during the run (backends/pipeline/runtime.py records them: compute and the "
+          "schedule's work around it, no waits for a peer), per micro-batch, median over the timed steps)")
+
+
+def measured_step(plan, spec: str, steps: int) -> tuple[float, list[dict]]:  # noqa: ANN001
+    """Run ``plan`` on local gloo ranks for one warm-up step and ``steps`` more: the median step of
+    the slowest rank, and every rank's record (``backends.pipeline.runtime``)."""
+    from backends.pipeline.check import read_results
+    from backends.pipeline.launch import rank_arguments, run_local
+    from backends.pipeline.runtime import RunOptions
+
+    world = plan.pipeline["world_size"]
+    with tempfile.TemporaryDirectory(prefix="hetpart-bench-") as folder:
+        path = Path(folder) / "plan.json"
+        plan.save(path)
+        options = RunOptions(training=True, steps=steps + 1, results=folder, timeout_s=120)
+        run = run_local(plan, rank_arguments(path, spec, options), timeout_s=600)
+        if run.returncode != 0:
+            raise SystemExit(f"the {world}-rank run of {spec} failed:\n{run.output[-2000:]}")
+        records = read_results(folder, world)
+        return max(statistics.median(r["step_s"][1:]) for r in records), records
+
+
+def cluster_slicing(ranks: int, threads: int = 1) -> float:
+    """How much longer each op of a rank takes when ``ranks`` ranks of ``threads`` threads share this
+    machine's cores (1 when they do not outnumber them): what ``local_cluster`` scales by."""
+    from cost_models.local_cluster import _usable_cores
+
+    cores = _usable_cores()
+    return min(threads, cores) / min(threads, cores / ranks)
+
+
+def stage_times(plan, module: torch.nn.Module, inputs: tuple, micro_batches: int,  # noqa: ANN001
+                repeat: int = 10) -> list[tuple[float, float, float]]:
+    """Each stage's module (``backends.pipeline.stages``) on one micro-batch at 1 thread, alone:
+    median seconds of its forward, of its forward and backward (a gradient of ones), and of the
+    plan's optimizer step over its parameters (the ranks' optimizer, ``backends.pipeline.runtime``)."""
+    from backends.pipeline.runtime import _optimizer
+    from backends.pipeline.stages import StageGraphs
+    from partitioner.micro_batches import micro_batch_inputs
+
+    args = micro_batch_inputs(tuple(inputs), micro_batches)
+    graphs = StageGraphs(plan, module, args)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    out = []
+    try:
+        for s in range(graphs.num_stages):
+            stage = graphs.module(s, torch.device("cpu"))
+            args = tuple(a.detach().requires_grad_(s > 0 and a.is_floating_point()) for a in args)
+
+            def fwd(stage=stage, args=args):  # noqa: ANN001, ANN202
+                return stage(*args)
+
+            def fwd_bwd(stage=stage, args=args):  # noqa: ANN001, ANN202
+                result = fwd(stage, args)
+                leaves = result if isinstance(result, tuple) else (result,)
+                torch.autograd.backward(leaves, [torch.ones_like(t) for t in leaves])
+                return result
+
+            with torch.no_grad():
+                forward = _median_s(fwd, repeat)
+            total = _median_s(fwd_bwd, repeat)
+            optimizer = _optimizer(plan.optimizer, stage)
+            step = _median_s(optimizer.step, repeat) if optimizer is not None else 0.0
+            out.append((forward, total, step))
+            result = fwd()
+            args = result if isinstance(result, tuple) else (result,)
+    finally:
+        torch.set_num_threads(threads)
+    return out
+
+
+def _median_s(fn, repeat: int) -> float:  # noqa: ANN001
+    fn()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def _print(header: list[str], rows: list[list[str]]) -> None:

@@ -4,8 +4,10 @@ In: a plan with a ``pipeline`` section, the model (rebuilt in this process: zoo 
 ``file.py:factory`` give the same weights everywhere), one step's inputs, :class:`RunOptions`, and
 the ``torchrun`` environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
 ``MASTER_PORT``). Out: the steps run; with ``results`` set, ``rank<R>.pt`` written there: the step
-times, and for the first step the last stage's outputs and losses and every stage's gradients under
-the model's parameter names (what :mod:`backends.pipeline.check` compares).
+times, the seconds of each step this stage spent in its forward and in its backward actions (summed
+over the micro-batches; waits for a peer's tensors excluded), and for the first step the last stage's
+outputs and losses and every stage's gradients under the model's parameter names (what
+:mod:`backends.pipeline.check` compares).
 
 What runs (``torch.distributed.pipelining``, nothing home-made):
 
@@ -157,6 +159,7 @@ def run_rank(plan: Any, model: torch.nn.Module, inputs: Sequence[Any], options: 
     try:
         groups = {name: dist.new_group(stages) for name, stages in sorted(tied_groups(graphs, names).items())}
         stage = PipelineStage(runnable, rank, world, comm)
+        busy = _time_actions(stage)
         loss_fn = loss_function(options.loss) if options.training else None
         schedule_cls = ScheduleGPipe if schedule_name == "gpipe" else Schedule1F1B
         schedule = schedule_cls(stage, M, loss_fn=loss_fn)
@@ -165,8 +168,10 @@ def run_rank(plan: Any, model: torch.nn.Module, inputs: Sequence[Any], options: 
             out_meta = first_output(_output_meta(graphs))
             target = make_target(options.loss, (out_meta.shape[0] * M, *out_meta.shape[1:]), options.seed).to(comm)
         optimizer = _optimizer(plan.optimizer, module) if options.training else None
-        record: dict[str, Any] = {"rank": rank, "device": str(device), "schedule": schedule_name, "step_s": []}
+        record: dict[str, Any] = {"rank": rank, "device": str(device), "schedule": schedule_name, "step_s": [],
+                                  "forward_s": [], "backward_s": []}
         for step in range(options.steps):
+            busy.update(forward_s=0.0, backward_s=0.0)
             start = time.perf_counter()
             try:
                 out, losses = _step(schedule, rank, world, inputs, target, options.training, module)
@@ -183,6 +188,8 @@ def run_rank(plan: Any, model: torch.nn.Module, inputs: Sequence[Any], options: 
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
             record["step_s"].append(time.perf_counter() - start)
+            record["forward_s"].append(busy["forward_s"])
+            record["backward_s"].append(busy["backward_s"])
             log.info("step %d of %d took %.4f s", step + 1, options.steps, record["step_s"][-1])
         dist.barrier()
     finally:
@@ -191,6 +198,25 @@ def run_rank(plan: Any, model: torch.nn.Module, inputs: Sequence[Any], options: 
     if options.results:
         torch.save(record, Path(options.results) / f"rank{rank}.pt")
     return record
+
+
+def _time_actions(stage: Any) -> dict[str, float]:
+    """Time the stage's forward and backward actions (``forward_one_chunk``, ``backward_one_chunk``:
+    its compute and the schedule's work around it, not the waits for a peer's tensors); the
+    returned dict sums them over a step, which ``run_rank`` resets each step."""
+    busy = {"forward_s": 0.0, "backward_s": 0.0}
+    for method, key in (("forward_one_chunk", "forward_s"), ("backward_one_chunk", "backward_s")):
+        original = getattr(stage, method)
+
+        def timed(*args: Any, _original: Any = original, _key: str = key, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return _original(*args, **kwargs)
+            finally:
+                busy[_key] += time.perf_counter() - start
+
+        setattr(stage, method, timed)
+    return busy
 
 
 class _OnDevice(torch.nn.Module):

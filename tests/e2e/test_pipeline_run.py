@@ -110,3 +110,24 @@ def test_a_rank_that_dies_mid_step_stops_the_others_with_a_clear_error(mlp_four,
     assert error, rest[-2000:]
     assert "rank 0 (stage 0 on host0/cpu -> cpu): step" in error[0] and "failed" in error[0]
     assert "a peer rank probably stopped" in error[0]
+
+
+def test_a_plan_on_the_local_cluster_runs_and_each_rank_records_its_busy_time(tmp_path):
+    from backends.pipeline.check import read_results
+    from backends.pipeline.launch import rank_arguments, run_local
+    from backends.pipeline.runtime import RunOptions
+    from cost_models.local_cluster import local_cluster
+
+    module, inputs = models.get("mlp", "tiny")
+    cluster = local_cluster(2, measure=False).flatten()          # the ranks of this machine, not measured
+    plan = partition(module, inputs, cluster, objective="throughput", training=True, stages=2, micro_batches=2,
+                     schedule="gpipe", model_name="mlp:tiny")
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    options = RunOptions(training=True, steps=3, results=str(tmp_path), timeout_s=60)
+    run = run_local(plan, rank_arguments(path, "mlp:tiny", options), timeout_s=180)
+    assert run.returncode == 0, run.output[-3000:]
+    for record in read_results(tmp_path, 2):
+        assert len(record["forward_s"]) == len(record["backward_s"]) == len(record["step_s"]) == 3
+        for fwd, bwd, step in zip(record["forward_s"], record["backward_s"], record["step_s"]):
+            assert 0 < fwd and 0 < bwd and fwd + bwd < step      # busy in its actions, within the step
