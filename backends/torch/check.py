@@ -7,8 +7,10 @@ Out: a :class:`~backends.compare.CheckReport`: every output (in training also th
 of the outputs, and every parameter's gradient) compared with :func:`~backends.compare.compare`
 under its dtype's tolerance, and the median wall time of the original and of the emitted module.
 The verdict needs every one of them: outputs, loss and gradients. A plan computing in 16 bits is
-held to its 16-bit dtype's tolerance (:func:`computed_in`; :mod:`backends.compare`), and float16
-training unscales the gradients of the module's loss scaler before comparing them.
+held to its 16-bit dtype's tolerance (:func:`computed_in`; :mod:`backends.compare`), or, where an
+element crossed a kink (a ReLU's 0), to twice the norm-wise error torch.autocast makes on the
+original in that dtype; float16 training unscales the gradients of the module's loss scaler before
+comparing them.
 
 A plan with a ``batch`` section (:mod:`partitioner.batching`) is checked at its global batch: the
 original runs the whole batch at once, the emitted module runs the plan's micro-batches one after
@@ -116,12 +118,16 @@ def check_plan(
                 devices = strict.report(error=str(exc))
                 emit_outs, emit_grads = run_emitted(emitted, args)
         via = computed_in(plan)
-        outputs = tuple(compare(name, emit_outs.get(name), ref, computed_in=via) for name, ref in ref_outs.items())
+        ac_outs, ac_grads = _autocast_reference(reference, args, via, run) if via is not None else ({}, {})
+        outputs = tuple(compare(name, emit_outs.get(name), ref, computed_in=via, noise=ac_outs.get(name))
+                        for name, ref in ref_outs.items())
         loss = grads = None
         if training:
+            ac_loss = _loss(list(ac_outs.values())) if ac_outs else None
             loss = compare("loss", _loss(list(emit_outs.values())), _loss(list(ref_outs.values())), summed=True,
-                           computed_in=via)
-            grads = tuple(compare(name, emit_grads.get(name, MISSING), ref, summed=True, computed_in=via)
+                           computed_in=via, noise=ac_loss)
+            grads = tuple(compare(name, emit_grads.get(name, MISSING), ref, summed=True, computed_in=via,
+                                  noise=ac_grads.get(name))
                           for name, ref in ref_grads.items() if ref is not None or emit_grads.get(name) is not None)
         original_s, emitted_s = interleaved_medians(
             [lambda: run(reference, args, keep=False), lambda: run_emitted(emitted, args, keep=False)], repeat, sync)
@@ -183,6 +189,22 @@ def computed_in(plan: Any) -> torch.dtype | None:
         if name in dtypes:
             return getattr(torch, name)
     return None
+
+
+def _autocast_reference(reference: torch.nn.Module, args: tuple, dtype: torch.dtype,
+                        run: Callable[..., tuple[dict, dict]]) -> tuple[dict, dict]:
+    """The original's outputs and gradients under torch.autocast in ``dtype`` (on a copy, on the
+    device of its parameters): how far 16 bits alone move them from float32
+    (:func:`backends.compare.compare`'s ``noise``). Empty where autocast cannot run there."""
+    module = copy.deepcopy(reference)
+    device = next((p.device.type for p in module.parameters()), "cpu")
+    try:
+        with torch.autocast(device, dtype=dtype):
+            outs, grads = run(module, args)
+    except RuntimeError:  # autocast without this dtype on this device: the elementwise rule alone
+        return {}, {}
+    return ({k: v.float() for k, v in outs.items()},
+            {k: v.float() for k, v in grads.items() if isinstance(v, torch.Tensor)})
 
 
 def _strict_forward(strict: StrictRun, module: torch.nn.Module, args: tuple) -> Any:

@@ -127,3 +127,34 @@ def test_casts_are_where_the_plan_says_and_no_more() -> None:
     for p in placeholders:
         to_dtypes = [u for u in p.users if "hetpart_cast" in u.meta]
         assert len({u.args[1] for u in to_dtypes}) == len(to_dtypes)
+
+
+@pytest.mark.parametrize("batch", [None, 2])
+def test_bf16_training_of_a_relu_mlp_passes_though_its_first_gradient_crosses_relu_kinks(batch: int | None) -> None:
+    """bfloat16 rounds some first-layer pre-activations across ReLU's 0, so the first layer's gradient
+    is far from float32's elementwise (torch.autocast moves it just as far): judged norm-wise
+    against autocast's error, the check passes, with micro-batches accumulated too."""
+    plan, module, inputs = _plan("mlp", "tiny", {"cuda:0": "bf16", "cpu": "fp32"}, training=True,
+                                 pins={"*": "cuda:0"}, batch=batch)
+    report = check_plan(plan, module, inputs, {"cuda:0": "cpu"}, training=True, repeat=1)
+    assert report.passed, report.to_text()
+    first = next(e for e in report.grads if e.name == "layers.0.weight")
+    assert first.max_rel > 0.05 and first.l2_rel is not None and first.l2_rel <= 2 * first.l2_autocast + 1.6e-2
+    assert "vs autocast" in report.to_text()
+
+
+def test_a_gradient_off_by_a_dropped_micro_batch_fails_the_16_bit_check() -> None:
+    """The autocast allowance is not a free pass: an emitted module whose first-layer gradient is
+    three quarters of the true one (one of four micro-batches lost) fails."""
+    plan, module, inputs = _plan("mlp", "tiny", {"cuda:0": "bf16", "cpu": "fp32"}, training=True,
+                                 pins={"*": "cuda:0"})
+
+    def damaged(reference: torch.nn.Module) -> torch.nn.Module:
+        emitted = plan.emit(reference, {"cuda:0": "cpu"})
+        weight = dict(emitted.named_parameters())["layers.0.weight"]
+        weight.register_hook(lambda g: g * 0.75)
+        return emitted
+
+    report = check_plan(plan, module, inputs, {"cuda:0": "cpu"}, training=True, repeat=1, build=damaged)
+    assert not report.passed
+    assert [e.name for e in report.failures()] == ["layers.0.weight"], report.to_text()
