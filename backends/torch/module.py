@@ -41,6 +41,7 @@ import torch
 import torch.fx
 
 from backends.binding import bind_devices
+from backends.torch.attributes import attribute, rebind_tensor
 from backends.torch.precision import apply_precision
 from backends.torch.streaming import WeightStreamer
 from partitioner.errors import HetpartError, PlanMismatch
@@ -229,11 +230,6 @@ def _param_uses(gm: torch.fx.GraphModule) -> dict[str, list[torch.fx.Node]]:
     return uses
 
 
-def _attr(gm: torch.fx.GraphModule, target: str) -> Any:
-    owner, _, attr = target.rpartition(".")
-    return getattr(gm.get_submodule(owner) if owner else gm, attr)
-
-
 def _parameter_homes(gm: torch.fx.GraphModule, plan: Any) -> dict[str, str]:
     """The logical device each attribute tensor lives on (get_attr target → device).
 
@@ -247,7 +243,7 @@ def _parameter_homes(gm: torch.fx.GraphModule, plan: Any) -> dict[str, str]:
     groups: dict[int, list[str]] = {}
     uses = _param_uses(gm)
     for target in uses:
-        groups.setdefault(id(_attr(gm, target)), []).append(target)
+        groups.setdefault(id(attribute(gm, target)), []).append(target)
     home: dict[str, str] = {}
     for targets in groups.values():
         readers = [u.name for t in targets for u in uses[t] if u.name in plan.placement]
@@ -289,13 +285,7 @@ def _move_state(gm: torch.fx.GraphModule, home: Mapping[str, str], physical: Map
                 moved[key] = value.to(device)
             else:
                 continue
-        new = moved[key]
-        if isinstance(new, torch.nn.Parameter):
-            module._parameters[attr] = new
-        elif attr in module._buffers:
-            module._buffers[attr] = new
-        else:
-            setattr(module, attr, new)
+        rebind_tensor(module, attr, moved[key])
 
 
 def _streamed_attrs(gm: torch.fx.GraphModule, plan: Any, home: Mapping[str, str]) -> list[tuple[str, str]]:

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from backends.torch.attributes import attribute, rebind_tensor
 from partitioner.errors import HetpartError
 
 __all__ = ["apply_precision", "LossScaler", "SCALER_ATTR", "DTYPES"]
@@ -114,7 +115,7 @@ class _Casts:
     def _holds(self, node: torch.fx.Node) -> torch.dtype | None:
         """The dtype ``node``'s value holds at run time (None: not one floating tensor)."""
         if node.op == "get_attr":
-            value = _attr(self.gm, str(node.target))
+            value = attribute(self.gm, str(node.target))
             return value.dtype if isinstance(value, torch.Tensor) else None
         if "hetpart_cast" in node.meta:
             return DTYPES[node.meta["hetpart_cast"]]
@@ -149,11 +150,6 @@ def _traced(node: torch.fx.Node, held: Mapping[torch.fx.Node, Any]) -> torch.dty
     return None
 
 
-def _attr(gm: torch.fx.GraphModule, target: str) -> Any:
-    owner, _, attr = target.rpartition(".")
-    return getattr(gm.get_submodule(owner) if owner else gm, attr)
-
-
 def _store_low_weights(gm: torch.fx.GraphModule, plan: Any, low: Mapping[str, torch.dtype]) -> None:
     """Inference: a float32 weight whose owner op (``plan.param_names``) computes in 16 bits, and
     does not stream it, is stored in that dtype, as the plan's memory counts it (tied names stay
@@ -176,13 +172,7 @@ def _store_low_weights(gm: torch.fx.GraphModule, plan: Any, low: Mapping[str, to
             data = value.detach().to(low[op])
             converted[id(value)] = torch.nn.Parameter(data, requires_grad=False) \
                 if isinstance(value, torch.nn.Parameter) else data
-        new = converted[id(value)]
-        if isinstance(new, torch.nn.Parameter):
-            module._parameters[attr] = new
-        elif attr in module._buffers:
-            module._buffers[attr] = new
-        else:
-            setattr(module, attr, new)
+        rebind_tensor(module, attr, converted[id(value)])
 
 
 class LossScaler:
