@@ -94,6 +94,9 @@ class BatchFit:
                  f"({format_seconds(plan.predicted['total_s'])} per micro-batch step, optimizer once)",
                  "  inputs     rescaled along dimension 0 (the batch): example rows repeated to the global "
                  "batch, cut into equal micro-batches"]
+        from partitioner.plan.precision import precision_lines
+
+        lines += precision_lines(plan)
         for device, mem in plan.memory.items():
             used, cap = mem["used"], mem["capacity"]
             lines.append(f"  memory     {one_line(device):<10} {format_bytes(used):>11} of {format_bytes(cap):>11} "

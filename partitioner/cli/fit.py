@@ -30,6 +30,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     ft.add_argument("--solver", default="auto", help="auto, highs, cbc, or a baseline (see hetpart plan)")
     ft.add_argument("--time-limit", type=float, default=60.0, metavar="S", help="time limit of each solve, seconds")
     ft.add_argument("--gap", type=float, default=0.01, help="relative optimality gap to stop at")
+    ft.add_argument("--precision", metavar="auto|DEVICE=DTYPE,...",
+                    help="plan every micro-batch in 16 bits too (see hetpart plan --precision): 16-bit activations "
+                         "let a larger micro-batch fit")
     ft.add_argument("-o", "--output", metavar="PLAN.json", help="write the plan at the micro-batch found")
     ft.add_argument("--force", action="store_true", help="overwrite PLAN.json if it exists")
     ft.set_defaults(func=_cmd_fit)
@@ -50,6 +53,10 @@ def _cmd_fit(args: argparse.Namespace) -> int:
     if args.output is not None:
         output_path(args.output, "-o", force=args.force)
     profile = load_profile(args.devices)
+    if args.precision is not None:  # a bad --precision fails before the model is built
+        from cost_models.precision import resolve_precision
+
+        resolve_precision(args.precision, profile)
     loaded = load_model(args.model, device="meta")  # shapes only: planning needs no weights
     if loaded.is_onnx:
         raise HetpartError("hetpart fit plans training steps of torch models; ONNX models are planned for inference")
@@ -63,7 +70,7 @@ def _cmd_fit(args: argparse.Namespace) -> int:
         loaded.module, loaded.example_inputs, profile, global_batch=args.global_batch, micro_batch=args.micro_batch,
         memory=pairs(args.memory, "--memory", "cuda:0=2GB"), pins=pairs(args.pin, "--pin", "'emb*=cpu'"),
         optimizer=args.optimizer, objective=args.objective, solver=args.solver, time_limit=args.time_limit,
-        gap=args.gap, no_split=loaded.no_split, model_name=loaded.name, on_trial=progress,
+        gap=args.gap, no_split=loaded.no_split, model_name=loaded.name, on_trial=progress, precision=args.precision,
     )
     print(fit.summary())
     if args.output:

@@ -172,7 +172,22 @@ def test_hetpart_fit_prints_the_micro_batch_steps_memory_and_time(capsys, tmp_pa
     assert Plan.load(out_file).batch["accumulation_steps"] == 2
 
 
+def test_hetpart_fit_in_bf16_fits_a_larger_micro_batch_under_the_same_caps(capsys, tmp_path) -> None:
+    """The caps that hold gpt:tiny to micro-batch 8 in float32 (test above) fit all 16 in bfloat16."""
+    out_file = tmp_path / "plan.json"
+    code = main(["fit", "gpt:tiny", "--training", "--global-batch", "16", "--memory", "cuda:0=1MB",
+                 "--memory", "cpu=1MB", "--time-limit", "10", "--precision", "cuda:0=bf16,cpu=bf16",
+                 "-o", str(out_file)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "global batch 16 = 1 x micro-batch 16" in out
+    assert re.search(r"precision +cuda:0=bfloat16, cpu=bfloat16: \d+ in bfloat16 on", out)
+    plan = Plan.load(out_file)
+    assert plan.batch["micro_batch"] == 16 and plan.precision["ops"]
+
+
 @pytest.mark.parametrize("argv, words", [
+    (["--global-batch", "16", "--training", "--precision", "cuda:0=fp8"], "'fp8' is not a dtype"),
     (["--global-batch", "0", "--training"], "global batch 0: expected a whole number"),
     (["--global-batch", "64", "--micro-batch", "3", "--training"], "micro-batch 3 does not divide"),
     (["--global-batch", "64"], "pass --training"),
