@@ -308,10 +308,12 @@ class Formulation:
         for t in p.tensors:
             if not t.float32:
                 continue
-            if t.follows and t.producer is not None:
+            follows = t.follows and t.producer is not None
+            if follows:
                 held_as = {a for d in self.allowed[t.producer] for a in self.dtypes_on(t.producer, d)}
             else:
                 held_as = {FLOAT32}
+            holder = t.producer if follows else None  # a tensor that does not follow is held in float32
             for c, reads in zip(t.consumers, t.reads):
                 for d in self.allowed[c]:
                     options = self.dtypes_on(c, d) if reads else (FLOAT32,)
@@ -320,7 +322,7 @@ class Formulation:
                         if held_as == {a}:
                             continue  # never a mismatch in a
                         reader = self.r(c, d, a) if reads else self.x(c, d)
-                        rows.append((a, [(1.0, reader)] + [(-k, v) for k, v in self.held(t.producer, a)]))
+                        rows.append((a, [(1.0, reader)] + [(-k, v) for k, v in self.held(holder, a)]))
                     if not rows:
                         continue
                     seconds = p.cast_s(t.bytes, d)

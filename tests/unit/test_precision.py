@@ -246,3 +246,17 @@ def test_cli_precision_flag(tmp_path, capsys) -> None:
     assert Plan.load(out).precision["setting"] == {"cuda:0": "bfloat16", "cpu": "bfloat16"}
     assert main(["plan", "mlp:tiny", "--precision", "cuda:0=bf16,cuda:7=fp16"]) != 0
     assert "'cuda:7' is not a device" in capsys.readouterr().err
+
+
+def test_a_float32_tensor_of_a_coarse_group_computing_in_16_bits_is_cast_by_its_16_bit_reader(caplog) -> None:
+    """A coarse group holding a 16-bit matmul and an op the policy keeps in float32 (a norm, a
+    softmax) emits the latter's output in float32: a 16-bit reader casts it, in the ILP as in
+    ``evaluate``. (The ILP once took it to be held in the group's dtype, underpricing the cast: its
+    objective fell below the evaluation of its own placement, and its bound with it.)"""
+    module, inputs = models.get("moe", "tiny", device="meta")
+    names = [op.name for op in from_module(module, inputs)]
+    pins = {n: ("cuda:0", "npu:0", "cpu")[i % 3] for i, n in enumerate(names) if i % 4 == 0}
+    with caplog.at_level("WARNING", logger="partitioner.solvers.ilp"):
+        out = partition_outcome(module, inputs, "cpu-gpu-npu", precision="auto", pins=pins, time_limit=20)
+    assert not [r for r in caplog.records if "differs from the evaluation" in r.getMessage()]
+    assert out.plan.precision["ops"] and out.plan.solver.bound <= out.plan.predicted["total_s"] * (1 + 1e-9)
