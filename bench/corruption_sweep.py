@@ -18,7 +18,7 @@ plan`` on each profile, in this process (``partitioner.cli.main``). Each run is 
 * ``accepted``   exit status 0. A profile that still parses after truncation at a line boundary
   is valid TOML and planned for (TOML has no end marker; the count is reported). An accepted plan
   is *harmless* when everything ``emit`` uses (fingerprint, placement, weights, schedule, stream
-  mode, capture, inputs, training, devices, batch section, and each fallback plan it still holds)
+  mode, capture, inputs, training, devices, batch section, 16-bit ops, and each fallback plan it still holds)
   equals the original's and ``check`` passed; otherwise it is a *silent success* (must be 0).
 
     python bench/corruption_sweep.py [--out DIR] [--show N] [--run-accepted N] [--variant V]
@@ -26,7 +26,9 @@ plan`` on each profile, in this process (``partitioner.cli.main``). Each run is 
 ``--variant`` picks the valid plan: ``placed`` (the default above), ``live`` (the same model planned on
 ``detect:cpu-gpu-npu`` with ``--fallbacks 0.5``: the probe and fallbacks sections, and the fallback
 plan's own fields), or ``batch`` (``hetpart fit`` of a training step, global batch 8 in micro-batches
-of 4: the batch section; ``check`` then compares accumulated gradients with full-batch ones).
+of 4: the batch section; ``check`` then compares accumulated gradients with full-batch ones), or
+``precision`` (planned with ``--precision cuda:0=bf16,npu:0=bf16,cpu=fp32``: the precision section,
+whose ops decide the casts ``emit`` inserts and the tolerance ``check`` holds).
 
 It prints the counts per command and kind of damage, and the first ``--show`` error messages.
 """
@@ -193,7 +195,8 @@ def _emit_fields(plan: Any) -> tuple:
     inputs only re-capture the model when no example inputs are given; the commands pass them.)"""
     return (plan.fingerprint, dict(plan.placement), dict(plan.weights), plan.schedule, plan.stream_mode,
             plan.capture, plan.training, plan.devices.names(),
-            {k: v for k, v in plan.batch.items() if k != "step_s"})  # step_s: a prediction, like predicted
+            {k: v for k, v in plan.batch.items() if k != "step_s"},  # step_s: a prediction, like predicted
+            dict(plan.precision.get("ops", {})))  # the casts emit inserts (the cast count is a prediction)
 
 
 def _harmless(damaged: Any, original: Any) -> bool:
@@ -281,18 +284,20 @@ def sweep_profiles(folder: Path, profile_path: Path) -> list[Run]:
     return runs
 
 
-VARIANTS = ("placed", "live", "batch")
+VARIANTS = ("placed", "live", "batch", "precision")
 
 
 def valid_plan_text(folder: Path, variant: str = "placed") -> str:
     """The plan every damaged plan starts from: three devices, a streamed weight, transfers (and, by
-    ``variant``, fallback plans and a probe, or a batch section)."""
+    ``variant``, fallback plans and a probe, a batch section, or a precision section)."""
     path = folder / "valid-plan.json"
     pins = ["--pin", "linear_1=cuda:0", "--pin", "linear_2=npu:0"]
     argv = {"placed": ["plan", MODEL, "--devices", "cpu-gpu-npu", *pins],
             "live": ["plan", MODEL, "--devices", "detect:cpu-gpu-npu", "--fallbacks", "0.5", *pins],
             "batch": ["fit", MODEL, "--devices", "cpu-gpu-npu", "--training", "--global-batch", "8",
-                      "--micro-batch", "4", *pins]}[variant]
+                      "--micro-batch", "4", *pins],
+            "precision": ["plan", MODEL, "--devices", "cpu-gpu-npu", "--precision",
+                          "cuda:0=bf16,npu:0=bf16,cpu=fp32", *pins]}[variant]
     code, _, err = _cli([*argv, "--time-limit", "10", "-o", str(path), "--force"])
     if code != 0:
         raise RuntimeError(f"the valid plan could not be made: {err}")

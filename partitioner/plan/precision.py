@@ -15,6 +15,12 @@ An op listed computes in that dtype: its float32 inputs (activations and weights
 and what it produces is held in it until an op computing in another dtype reads it (cast there),
 or it leaves the model (cast back to float32). Training keeps float32 master weights: the
 parameters stay float32 and their casts are part of the graph, so gradients land in float32.
+
+The section is checked against what else the plan says: a copy of a 16-bit tensor carries half its
+traced bytes, so a copy that does while the section does not list its producer (the section cut,
+or an op deleted from it) is refused when the file is read; with a fixed per-device setting the
+captured graph decides which ops compute in 16 bits, so ``emit`` and ``check`` refuse a section
+that lists other ops (:func:`graph_differences`).
 """
 
 from __future__ import annotations
@@ -22,14 +28,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from cost_models.precision import DTYPES, FLOAT32, LOW, device_dtypes
+from cost_models.precision import DTYPES, FLOAT32, LOW, device_dtypes, itemsize_factor
 
 if TYPE_CHECKING:
     from partitioner.plan.reader import FieldReader
     from partitioner.solvers.problem import Placement, Problem
 
-__all__ = ["precision_record", "read_precision", "check_precision", "precision_lines", "refuse_precision",
-           "PRECISION_KEYS"]
+__all__ = ["precision_record", "read_precision", "check_precision", "graph_differences", "precision_lines",
+           "refuse_precision", "PRECISION_KEYS"]
 
 PRECISION_KEYS = ("setting", "ops", "casts")
 
@@ -87,7 +93,9 @@ def _dtype(r: FieldReader, value: Any, path: str, allowed: tuple[str, ...]) -> s
 
 def check_precision(plan: Any, r: FieldReader) -> None:
     """Every op of the section is an op of the plan, on a device whose profile runs its dtype,
-    and every device named by the setting is a device of the plan."""
+    every device named by the setting is a device of the plan, and every copy carries its tensor
+    in the dtype the section gives its producer (:func:`_check_copy_bytes`)."""
+    _check_copy_bytes(plan, r)
     section = plan.precision
     if not section:
         return
@@ -137,3 +145,45 @@ def refuse_precision(plan: Any, backend: str) -> None:
         raise HetpartError(f"{plan.source} computes {count} ops in 16 bits (its precision section), but {backend} runs "
                            f"every op as traced: run it with plan.emit(model) (CLI: hetpart check / hetpart run), "
                            f"or re-plan without --precision")
+
+
+def _check_copy_bytes(plan: Any, r: FieldReader) -> None:
+    """A copy of an op's output carries its traced bytes (``model.op_bytes``), or, where the section
+    lists the op in a 16-bit dtype, that dtype's share of them. A copy of fewer bytes whose producer
+    the section does not list (the section, or one of its ops, deleted or edited) is refused: the
+    plan was made with casts that the file no longer says."""
+    ops = plan.precision.get("ops", {}) if plan.precision else {}
+    for i, t in enumerate(plan.transfers):
+        traced = plan.op_bytes.get(t.tensor, (None,))[0] if t.kind == "activation" else None
+        if not traced or t.bytes == traced or t.tensor in ops:
+            continue
+        if t.bytes == int(traced * itemsize_factor("bfloat16")):
+            r.fail(f"transfers[{i}]", f"copies {t.tensor!r} in {t.bytes} bytes, a 16-bit share of its "
+                                      f"{traced} traced bytes, but precision.ops does not list {t.tensor!r}: "
+                                      f"the precision section was cut or edited; re-plan with "
+                                      f"partition(precision=...) rather than editing the file")
+
+
+def graph_differences(plan: Any, graph: Any) -> list[str]:
+    """Where a fixed per-device setting and the captured graph say other ops compute in 16 bits than
+    the section lists: with ``{"cuda:0": "bf16"}`` every op on ``cuda:0`` that the accuracy policy
+    lets compute in 16 bits (:func:`~cost_models.precision.op_precision` "flexible") and that does
+    not stream its weights is listed in bfloat16, and no other op is. (An ``auto`` section is the
+    solver's choice: only its copies check it, in :func:`check_precision`.)"""
+    from cost_models.precision import op_precision
+
+    setting = plan.precision.get("setting") if plan.precision else None
+    if not isinstance(setting, Mapping):
+        return []
+    listed = plan.precision["ops"]
+    lines = []
+    for name, op in graph.ops.items():
+        want = setting.get(plan.placement.get(name))
+        if want is None:
+            continue
+        flexible = op_precision(op, graph.tensors, graph.params) == "flexible" and name not in plan.weights
+        expected = want if want != FLOAT32 and flexible else None
+        if listed.get(name) != expected:
+            lines.append(f"  precision.ops[{name!r}]: {listed.get(name) or 'float32'} where the setting "
+                         f"{plan.placement[name]}={want} computes it in {expected or 'float32'}")
+    return lines[:3]

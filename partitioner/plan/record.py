@@ -34,7 +34,7 @@ from partitioner.files import read_text, refuse_overwrite, write_atomic
 from partitioner.plan.batch import check_batch
 from partitioner.plan.live import FallbackPlan, check_fallbacks
 from partitioner.plan.pipeline import check_pipeline
-from partitioner.plan.precision import check_precision
+from partitioner.plan.precision import check_precision, graph_differences
 from partitioner.plan.reader import FieldReader, check_references, parse_json, plan_fields, read_memory, read_predicted
 from partitioner.plan.values import (
     _REPLAN, FORMAT_VERSION, BaselineInfo, InputSpec, SolverInfo, TransferInfo, _freeze, _plain,
@@ -278,6 +278,7 @@ class Plan:
             if set(self.param_ops) != set(owning):
                 odd = sorted(set(self.param_ops) ^ set(owning))[:3]
                 lines.append(f"  ops owning parameters differ: {', '.join(odd)}")
+            lines += graph_differences(self, graph)
         if lines:
             raise PlanMismatch("\n".join([
                 f"{self.source} carries the fingerprint of model {graph.name!r} ({self.fingerprint}), but "

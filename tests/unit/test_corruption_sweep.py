@@ -44,17 +44,17 @@ def test_no_damaged_file_gives_a_traceback_or_a_silent_success(tmp_path: Path) -
         assert not any(what == e or what.startswith(e + ".") for e in essential), what
 
 
-def test_damaged_live_and_batch_plans_are_refused_or_harmless(tmp_path: Path) -> None:
+def test_damaged_live_batch_and_precision_plans_are_refused_or_harmless(tmp_path: Path) -> None:
     """The optional sections too: a plan with a probe and a fallback plan (damaged down into the
-    fallback plan), and a hetpart fit plan with a batch section."""
+    fallback plan), a hetpart fit plan with a batch section, and a plan with 16-bit ops."""
     sweep = _sweep_module()
-    for variant in ("live", "batch"):
+    sections = {"live": "fallbacks.0.plan.placement", "batch": "batch.micro_batch", "precision": "precision.ops"}
+    for variant, section in sections.items():
         (tmp_path / variant).mkdir()
         runs = sweep.run_sweep(tmp_path / variant, run_accepted=2, variant=variant)
         bad = [f"{r.command} {r.damage.kind} {r.damage.what}: {r.outcome}: {r.message}" for r in runs
                if r.outcome in ("traceback", "silent success", "check failed")]
         assert not bad, "\n".join(bad[:10])
         damaged = {r.damage.what for r in runs}
-        section = "fallbacks.0.plan.placement" if variant == "live" else "batch.micro_batch"
         assert section in damaged, variant
         assert all(r.outcome == "error" for r in runs if r.damage.what == section), variant

@@ -15,7 +15,7 @@ from cost_models.costs import ANALYTIC
 from cost_models.precision import FLOAT32, PrecisionError, op_precision, parse_dtype, resolve_precision
 from cost_models.profiles import load_profile
 from partitioner import Plan, from_module, partition, partition_outcome
-from partitioner.errors import HetpartError, ProfileError
+from partitioner.errors import HetpartError, PlanMismatch, ProfileError
 from partitioner.plan import PlanFormatError
 from partitioner.solvers.problem import Options, Problem, evaluate
 
@@ -260,3 +260,37 @@ def test_a_float32_tensor_of_a_coarse_group_computing_in_16_bits_is_cast_by_its_
         out = partition_outcome(module, inputs, "cpu-gpu-npu", precision="auto", pins=pins, time_limit=20)
     assert not [r for r in caplog.records if "differs from the evaluation" in r.getMessage()]
     assert out.plan.precision["ops"] and out.plan.solver.bound <= out.plan.predicted["total_s"] * (1 + 1e-9)
+
+
+def _split_bf16_plan():  # noqa: ANN202 - (plan, module, inputs): mlp:tiny over three devices, 16-bit copies
+    module, inputs = models.get("mlp", "tiny")
+    plan = partition(module, inputs, "cpu-gpu-npu", pins={"linear_1": "cuda:0", "linear_2": "npu:0"},
+                     precision={"cuda:0": "bf16", "npu:0": "bf16", "cpu": "fp32"}, time_limit=10)
+    return plan, module, inputs
+
+
+def test_a_plan_whose_precision_section_was_cut_is_refused_by_its_16_bit_copies() -> None:
+    plan, _, _ = _split_bf16_plan()
+    halved = [t for t in plan.transfers if t.tensor in plan.precision["ops"]]
+    assert halved and all(t.bytes * 2 == plan.op_bytes[t.tensor][0] for t in halved)
+    whole = json.loads(plan.to_json())
+    del whole["precision"]
+    with pytest.raises(PlanFormatError, match=r"transfers\[\d\].*a 16-bit share.*precision.ops does not list"):
+        Plan.from_json(json.dumps(whole))
+    one = json.loads(plan.to_json())
+    del one["precision"]["ops"][halved[0].tensor]
+    with pytest.raises(PlanFormatError, match=f"does not list '{halved[0].tensor}'"):
+        Plan.from_json(json.dumps(one))
+
+
+def test_an_op_cut_from_a_fixed_settings_section_is_refused_against_the_graph() -> None:
+    """An op whose output never leaves its device: only the setting and the graph can tell."""
+    plan, module, inputs = _split_bf16_plan()
+    crossing = {t.tensor for t in plan.transfers}
+    quiet = next(op for op in plan.precision["ops"] if op not in crossing)
+    edited = json.loads(plan.to_json())
+    del edited["precision"]["ops"][quiet]
+    damaged = Plan.from_json(json.dumps(edited))  # the file alone reads
+    with pytest.raises(PlanMismatch, match=rf"precision.ops\['{quiet}'\]: float32 where the setting .*bfloat16"):
+        damaged.emit(module, {"cuda:0": "cpu", "npu:0": "cpu"})
+    plan.check_graph(from_module(module, inputs))  # the plan as made passes
