@@ -17,6 +17,14 @@ def add_bind(sub: argparse.ArgumentParser) -> None:
                      help="run a plan device on a present one, e.g. cuda:0=cpu (repeatable)")
 
 
+def add_caps_and_pins(sub: argparse.ArgumentParser) -> None:
+    """``--memory DEVICE=SIZE`` and ``--pin GLOB=DEVICE`` (each repeatable), as plan and fit take them."""
+    sub.add_argument("--memory", action="append", default=[], metavar="DEVICE=SIZE",
+                     help="cap a device below its profile, e.g. cuda:0=2GB (repeatable)")
+    sub.add_argument("--pin", action="append", default=[], metavar="GLOB=DEVICE",
+                     help="pin ops by name or module-path glob, e.g. 'emb*=cpu' (repeatable)")
+
+
 def positive_int(text: str) -> int:
     """An argparse type: a whole number of at least 1."""
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from partitioner.cli.args import output_path, pairs
+from partitioner.cli.args import add_caps_and_pins, output_path, pairs
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -23,10 +23,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                     help="plan a training step (required: accumulation is over gradients)")
     ft.add_argument("--optimizer", default="adam", choices=["sgd", "sgd-momentum", "adam"])
     ft.add_argument("--objective", default="latency", choices=["latency", "throughput", "makespan"])
-    ft.add_argument("--memory", action="append", default=[], metavar="DEVICE=SIZE",
-                    help="cap a device below its profile, e.g. cuda:0=2GB (repeatable)")
-    ft.add_argument("--pin", action="append", default=[], metavar="GLOB=DEVICE",
-                    help="pin ops by name or module-path glob, e.g. 'emb*=cpu' (repeatable)")
+    add_caps_and_pins(ft)
     ft.add_argument("--solver", default="auto", help="auto, highs, cbc, or a baseline (see hetpart plan)")
     ft.add_argument("--time-limit", type=float, default=60.0, metavar="S", help="time limit of each solve, seconds")
     ft.add_argument("--gap", type=float, default=0.01, help="relative optimality gap to stop at")

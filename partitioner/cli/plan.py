@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from partitioner.cli.args import (
-    add_input_shape, fallback_fractions, input_shapes, output_path, pairs, positive_int, print_progress,
+    add_caps_and_pins, add_input_shape, fallback_fractions, input_shapes, output_path, pairs, positive_int, print_progress,
 )
 from partitioner.errors import HetpartError
 
@@ -25,10 +25,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                     help="also solve plans for less accelerator memory, e.g. 0.75,0.5 of this plan's: the emitted "
                          "module (backends.torch.emit_live) runs the one that fits the free memory at each call")
     pl.add_argument("--objective", default="latency", choices=["latency", "throughput", "makespan"])
-    pl.add_argument("--memory", action="append", default=[], metavar="DEVICE=SIZE",
-                    help="cap a device below its profile, e.g. cuda:0=2GB (repeatable)")
-    pl.add_argument("--pin", action="append", default=[], metavar="GLOB=DEVICE",
-                    help="pin ops by name or module-path glob, e.g. 'emb*=cpu' (repeatable)")
+    add_caps_and_pins(pl)
     pl.add_argument("--training", action="store_true", help="plan a training step")
     pl.add_argument("--optimizer", default="adam", choices=["sgd", "sgd-momentum", "adam"])
     pl.add_argument("--solver", default="auto",
