@@ -302,7 +302,6 @@ class Formulation:
         """``cast`` columns (a reader casts a tensor held in another dtype) and 16-bit outputs' casts."""
         p = self.p
         self.cast_cols: list[tuple[str, str, float, Column | float]] = []  # (node, device, seconds, term)
-        self.cast_of: dict[tuple[str, str, str], Column | float] = {}     # (tensor, reader, device) -> term
         if p.precision is None:
             return
         for t in p.tensors:
@@ -314,33 +313,40 @@ class Formulation:
             else:
                 held_as = {FLOAT32}
             holder = t.producer if follows else None  # a tensor that does not follow is held in float32
-            for c, reads in zip(t.consumers, t.reads):
+            for c, (in_node_dtype, in_float32) in zip(t.consumers, t.reads):
                 for d in self.allowed[c]:
-                    options = self.dtypes_on(c, d) if reads else (FLOAT32,)
-                    rows = []
-                    for a in options:
-                        if held_as == {a}:
-                            continue  # never a mismatch in a
-                        reader = self.r(c, d, a) if reads else self.x(c, d)
-                        rows.append((a, [(1.0, reader)] + [(-k, v) for k, v in self.held(holder, a)]))
-                    if not rows:
-                        continue
-                    seconds = p.cast_s(t.bytes, d)
-                    if all(not isinstance(v, Column) for _, terms in rows for _, v in terms):
-                        if any(sum(k * float(v) for k, v in terms) >= 1 for _, terms in rows):
-                            self.cast_cols.append((c, d, seconds, 1.0))
-                            self.cast_of[(t.name, c, d)] = 1.0
-                        continue
-                    k = self.milp.column(_name("cast", t.name, c, d), upper=1.0)
-                    for a, terms in rows:
-                        self.ge(_name("cast_need", t.name, c, d, a), k, terms)
-                    self.cast_cols.append((c, d, seconds, k))
-                    self.cast_of[(t.name, c, d)] = k
+                    for count, in_own in ((in_node_dtype, True), (in_float32, False)):
+                        if count:
+                            self._cast(t.name, held_as, holder, c, d, count, in_own)
         for name, u, nbytes in p.output_casts:
             for d in self.allowed[u]:
                 for a in self.dtypes_on(u, d):
                     if a != FLOAT32:
                         self.cast_cols.append((u, d, p.cast_s(nbytes, d), self.r(u, d, a)))
+
+    def _cast(self, tensor: str, held_as: set[str], holder: str | None, c: str, d: str, count: int,
+              in_own: bool) -> None:
+        """The cast ``count`` member ops of ``c`` on ``d`` make of ``tensor`` (held by ``holder``'s dtype,
+        or float32 without one) when they read it in ``c``'s dtype (``in_own``) or in float32."""
+        options = self.dtypes_on(c, d) if in_own else (FLOAT32,)
+        rows = []
+        for a in options:
+            if held_as == {a}:
+                continue  # never a mismatch in a
+            reader = self.r(c, d, a) if in_own else self.x(c, d)
+            rows.append((a, [(1.0, reader)] + [(-k, v) for k, v in self.held(holder, a)]))
+        if not rows:
+            return
+        seconds = count * self.p.cast_s(self.p.tensor_info[tensor].bytes, d)
+        if all(not isinstance(v, Column) for _, terms in rows for _, v in terms):
+            if any(sum(k * float(v) for k, v in terms) >= 1 for _, terms in rows):
+                self.cast_cols.append((c, d, seconds, 1.0))
+            return
+        reading = "own" if in_own else FLOAT32
+        k = self.milp.column(_name("cast", tensor, c, d, reading), upper=1.0)
+        for a, terms in rows:
+            self.ge(_name("cast_need", tensor, c, d, reading, a), k, terms)
+        self.cast_cols.append((c, d, seconds, k))
 
     def cast_terms(self, device: str | None = None, node: str | None = None) -> list[Term]:
         """Cast time, on ``device`` or of ``node`` only when given."""

@@ -40,7 +40,7 @@ Semantics (documented once, here):
   inference, so do its resident weights (training keeps float32 master weights, gradients and
   optimizer state); a node whose weights are streamed computes in float32. Where a float32 tensor
   reaches a reader in another dtype, the reader's device casts it (``cast_s``; once per tensor and
-  reading node), and a 16-bit graph output is cast back to float32 where it is produced.
+  reading op, so a coarse node costs what its members do on the original graph), and a 16-bit graph output is cast back to float32 where it is produced.
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ class CrossTensor:
     bytes: int
     float32: bool = False            # a float32 tensor as traced (precision may hold it in 16 bits)
     follows: bool = False            # held in its producer node's dtype (the producing op is flexible)
-    reads: tuple[bool, ...] = ()     # per consumer: read in that node's dtype (else in float32)
+    reads: tuple[tuple[int, int], ...] = ()  # per consumer: (member ops reading it in the node's dtype, in float32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -389,8 +389,8 @@ class Problem:
             for a in per_d:
                 eff = {op.name: self.op_dtype(op.name, a) for op in ops}
                 seconds = sum(self.compute_time(op, device, eff[op.name]) for op in ops)
-                for op in ops:  # casts between the node's own members
-                    for t in op.inputs:
+                for op in ops:  # casts between the node's own members (once per reading op)
+                    for t in dict.fromkeys(op.inputs):
                         src = tensors[t].producer
                         if src in members and tensors[t].dtype == FLOAT32 and eff[src] != eff[op.name]:
                             seconds += self.cast_s(tensors[t].nbytes, d)
@@ -455,13 +455,18 @@ class Problem:
                 orig = self.original.tensors.get(t.name, t)
                 float32 = self.precision is not None and orig.dtype == FLOAT32
                 follows = float32 and orig.producer is not None and self.op_kind.get(orig.producer) == "flexible"
-                reads = tuple(
-                    float32 and all(self.op_kind[m] == "flexible" for m in self.members[c]
-                                    if t.name in self.original.ops[m].inputs)
-                    for c in consumers)
+                reads = tuple(self._readers(t.name, c) if float32 else (0, 0) for c in consumers)
                 out.append(CrossTensor(t.name, t.producer, consumers, t.nbytes, float32, follows, reads))
         self.tensor_info = {t.name: t for t in out}
         return tuple(out)
+
+    def _readers(self, tensor: str, node: str) -> tuple[int, int]:
+        """(member ops of ``node`` reading ``tensor`` in the node's dtype, those reading it in float32).
+
+        Casts are priced per reading op, so a coarse node costs what its members cost one by one."""
+        readers = [m for m in self.members[node] if tensor in self.original.ops[m].inputs]
+        flexible = sum(self.op_kind[m] == "flexible" for m in readers)
+        return flexible, len(readers) - flexible
 
     def _shared_params(self) -> tuple[SharedParam, ...]:
         """Parameters read by ops other than their owner op, as nodes: the owner's node and the
@@ -679,9 +684,10 @@ def cast_load(p: Problem, placement: Placement, dtype: Mapping[str, str]) -> dic
         if not t.float32:
             continue
         held = p.tensor_dtype(t, dtype)
-        for c, reads in zip(t.consumers, t.reads):
-            if (dtype[c] if reads else FLOAT32) != held:
-                out[c] += p.cast_s(t.bytes, x[c])
+        for c, (in_node_dtype, in_float32) in zip(t.consumers, t.reads):
+            casts = in_node_dtype * (dtype[c] != held) + in_float32 * (held != FLOAT32)
+            if casts:
+                out[c] += casts * p.cast_s(t.bytes, x[c])
     for _, u, nbytes in p.output_casts:
         if dtype[u] != FLOAT32:
             out[u] += p.cast_s(nbytes, x[u])

@@ -12,7 +12,7 @@ coarsened and not, the ILP at gap 0 (HiGHS, cold and warm started, and CBC)
 * the physical and the memory-aware lower bounds are no higher than the optimum.
 
 With ``precision="auto"`` (accelerators faster in 16 bits, a host as fast or a little faster,
-sometimes an accelerator running only bfloat16) the same holds against brute force over every
+sometimes an accelerator running only bfloat16), coarsened and not, the same holds against brute force over every
 (device, dtype) of every node.
 
 The instances are drawn by hypothesis with a fixed seed (``derandomize``) so CI sees the same
@@ -234,14 +234,20 @@ def precision_instances(draw: st.DrawFn) -> tuple[Problem, dict]:
         profile = profile.with_memory({d.name: min(cap, d.memory) for d in profile.devices if d.name != "cpu"})
     options = Options(objective=objective, streaming=streaming, training=training,
                       precision=resolve_precision("auto", profile))
+    coarsened = draw(st.booleans())
+    members, problem_graph = None, graph
+    if coarsened:  # groups whose members read one tensor in several dtypes, and cast between themselves
+        c = coarsen(graph, CoarsenOptions(module_depth=1))
+        assume(len(c.graph) < len(graph))
+        problem_graph, members = c.graph, c.members
     try:
-        problem = Problem(graph, profile, options)
+        problem = Problem(problem_graph, profile, options, members=members, original=graph)
     except Exception:  # an op no device can run in a dtype it needs: not an instance
         assume(False)
         raise
     assume(count_candidates(problem) <= 3000)
     info = {"objective": objective.value, "pipeline": False, "streaming": streaming, "training": training,
-            "tied": bool(problem.shared), "coarsened": False, "pinned": False,
+            "tied": bool(problem.shared), "coarsened": coarsened, "pinned": False,
             "pinned producer, several consumers": False, "nodes": len(problem.nodes),
             "candidates": count_candidates(problem), "low only": low_only}
     return problem, info
@@ -257,6 +263,7 @@ def test_precision_certificate_holds(case: tuple[Problem, dict], warm: bool) -> 
     _record(info, "highs", failures)
     COUNTS["precision"] += 1
     COUNTS["precision, 16-bit chosen"] += info["16-bit chosen"]
+    COUNTS["precision, coarsened"] += info["coarsened"]
     assert not failures, (info, failures)
 
 
@@ -267,7 +274,7 @@ def test_the_oracle_saw_every_kind_of_instance(capsys: pytest.CaptureFixture[str
         print("\noracle:", ", ".join(f"{k} {v}" for k, v in sorted(COUNTS.items())))
     for key in ("objective latency", "objective throughput", "objective makespan", "pipeline", "streaming", "training",
                 "tied", "coarsened", "pinned", "pinned producer, several consumers", "solver highs", "solver cbc",
-                "precision", "precision, 16-bit chosen"):
+                "precision", "precision, 16-bit chosen", "precision, coarsened"):
         assert COUNTS[key] > 0, f"no instance with {key}: widen the strategy"
     assert COUNTS["violations"] == 0
 
