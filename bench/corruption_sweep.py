@@ -21,7 +21,7 @@ plan`` on each profile, in this process (``partitioner.cli.main``). Each run is 
   mode, capture, inputs, training, devices, batch section, 16-bit ops, and each fallback plan it still holds)
   equals the original's and ``check`` passed; otherwise it is a *silent success* (must be 0).
 
-    python bench/corruption_sweep.py [--out DIR] [--show N] [--run-accepted N] [--variant V]
+    python bench/corruption_sweep.py [--out DIR] [--show N] [--run-accepted N] [--variant V] [--only FIELDS]
 
 ``--variant`` picks the valid plan: ``placed`` (the default above), ``live`` (the same model planned on
 ``detect:cpu-gpu-npu`` with ``--fallbacks 0.5``: the probe and fallbacks sections, and the fallback
@@ -76,6 +76,11 @@ class Run:
 # --------------------------------------------------------------------------------------------
 # Damage
 # --------------------------------------------------------------------------------------------
+
+
+def _under(field: str, prefixes: tuple[str, ...]) -> bool:
+    """Whether ``field`` (``a.b.0``) is one of ``prefixes`` or lies under one."""
+    return any(field == p or field.startswith(p + ".") for p in prefixes)
 
 
 def truncations(text: str) -> Iterator[Damaged]:
@@ -222,9 +227,11 @@ def _outcome(code: int | None, err: str, accepted: str) -> tuple[str, str]:
     return "traceback", f"exit {code}: {err.strip()[-300:]}"
 
 
-def sweep_plans(folder: Path, plan_text: str, run_accepted: int | None = None) -> list[Run]:
+def sweep_plans(folder: Path, plan_text: str, run_accepted: int | None = None,
+                only: tuple[str, ...] | None = None) -> list[Run]:
     """report, emit and check on every damaged plan; with ``run_accepted``, emit and check run on
-    only that many of the plans ``report`` loads (they all load like the first: a quicker sweep)."""
+    only that many of the plans ``report`` loads (they all load like the first: a quicker sweep);
+    with ``only``, the truncations and the damage to those fields (and what lies under them)."""
     from partitioner.plan import Plan
 
     original = Plan.from_json(plan_text)
@@ -238,6 +245,8 @@ def sweep_plans(folder: Path, plan_text: str, run_accepted: int | None = None) -
 
         damaged += [dataclasses.replace(d, what=f"fallbacks.0.plan.{d.what}")
                     for d in deletions_and_wrong_types(tree["fallbacks"][0]["plan"], embedded)]
+    if only is not None:
+        damaged = [d for d in damaged if d.kind == "truncated" or _under(d.what.split(" <- ")[0], only)]
     runs = []
     loaded = 0
     for i, d in enumerate(damaged):
@@ -304,12 +313,13 @@ def valid_plan_text(folder: Path, variant: str = "placed") -> str:
     return path.read_text(encoding="utf-8")
 
 
-def run_sweep(folder: Path, run_accepted: int | None = None, variant: str = "placed") -> list[Run]:
+def run_sweep(folder: Path, run_accepted: int | None = None, variant: str = "placed",
+              only: tuple[str, ...] | None = None) -> list[Run]:
     """The whole sweep in ``folder``: damaged plans and profiles, every command on each (see
-    :func:`sweep_plans` for ``run_accepted``; profiles only with the ``placed`` variant)."""
+    :func:`sweep_plans` for ``run_accepted`` and ``only``; profiles only with the ``placed`` variant)."""
     from cost_models.profiles import builtin_profile_path
 
-    plans = sweep_plans(folder, valid_plan_text(folder, variant), run_accepted)
+    plans = sweep_plans(folder, valid_plan_text(folder, variant), run_accepted, only)
     return plans if variant != "placed" else [*plans, *sweep_profiles(folder, builtin_profile_path("cpu-gpu-npu"))]
 
 
@@ -334,12 +344,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-accepted", type=int, default=None, metavar="N",
                         help="run emit and check on only N of the damaged plans that load (default: all)")
     parser.add_argument("--variant", choices=VARIANTS, default="placed",
-                        help="the valid plan damaged: placed (default), live (probe, fallbacks) or batch")
+                        help="the valid plan damaged: placed (default), live (probe, fallbacks), batch or precision")
+    parser.add_argument("--only", default=None, metavar="FIELD[,FIELD]",
+                        help="damage only these fields of the plan and what lies under them (e.g. precision), "
+                             "besides the truncations (default: every field)")
     args = parser.parse_args(argv)
+    only = tuple(f.strip() for f in args.only.split(",") if f.strip()) if args.only else None
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.out or Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
-        runs = run_sweep(folder, args.run_accepted, args.variant)
+        runs = run_sweep(folder, args.run_accepted, args.variant, only)
     print(table(runs))
     accepted = sorted({r.damage.what for r in runs if r.outcome in ("harmless", "accepted")})
     print(f"\naccepted without error ({len(accepted)}): {', '.join(accepted)}")

@@ -2,7 +2,8 @@
 
 Runs ``bench/corruption_sweep.py`` (truncations at every 10 %, every field deleted, every field
 given values of wrong types) in this process; emit and check run on the first few damaged plans
-that load (the bench script runs them on all).
+that load (the bench script runs them on all). The live, batch and precision plans have their own
+sections damaged here (``--only``); the bench script damages every field of them too.
 """
 
 from __future__ import annotations
@@ -49,9 +50,13 @@ def test_damaged_live_batch_and_precision_plans_are_refused_or_harmless(tmp_path
     fallback plan), a hetpart fit plan with a batch section, and a plan with 16-bit ops."""
     sweep = _sweep_module()
     sections = {"live": "fallbacks.0.plan.placement", "batch": "batch.micro_batch", "precision": "precision.ops"}
+    own = {"live": ("probe", "fallbacks"), "batch": ("batch",), "precision": ("precision",)}
     for variant, section in sections.items():
         (tmp_path / variant).mkdir()
-        runs = sweep.run_sweep(tmp_path / variant, run_accepted=2, variant=variant)
+        # the fields every plan has are damaged by the test above; here, the variant's own sections
+        runs = sweep.run_sweep(tmp_path / variant, run_accepted=2, variant=variant, only=own[variant])
+        assert {r.damage.what.split(".")[0].split(" ")[0] for r in runs if r.damage.kind != "truncated"} \
+            == set(own[variant]), variant
         bad = [f"{r.command} {r.damage.kind} {r.damage.what}: {r.outcome}: {r.message}" for r in runs
                if r.outcome in ("traceback", "silent success", "check failed")]
         assert not bad, "\n".join(bad[:10])
