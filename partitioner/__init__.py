@@ -56,7 +56,6 @@ from partitioner.errors import (
     UnsupportedOp,
 )
 from partitioner.frontends.fx import Capture, from_graph_module, from_module
-from partitioner.frontends.onnx import from_onnx
 from partitioner.ir import Op, OpClass, OpGraph, Param, Tensor
 from partitioner.plan import Plan, PlanFormatError
 from partitioner.planner import Outcome, partition, partition_outcome
@@ -103,9 +102,14 @@ __all__ = [
 
 
 def __getattr__(name: str) -> object:
-    """``compile_backend`` lives in ``backends.compile`` (where plans run); imported on first use."""
+    """``compile_backend`` lives in ``backends.compile`` (where plans run) and ``from_onnx`` needs
+    ``onnx`` (over a second to import): each is imported on first use."""
     if name == "compile_backend":
         from backends.compile import hetpart
 
         return hetpart
+    if name == "from_onnx":
+        from partitioner.frontends.onnx import from_onnx
+
+        return from_onnx
     raise AttributeError(f"module 'partitioner' has no attribute {name!r}")

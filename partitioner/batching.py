@@ -218,7 +218,7 @@ def fit_batch(
         >>> fit.micro_batch * fit.steps
         8
     """
-    from partitioner.frontends.onnx import is_onnx_model
+    from partitioner.frontends.onnx_input import is_onnx_model
     from partitioner.ir import OpGraph
     from partitioner.planner import partition_outcome
 

@@ -21,7 +21,7 @@ from partitioner.coarsen import CoarsenOptions, Coarsening, auto_coarsen, coarse
 from partitioner.errors import CaptureError, HetpartError, InfeasiblePlacement, SolverUnavailable
 from partitioner.frontends.fx import capture_mode, from_module
 from partitioner.frontends.inputs import dynamic_dims, input_specs
-from partitioner.frontends.onnx import from_onnx, is_onnx_graph, is_onnx_model
+from partitioner.frontends.onnx_input import is_onnx_graph, is_onnx_model
 from partitioner.ir import OpGraph
 from partitioner.micro_batches import batch_size, micro_batch_inputs, pipeline_spec_for
 from partitioner.fallbacks import with_fallbacks
@@ -268,6 +268,8 @@ def _capture(model_or_graph: Any, example_inputs: Any, capture: str, name: str |
     if is_onnx_model(model_or_graph):
         if dynamic_shapes is not None:
             raise HetpartError("dynamic_shapes applies to torch models; an ONNX model's shapes come from input_shapes")
+        from partitioner.frontends.onnx import from_onnx
+
         return from_onnx(model_or_graph, input_shapes, name=name), None
     if example_inputs is None:
         raise HetpartError("partition(model, example_inputs, ...) needs example inputs to capture an nn.Module")

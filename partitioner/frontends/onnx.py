@@ -39,6 +39,7 @@ import onnx
 from partitioner.frontends.onnx_costs import CONTROL_FLOW, NodeShapes, has_entry, node_flops, op_class
 from partitioner.frontends.onnx_fold import Analysis, analyse, static_shape
 from partitioner.frontends.onnx_fusion import fusion_groups
+from partitioner.frontends.onnx_input import is_onnx_graph, is_onnx_model  # noqa: F401  (re-exported)
 from partitioner.frontends.onnx_load import LoadedOnnx, load_onnx, outer_references
 from partitioner.ir import NOT_A_TENSOR, Op, OpClass, OpGraph, Param, Tensor
 
@@ -84,18 +85,6 @@ def from_onnx(
     loaded = load_onnx(path_or_model, input_shapes)
     analysis = analyse(loaded)
     return _Builder(loaded, analysis, name or loaded.name).build()
-
-
-def is_onnx_graph(graph: OpGraph) -> bool:
-    """Whether ``graph`` came from :func:`from_onnx`."""
-    return isinstance(graph.source, OnnxSource)
-
-
-def is_onnx_model(value: Any) -> bool:
-    """Whether ``value`` is an ONNX model :func:`from_onnx` takes: a ``ModelProto`` or a ``.onnx`` path."""
-    if isinstance(value, onnx.ModelProto):
-        return True
-    return isinstance(value, (str, os.PathLike)) and str(value).lower().endswith(".onnx")
 
 
 class _Builder:
