@@ -3,7 +3,8 @@
 Every ```python block of README.md runs in a fresh temporary folder, as a user would paste it into
 a file there. Every command line of its "Other commands" list runs too, in order, in one fresh
 folder (later lines read the files earlier ones write), except the lines :data:`NOT_RUN` names with
-the reason; a new line in the README either runs here or is added there with its reason.
+the reason; a new line in the README either runs here or is added there with its reason. The first
+line runs through the installed console script, the rest through its entry point in one interpreter.
 """
 
 from __future__ import annotations
@@ -69,19 +70,33 @@ def test_python_example_runs_in_a_fresh_folder(index: int, tmp_path: Path) -> No
     assert done.returncode == 0, f"README python block {index} failed:\n{done.stdout}\n{done.stderr}"
 
 
+#: Runs command lines read from stdin, in order, through the console script's entry point
+#: (``partitioner.cli.main``) in one interpreter: torch and hetpart are imported once, not per line.
+RUNNER = """
+import shlex, sys
+from partitioner.cli import main
+for line in sys.stdin.read().splitlines():
+    print(f"$ {line}", file=sys.stderr, flush=True)
+    code = main(shlex.split(line)[1:])
+    if code:
+        sys.exit(f"README command failed with exit status {code}: {line}")
+"""
+
+
 def test_other_commands_run_as_written(tmp_path: Path) -> None:
+    """The first line through the installed ``hetpart`` script, then every line in order in one
+    interpreter through the script's entry point."""
     commands = _other_commands(README.read_text(encoding="utf-8"))
     assert set(NOT_RUN) <= set(commands), f"NOT_RUN names lines the README no longer has: {set(NOT_RUN) - set(commands)}"
-    ran = []
-    for line in commands:
-        if line in NOT_RUN:
-            continue
-        words = shlex.split(line)
-        assert words[0] == "hetpart", f"README command {line!r} does not start with hetpart"
-        done = subprocess.run(_hetpart() + words[1:], cwd=tmp_path, env=_env(), capture_output=True, text=True,
-                              timeout=600)
-        assert done.returncode == 0, f"README command failed: {line}\n{done.stdout}\n{done.stderr}"
-        ran.append(line)
-    assert len(ran) == len(commands) - len(NOT_RUN)
+    run = [line for line in commands if line not in NOT_RUN]
+    for line in run:
+        assert shlex.split(line)[0] == "hetpart", f"README command {line!r} does not start with hetpart"
+    done = subprocess.run(_hetpart() + shlex.split(run[0])[1:], cwd=tmp_path, env=_env(), capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, f"README command failed: {run[0]}\n{done.stdout}\n{done.stderr}"
+    done = subprocess.run([sys.executable, "-c", RUNNER], input="\n".join(run[1:]), cwd=tmp_path, env=_env(),
+                          capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, f"{done.stderr[-4000:]}\n{done.stdout[-2000:]}"
+    assert done.stderr.count("$ hetpart ") == len(run) - 1
     for written in ("local.toml", "plan.json", "device_map.json", "ops.csv", "partitioned.py", "report.html"):
         assert (tmp_path / written).is_file(), f"a README command should have written {written}"
