@@ -100,7 +100,8 @@ class _Builder:
 
     def build(self) -> OpGraph:
         outputs = [o.name for o in self.graph.output]
-        groups = fusion_groups(self.graph, self.kept, self.analysis.constant, set(outputs))
+        shapes = {name: static_shape(t) for name, t in self.analysis.types.items()}
+        groups = fusion_groups(self.graph, self.kept, self.analysis.constant, set(outputs), shapes)
         attention = attention_matmuls(self.graph, self.kept, self.analysis.constant)
         units, consumers, param_users = [], {}, {}
         for index, (head, members) in enumerate(groups.items()):

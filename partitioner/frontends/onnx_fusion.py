@@ -16,18 +16,24 @@ reading and writing the whole activation). So a chain is one op:
 head               epilogue nodes, in this order, each the only reader of the one before
 =================  =====================================================================
 Conv               BatchNormalization (inference, constant statistics) / Add / Mul / Sub /
-                   Div with a constant operand (any number), then one activation
+                   Div with a constant operand (any number), then one residual Add or
+                   two-input Sum (two computed inputs of the output's shape: the CPU provider's NCHWc
+                   convolution adds it as its "Sum"), then one activation
 Gemm               one activation
 MatMul             one Add of a constant (the bias)
 =================  =====================================================================
 
-Activations: Relu, LeakyRelu, Clip, Sigmoid, Tanh, HardSigmoid. A tensor inside a chain is read
+Activations: Relu, LeakyRelu, Clip, Sigmoid, Tanh, HardSigmoid. A residual Add joins the chain of
+the first of its inputs that ends a Conv chain read by the Add alone (as onnxruntime picks it); the
+other input is read by the fused kernel. Without the Add in the chain, a plan may put a ResNet
+block's Add and Relu on another device than its Conv, and the part holding the Conv writes its
+output for them: one more pass over the activation each, and a layout conversion. A tensor inside a chain is read
 by no other node and is not a graph output, so no part boundary can fall inside one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import onnx
 
@@ -36,7 +42,8 @@ AFFINE = frozenset({"BatchNormalization", "Add", "Mul", "Sub", "Div"})
 
 
 def fusion_groups(graph: onnx.GraphProto, kept: Sequence[int], constant: Collection[str],
-                  outputs: Collection[str]) -> dict[int, tuple[int, ...]]:
+                  outputs: Collection[str], shapes: Mapping[str, tuple[int, ...] | None] | None = None,
+                  ) -> dict[int, tuple[int, ...]]:
     """Every kept node's group, keyed by its head, in topological order (see the module docstring).
 
     Example:
@@ -53,6 +60,8 @@ def fusion_groups(graph: onnx.GraphProto, kept: Sequence[int], constant: Collect
     for i in kept:
         node = graph.node[i]
         source = _live_input(node, constant)
+        if source is None and shapes is not None:
+            source = _summed_input(graph, i, constant, shapes, producer, head_of, groups, readers)
         p = producer.get(source) if source is not None else None
         if p is not None and readers.get(source) == [i] and source not in outputs and _default(node):
             head = head_of[p]
@@ -77,6 +86,37 @@ def _live_input(node: onnx.NodeProto, constant: Collection[str]) -> str | None:
     return live[0]
 
 
+def _summed_input(graph: onnx.GraphProto, i: int, constant: Collection[str],
+                  shapes: Mapping[str, tuple[int, ...] | None], producer: Mapping[str, int],
+                  head_of: Mapping[int, int], groups: Mapping[int, list[int]],
+                  readers: Mapping[str, list[int]]) -> str | None:
+    """The input of a residual ``Add`` (node ``i``: two live inputs of its own shape) that a Conv
+    chain takes as its sum: the first one made by the last node of a Conv chain without a sum or
+    an activation yet, and read by this Add alone (None when there is none)."""
+    node = graph.node[i]
+    if not _default(node) or not _is_sum(node, constant):
+        return None
+    out = shapes.get(node.output[0])
+    if out is None or any(shapes.get(name) != out for name in node.input):
+        return None  # a broadcast: not a sum the convolution can take
+    for name in node.input:
+        p = producer.get(name)
+        if p is None or readers.get(name) != [i]:
+            continue
+        chain = groups.get(head_of.get(p, -1), [])
+        if chain and chain[-1] == p and graph.node[chain[0]].op_type == "Conv" and not any(
+                graph.node[k].op_type in ACTIVATIONS or _is_sum(graph.node[k], constant) for k in chain[1:]):
+            return name
+    return None
+
+
+def _is_sum(node: onnx.NodeProto, constant: Collection[str]) -> bool:
+    """An ``Add`` (or a two-input ``Sum``, as old models write it) of two computed tensors: a
+    residual connection, not the addition of a constant."""
+    live = [name for name in node.input if name and name not in constant]
+    return node.op_type in ("Add", "Sum") and len(node.input) == 2 and len(live) == 2
+
+
 def _extends(graph: onnx.GraphProto, chain: list[onnx.NodeProto], node: onnx.NodeProto) -> bool:
     """Whether ``node`` may follow ``chain`` (head first) in one fused kernel."""
     head, kinds = chain[0], [n.op_type for n in chain[1:]]
@@ -84,6 +124,8 @@ def _extends(graph: onnx.GraphProto, chain: list[onnx.NodeProto], node: onnx.Nod
         return False  # an activation ends a chain
     t = node.op_type
     if head.op_type == "Conv":
+        if t == "Sum":
+            return _is_sum(node, ())
         if t == "BatchNormalization":
             return len([o for o in node.output if o]) == 1 and not _attr(node, "training_mode")
         return t in AFFINE or t in ACTIVATIONS
