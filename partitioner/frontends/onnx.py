@@ -31,7 +31,6 @@ import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any
 
 import numpy as np
 import onnx
