@@ -69,6 +69,9 @@ from cost_models.profiles import Device, DeviceSet
 from partitioner.ir import Op, OpClass
 
 
+ITEMSIZE = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
+
+
 def op_time(op: Op, device: Device) -> Estimate:
     """Predicted forward time of ``op`` on ``device``.
 
@@ -81,24 +84,42 @@ def op_time(op: Op, device: Device) -> Estimate:
     # a gather reads rows scattered over its whole table: the cache helps only if the table fits
     footprint = op.param_bytes if op.op_class is OpClass.GATHER else 0
     return kernel_time(op.op_class, op.dtype, op.flops, op.bytes_read + op.bytes_written, device, footprint,
-                       fresh=op.bytes_written)
+                       fresh=op.bytes_written, rows=weight_rows(op))
+
+
+def weight_rows(op: Op) -> float:
+    """How many rows use each weight of a matmul with weights (``flops / (2 · weight elements)``:
+    the batch times the tokens of a Linear); infinite for other ops. Weights are taken to be held
+    in the op's dtype, as a traced model holds them (and a 16-bit copy of an op says so).
+
+    Example:
+        >>> weight_rows(linear_64x1024x1024)   # doctest: +SKIP
+        64.0
+    """
+    if op.op_class is not OpClass.MATMUL or not op.param_bytes or not op.flops:
+        return float("inf")
+    elements = op.param_bytes / ITEMSIZE.get(op.dtype, 4)
+    return op.flops / (2 * elements)
 
 
 def kernel_time(
     op_class: OpClass, dtype: str, flops: float, nbytes: float, device: Device, footprint: float = 0.0,
-    *, fresh: float = 0.0,
+    *, fresh: float = 0.0, rows: float = float("inf"),
 ) -> Estimate:
     """Roofline time of one kernel of class ``op_class`` doing ``flops`` and moving ``nbytes``.
 
     ``footprint`` is the memory the kernel touches beyond the bytes it moves (a gather's table);
     the cache bandwidth applies only when both fit in the device's cache. ``fresh`` is the size of
     the output it allocates: at or above the device's ``alloc_threshold`` it pays the first touch.
+    ``rows`` (a matmul's rows per weight, :func:`weight_rows`) scales its efficiency by the
+    device's :meth:`~cost_models.profiles.Device.rows_factor`.
     A view launches no kernel and moves nothing: it costs the call alone (``fixed_latency.view``).
     """
     key = op_class.value
     if op_class is OpClass.VIEW:
         return Estimate(device.fixed(key, dtype))
-    compute = flops / (device.peak(dtype) * device.eff(key, dtype)) if flops else 0.0
+    efficiency = device.eff(key, dtype) * (device.rows_factor(rows) if op_class is OpClass.MATMUL else 1.0)
+    compute = flops / (device.peak(dtype) * efficiency) if flops else 0.0
     bandwidth = device.stream_bandwidth(max(nbytes, footprint))
     memory = nbytes / (bandwidth * device.mem_eff(key, dtype)) if nbytes else 0.0
     seconds = max(compute, memory) + device.launch_overhead + device.fixed(key, dtype) + device.first_touch(fresh)

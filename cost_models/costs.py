@@ -56,7 +56,7 @@ class CostModel:
             return timed(op, device)
         f = itemsize_factor(dtype)
         low = dataclasses.replace(op, dtype=dtype, bytes_read=int(op.bytes_read * f),
-                                  bytes_written=int(op.bytes_written * f))
+                                  bytes_written=int(op.bytes_written * f), param_bytes=int(op.param_bytes * f))
         seconds = timed(low, device)
         if training and op.trainable_param_bytes:
             seconds = seconds + self.cast_time(op.trainable_param_bytes, device)

@@ -16,6 +16,10 @@ What is fitted, in order (each from the rows that measure it, the rest held fixe
   output pays no first touch), the best rate of the largest working sets (DRAM), and the best rate of the working sets that stream at least
   1.5x faster (cache) up to the geometric mean of the largest of them and the next size;
 * ``alloc_threshold`` and ``first_touch_bandwidth``: taken from the first-touch measurement;
+* ``matmul_half_rows``: with the float32 matmul rows that have weights, the value of
+  :data:`HALF_ROWS_GRID` whose fit of the matmul class below has the lowest error (a matmul with
+  few rows per weight runs below the rate of a large one: 36-42 GFLOP/s at 64 rows against 64 at
+  512 on the 2-core test machine); every matmul row's efficiency is then scaled by its rows factor;
 * per op class (and dtype for matmul, conv and attention rows that are not float32): the compute
   efficiency, memory efficiency and fixed latency minimising the mean absolute log error of
   :func:`cost_models.analytic.kernel_time`'s roofline over the class's rows (a grid search); the
@@ -37,7 +41,7 @@ from collections.abc import Sequence
 
 import torch
 
-from cost_models.analytic import op_time
+from cost_models.analytic import op_time, weight_rows
 from cost_models.copies import CopyTime
 from cost_models.microbench import FirstTouch, Row
 from cost_models.profiles import Device, DeviceKind, Link
@@ -57,6 +61,8 @@ COMPUTE_CLASSES = (OpClass.MATMUL, OpClass.CONV, OpClass.ATTENTION)
 # optimistic value, is taken rather than the worst one.
 EFF_GRID = torch.logspace(0.0, math.log10(0.002), 80, dtype=torch.float64)
 MEM_GRID = torch.logspace(0.0, math.log10(0.05), 60, dtype=torch.float64)
+#: Candidate ``matmul_half_rows``: 0 (the rate does not depend on the rows) and up to 512 rows.
+HALF_ROWS_GRID = (0.0, 4.0, 8.0, 16.0, 24.0, 32.0, 48.0, 64.0, 96.0, 128.0, 192.0, 256.0, 384.0, 512.0)
 FIXED_GRID = torch.cat([torch.zeros(1, dtype=torch.float64),          # up to 300 µs: an op class's extra
                         torch.logspace(-7, math.log10(3e-4), 40, dtype=torch.float64)])  # setup, not its work
 
@@ -201,17 +207,30 @@ def fit_device(name: str, kind: DeviceKind, memory: int, rows: Sequence[Row], *,
     for r in rows:
         if r.op.op_class is not OpClass.VIEW:
             groups.setdefault(_class_key(r), []).append(r)
-    for key, members in sorted(groups.items()):
+
+    def fit_class(members: list[Row], half_rows: float) -> tuple[float, float, float, float]:
         vec = lambda xs: torch.tensor(xs, dtype=torch.float64)  # noqa: E731
         footprint = [r.op.param_bytes if r.op.op_class is OpClass.GATHER else 0 for r in members]
         nbytes = [r.op.bytes_read + r.op.bytes_written for r in members]
         compute_class = members[0].op.op_class in COMPUTE_CLASSES
-        eff, mem, fix, _ = grid_fit(
-            vec([float(r.op.flops) for r in members]), vec(nbytes),
+        rows_device = dataclasses.replace(base, matmul_half_rows=half_rows)
+        scale = [rows_device.rows_factor(weight_rows(r.op)) if r.op.op_class is OpClass.MATMUL else 1.0
+                 for r in members]  # a lower rows factor is the same as more flops at the class's efficiency
+        return grid_fit(
+            vec([float(r.op.flops) / k for r, k in zip(members, scale)]), vec(nbytes),
             vec([base.stream_bandwidth(max(b, f)) for b, f in zip(nbytes, footprint)]),
             vec([base.peak(r.op.dtype) for r in members]),
             vec([launch + first(r.op.bytes_written) for r in members]), vec([r.seconds for r in members]),
             mem_grid=MEM_GRID[:1] if compute_class else MEM_GRID)
+
+    weighted = [r for r in groups.get(OpClass.MATMUL.value, []) if weight_rows(r.op) != float("inf")]
+    half_rows = 0.0
+    if len({weight_rows(r.op) for r in weighted}) >= 2:  # rows of two sizes say how the rate depends on them
+        half_rows = min(HALF_ROWS_GRID, key=lambda h: (round(fit_class(groups[OpClass.MATMUL.value], h)[3], 9), h))
+    base = dataclasses.replace(base, matmul_half_rows=half_rows)
+    for key, members in sorted(groups.items()):
+        nbytes = [r.op.bytes_read + r.op.bytes_written for r in members]
+        eff, mem, fix, _ = fit_class(members, half_rows)
         if any(r.op.flops for r in members):
             efficiency[key] = _round1(eff)
         if any(nbytes):
@@ -226,6 +245,7 @@ def fit_device(name: str, kind: DeviceKind, memory: int, rows: Sequence[Row], *,
              f"peak {', '.join(f'{d} {v / 1e9:.3g} GFLOP/s' for d, v in peaks.items())} (best matmul, conv "
              f"or attention); "
              f"memory {format_rate(dram)} (largest working sets)"
+             + (f"; matmuls at half their efficiency at {half_rows:g} rows per weight" if half_rows else "")
              + (f", cache {format_rate(cache_bw)} up to {format_bytes(cache_size)}" if cache_size else ", no faster cache tier")]
     if first_touch is not None:
         notes.append(f"{name}: first touch: a fresh {format_bytes(first_touch.size)} buffer fills in "

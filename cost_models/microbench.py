@@ -105,7 +105,9 @@ def suites(kind: str = "cpu", *, quick: bool = False, bf16: bool = True) -> list
     g = 4 if kind == "gpu" else 1     # linear dimension scale
     e = 16 if kind == "gpu" else 1    # element-count scale
     torch.manual_seed(0)
-    matmuls = [(64, 512, 512), (512, 1024, 1024), (1024, 1024, 4096)] if not quick else [(64, 256, 256), (256, 512, 512)]
+    # rows (batch) of 64 twice: a matmul's rate depends on its rows per weight (fit: matmul_half_rows)
+    matmuls = [(64, 512, 512), (64, 2048, 2048), (512, 1024, 1024), (1024, 1024, 4096)] if not quick \
+        else [(64, 256, 256), (256, 512, 512)]
     mm_items: list = []
     mm_params: dict[str, torch.Tensor] = {}
     dtypes = [torch.float32] + ([torch.bfloat16] if bf16 else [])

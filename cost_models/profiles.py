@@ -24,6 +24,8 @@ The TOML shape (see DESIGN.md, "Devices and costs")::
                                              # (default: CPU for cpu devices, CUDA for cuda:N)
     alloc_threshold = "32MiB"                # optional (host CPUs): outputs this large are fresh pages
     first_touch_bandwidth = "5.7GB/s"        #   every call, faulted in at this rate (needs both)
+    matmul_half_rows = 35                    # optional: a matmul over this many rows per weight
+                                             #   reaches half its efficiency (0: no such loss)
 
     [[links]]
     between = ["cpu", "cuda:0"]              # links are bidirectional
@@ -301,7 +303,7 @@ _DEVICE_REQUIRED = {
 }
 _DEVICE_FIELDS = (*_DEVICE_REQUIRED, "efficiency", "mem_efficiency", "fixed_latency",
                   "supported_ops", "host", "cache_size", "cache_bandwidth", "onnx_provider", "alloc_threshold",
-                  "first_touch_bandwidth", "dtypes")
+                  "first_touch_bandwidth", "dtypes", "matmul_half_rows")
 _LINK_REQUIRED = {"between": 'between = ["cpu", "cuda:0"]', "bandwidth": 'bandwidth = "55GB/s"',
                   "latency": 'latency = "17us"'}
 _LINK_FIELDS = (*_LINK_REQUIRED, "pageable_bandwidth", "kind")
@@ -346,9 +348,14 @@ def _device_fields(name: str, raw: Mapping[str, Any], where: Where) -> dict[str,
         missing = "first_touch_bandwidth" if alloc_threshold else "alloc_threshold"
         raise ProfileError(f"{where(missing)}: alloc_threshold and first_touch_bandwidth go together; "
                            f"give both, e.g. alloc_threshold = \"32MiB\", first_touch_bandwidth = \"5GB/s\"")
+    half_rows = raw.get("matmul_half_rows", 0)
+    if isinstance(half_rows, bool) or not isinstance(half_rows, (int, float)) or not 0 <= half_rows <= 1e6:
+        raise ProfileError(f"{where('matmul_half_rows')}: {half_rows!r} is not a row count from 0 to 1e6; "
+                           f"e.g. matmul_half_rows = 35 (0: a matmul's efficiency does not depend on its rows)")
     return dict(
         kind=kind,
         memory=memory,
+        matmul_half_rows=float(half_rows),
         peak_flops=_peak_table(raw["peak_flops"], where("peak_flops")),
         mem_bandwidth=_in_range(
             _positive(parse_bandwidth(raw["mem_bandwidth"], where=where("mem_bandwidth")),
@@ -463,6 +470,7 @@ class Device:
     alloc_threshold: int = 0                     # bytes: outputs this large are fresh pages each call (0: none)
     first_touch_bandwidth: float = 0.0           # bytes/s at which fresh pages are faulted in
     dtypes: tuple[str, ...] | None = None        # dtypes it computes in (None: all; cost_models.precision)
+    matmul_half_rows: float = 0.0                # rows per weight at which a matmul reaches half its efficiency
 
     def __post_init__(self) -> None:
         name = _device_name(self.name, "Device.name")
@@ -516,6 +524,18 @@ class Device:
         if not self.alloc_threshold or nbytes < self.alloc_threshold:
             return 0.0
         return nbytes / self.first_touch_bandwidth
+
+    def rows_factor(self, rows: float) -> float:
+        """Share of its efficiency a matmul reaches when each weight is used by ``rows`` rows
+        (``rows / (rows + matmul_half_rows)``; 1 without ``matmul_half_rows`` or weights).
+
+        A CPU's matmul kernel packs the weight and keeps blocks of rows in registers: with few rows
+        (a batch of 64 through a Linear) the packing and the partial blocks are a larger share of
+        the work (measured on the 2-core test machine: 36-42 GFLOP/s at 64 rows, 64 at 512 or more).
+        """
+        if not self.matmul_half_rows or rows == float("inf"):
+            return 1.0
+        return rows / (rows + self.matmul_half_rows)
 
     def supports(self, kind: str, op_class: OpClass | str) -> bool:
         """Whether the device runs an op of this kind (e.g. ``"aten.linear"``) and class."""
@@ -826,6 +846,9 @@ class DeviceSet:
             if d.cache_size:
                 out += [f"cache_size = {d.cache_size}  # {format_bytes(d.cache_size)}",
                         f"cache_bandwidth = {_toml_num(d.cache_bandwidth)}  # {format_rate(d.cache_bandwidth)}"]
+            if d.matmul_half_rows:
+                out.append(f"matmul_half_rows = {_toml_num(d.matmul_half_rows)}  "
+                           f"# a matmul over this many rows per weight reaches half its efficiency")
             if d.alloc_threshold:
                 out += [f"alloc_threshold = {d.alloc_threshold}  # {format_bytes(d.alloc_threshold)}",
                         f"first_touch_bandwidth = {_toml_num(d.first_touch_bandwidth)}  "

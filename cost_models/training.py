@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import enum
 
-from cost_models.analytic import kernel_time, op_time
+from cost_models.analytic import kernel_time, op_time, weight_rows
 from cost_models.estimate import Estimate
 from cost_models.profiles import Device
 from partitioner.ir import Op, OpClass
@@ -67,6 +67,7 @@ def backward_time(op: Op, device: Device) -> Estimate:
         BACKWARD_FACTOR * (op.bytes_read + op.bytes_written),
         device,
         fresh=op.bytes_read,   # the gradients of its inputs and weights are new tensors
+        rows=weight_rows(op),  # its two matmuls have the forward's rows (one as their reduction)
     )
     if op.op_class is OpClass.GATHER and op.trainable_param_bytes:
         # a dense gradient of the whole table: zero-fill and scatter-add

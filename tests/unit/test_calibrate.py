@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cost_models.analytic import op_time
+from cost_models.analytic import op_time, weight_rows
 from cost_models.copies import CopyTime
 from cost_models.fit import fit_device, fit_link
 from cost_models.microbench import FirstTouch, Row, suites
@@ -51,6 +51,22 @@ def test_the_fit_recovers_a_device_from_its_own_predictions(captured) -> None:  
     assert d.peak("float32") == pytest.approx(2e11 * 0.8, rel=0.05)      # the best matmul rate
     assert d.alloc_threshold == TOUCH.threshold and d.first_touch_bandwidth == TOUCH.bandwidth
     assert "fit good" in fit.notes[0] and any("residuals" in n for n in fit.notes)
+
+
+def test_the_fit_recovers_how_a_matmuls_rate_depends_on_its_rows(captured) -> None:  # noqa: ANN001
+    """Rows priced with matmul_half_rows = 32 (the quick suite's Linears have 64 and 256 rows per
+    weight) give back 32; a device without it (the test above) gives back 0."""
+    true = dataclasses.replace(TRUE, matmul_half_rows=32.0)
+    rows = [Row(suite, op, tuple(shape), op_time(op, true).seconds) for suite, op, shape in captured]
+    fit = fit_device("cpu", DeviceKind.CPU, 2**34, rows, first_touch=TOUCH)
+    assert fit.device.matmul_half_rows == 32.0 and not fit.poor, fit.notes[0]
+    assert "half their efficiency at 32 rows" in fit.notes[1]
+    linears = [r for r in rows if r.op.op_class.value == "matmul" and r.op.param_bytes]
+    assert {weight_rows(r.op) for r in linears} == {64.0, 256.0}  # float32 and bfloat16 weights
+    for r in linears:  # the fitted device prices them as the true one
+        assert op_time(r.op, fit.device).seconds == pytest.approx(r.seconds, rel=0.15)  # the grids' steps
+    plain = fit_device("cpu", DeviceKind.CPU, 2**34, _rows(captured), first_touch=TOUCH)
+    assert plain.device.matmul_half_rows == 0.0
 
 
 def test_a_poor_fit_says_so(captured) -> None:  # noqa: ANN001

@@ -406,3 +406,21 @@ def test_detect_gpus_without_cuda(monkeypatch):
     assert ds.link("cpu", "cuda:1").bandwidth == pytest.approx(3.938 * 0.8 * 16e9)
     assert "100.00 GiB free" in "\n".join(ds.notes)
     assert load_profile_text(ds.to_toml(), "local.toml") == ds
+
+
+def test_matmul_half_rows_is_read_written_and_checked(tmp_path):
+    """A matmul with few rows per weight is priced slower on a device that says so, and the
+    field survives a round trip; a negative or non-numeric value is refused with an example."""
+    from cost_models.analytic import kernel_time
+
+    text = _replace('memory = "141GB"', 'memory = "141GB"\nmatmul_half_rows = 32')
+    gpu = load_profile_text(text, "rows.toml").device("cuda:0")
+    assert gpu.matmul_half_rows == 32.0 and gpu.rows_factor(32) == 0.5 and gpu.rows_factor(float("inf")) == 1.0
+    again = load_profile_text(load_profile_text(text, "rows.toml").to_toml(), "again.toml").device("cuda:0")
+    assert again.matmul_half_rows == 32.0
+    few = kernel_time(OpClass.MATMUL, "float32", 1e12, 0, gpu, rows=32).seconds
+    many = kernel_time(OpClass.MATMUL, "float32", 1e12, 0, gpu).seconds
+    assert few > 1.9 * (many - gpu.launch_overhead)
+    for bad in ("-1", '"many"', "true"):
+        msg = _load_error(tmp_path, _replace('memory = "141GB"', f'memory = "141GB"\nmatmul_half_rows = {bad}'))
+        assert "matmul_half_rows" in msg and "e.g. matmul_half_rows = 35" in msg
