@@ -91,8 +91,19 @@ def _verdict(residuals: Sequence[Residual], what: str) -> tuple[float, Residual,
     median = statistics.median(r.error for r in residuals)
     worst = max(residuals, key=lambda r: r.error)
     poor = median > POOR_MEDIAN or worst.error > POOR_WORST
+    past = [r for r in residuals if r.error > POOR_WORST]
+    classes = sorted({r.op_class for r in past})
+    if median <= POOR_MEDIAN and len(past) <= 2:
+        # a good median with one or two rows far off: a load spike, or kernels of a class that its
+        # one efficiency does not describe (e.g. max and adaptive pooling on a CPU): not a busy machine
+        cause = (f"the median is good: the {' and '.join(classes)} row{'s' if len(past) > 1 else ''} past the "
+                 f"limit {'are kernels' if len(past) > 1 else 'is a kernel'} that the class's one efficiency "
+                 f"does not describe here (or a load spike): ops of that class are priced less well (the "
+                 f"profiled model measures them); re-run it alone if the machine was busy")
+    else:
+        cause = "the machine was probably busy: re-run it alone"
     verdict = (f"POOR FIT: median error {median:.0%} (limit {POOR_MEDIAN:.0%}), worst {worst.error:.0%} "
-               f"(limit {POOR_WORST:.0%}: {worst.label}); the machine was probably busy: re-run it alone"
+               f"(limit {POOR_WORST:.0%}: {worst.label}); {cause}"
                if poor else f"fit good: median error {median:.1%}, worst {worst.error:.0%} ({worst.label})")
     return median, worst, poor, f"{what}: {len(residuals)} rows; {verdict}"
 

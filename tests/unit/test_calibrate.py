@@ -76,6 +76,18 @@ def test_a_poor_fit_says_so(captured) -> None:  # noqa: ANN001
     assert fit.poor and fit.notes[0].startswith("cpu") and "POOR FIT" in fit.notes[0] and "re-run" in fit.notes[0]
 
 
+def test_a_fit_poor_in_one_row_names_its_class_not_a_busy_machine(captured) -> None:  # noqa: ANN001
+    """A good median with one pooling row a hundred times faster than its class (an under-predicted
+    row is off by less than 100%): the verdict is poor and says which class, not a busy machine."""
+    pools = [i for i, (_, op, _) in enumerate(captured) if op.op_class.value == "pool"]
+    one = pools[0]
+    rows = _rows(captured)
+    rows[one] = dataclasses.replace(rows[one], seconds=rows[one].seconds / 100)
+    fit = fit_device("cpu", DeviceKind.CPU, 2**34, rows, first_touch=TOUCH)
+    assert fit.poor and fit.median_error < 0.25, fit.notes[0]
+    assert "the median is good: the pool row past the limit" in fit.notes[0] and "probably busy" not in fit.notes[0]
+
+
 def test_a_link_fit_reads_latency_and_both_bandwidths() -> None:
     copies = [CopyTime(a, b, pinned, n, 15e-6 + n / (50e9 if pinned else 10e9))
               for a, b in (("cpu", "cuda:0"), ("cuda:0", "cpu")) for pinned in (True, False)
