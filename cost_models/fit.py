@@ -256,8 +256,8 @@ def fit_device(name: str, kind: DeviceKind, memory: int, rows: Sequence[Row], *,
              f"peak {', '.join(f'{d} {v / 1e9:.3g} GFLOP/s' for d, v in peaks.items())} (best matmul, conv "
              f"or attention); "
              f"memory {format_rate(dram)} (largest working sets)"
-             + (f"; matmuls at half their efficiency at {half_rows:g} rows per weight" if half_rows else "")
-             + (f", cache {format_rate(cache_bw)} up to {format_bytes(cache_size)}" if cache_size else ", no faster cache tier")]
+             + (f", cache {format_rate(cache_bw)} up to {format_bytes(cache_size)}" if cache_size else ", no faster cache tier")
+             + (f"; matmuls at half their efficiency at {half_rows:g} rows per weight" if half_rows else "")]
     if first_touch is not None:
         notes.append(f"{name}: first touch: a fresh {format_bytes(first_touch.size)} buffer fills in "
                      f"{format_seconds(first_touch.fresh_s)}, a reused one in {format_seconds(first_touch.reused_s)}; "

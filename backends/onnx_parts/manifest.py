@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from partitioner.errors import OnnxError
-from partitioner.plan.reader import FieldReader
+from partitioner.plan.reader import FieldReader, ends_early
 
 FORMAT = "hetpart-onnx-parts"
 FORMAT_VERSION = 1
@@ -83,8 +83,7 @@ class Manifest:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
-            cut = " (the file is cut off)" if exc.pos >= len(text.rstrip()) or exc.msg.startswith("Unterminated") \
-                else ""
+            cut = " (the file is cut off)" if ends_early(text, exc) else ""
             raise OnnxError(f"{where}: not valid JSON at line {exc.lineno}{cut}: write the parts again "
                             "with `hetpart emit MODEL.onnx --plan PLAN -o DIR --force`") from None
         r = _Reader(where)

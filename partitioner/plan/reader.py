@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import re
 from collections.abc import Callable, Container, Mapping, Sequence
 from typing import Any, NoReturn
 
@@ -264,7 +265,7 @@ def parse_json(text: str, source: str) -> Any:
         raise PlanFormatError(f"{source}: arrays or objects are nested too deeply (thousands of levels) "
                               f"for a plan: the file is not a plan; {_REPLAN}") from None
     except json.JSONDecodeError as err:
-        if err.pos >= len(text.rstrip()) or err.msg.startswith("Unterminated string"):
+        if ends_early(text, err):
             last = text.rstrip().count("\n") + 1
             raise PlanFormatError(
                 f"{source}: line {last}: the file ends in the middle of the JSON: it is truncated (an "
@@ -274,6 +275,14 @@ def parse_json(text: str, source: str) -> Any:
     except ValueError as err:  # an integer of more digits than Python converts (4300 by default)
         raise PlanFormatError(f"{source}: a number in the file is too long to read ({_first(err)}); "
                               f"no plan field needs one; {_REPLAN}") from None
+
+
+def ends_early(text: str, err: json.JSONDecodeError) -> bool:
+    """Whether the decoder stopped because the text ends: at its end, in an unterminated string, or
+    in a number or literal cut short (``0.``, ``1e-``, ``nul``: what follows the error is that
+    fragment alone)."""
+    rest = text.rstrip()[err.pos:]
+    return not rest or err.msg.startswith("Unterminated string") or re.fullmatch(r"[\w.+\-]+", rest) is not None
 
 
 def _first(err: BaseException) -> str:

@@ -216,7 +216,9 @@ def test_a_plan_that_is_not_an_object_is_rejected() -> None:
 def test_a_truncated_file_is_called_truncated(tmp_path: Path) -> None:
     text = make_plan().to_json()
     path = tmp_path / "plan.json"
-    for cut in (len(text) // 2, text.index('"q_proj"') + 3):   # between values; inside a string
+    number = re.search(r"\d\.\d", text).start() + 2              # right after a decimal point: "0."
+    literal = re.search(r"\b(null|true|false)\b", text).start() + 3  # inside a literal: "nul"
+    for cut in (len(text) // 2, text.index('"q_proj"') + 3, number, literal):  # between values; in a string
         path.write_text(text[:cut])
         with pytest.raises(PlanFormatError, match=r"^.*plan\.json: line \d+: .*truncated"):
             Plan.load(path)
