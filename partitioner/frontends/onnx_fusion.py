@@ -17,8 +17,8 @@ head               epilogue nodes, in this order, each the only reader of the on
 =================  =====================================================================
 Conv               BatchNormalization (inference, constant statistics) / Add / Mul / Sub /
                    Div with a constant operand (any number), then one residual Add or
-                   two-input Sum (two computed inputs of the output's shape: the CPU provider's NCHWc
-                   convolution adds it as its "Sum"), then one activation
+                   two-input Sum (two computed inputs of the output's shape: the CPU
+                   provider's NCHWc convolution adds it as its "Sum"), then one activation
 Gemm               one activation
 MatMul             one Add of a constant (the bias)
 =================  =====================================================================
@@ -27,8 +27,10 @@ Activations: Relu, LeakyRelu, Clip, Sigmoid, Tanh, HardSigmoid. A residual Add j
 the first of its inputs that ends a Conv chain read by the Add alone (as onnxruntime picks it); the
 other input is read by the fused kernel. Without the Add in the chain, a plan may put a ResNet
 block's Add and Relu on another device than its Conv, and the part holding the Conv writes its
-output for them: one more pass over the activation each, and a layout conversion. A tensor inside a chain is read
-by no other node and is not a graph output, so no part boundary can fall inside one.
+output for them: one more pass over the activation each, and a layout conversion.
+
+A tensor inside a chain is read by no other node and is not a graph output, so no part boundary
+can fall inside one.
 """
 
 from __future__ import annotations

@@ -40,7 +40,8 @@ Semantics (documented once, here):
   inference, so do its resident weights (training keeps float32 master weights, gradients and
   optimizer state); a node whose weights are streamed computes in float32. Where a float32 tensor
   reaches a reader in another dtype, the reader's device casts it (``cast_s``; once per tensor and
-  reading op, so a coarse node costs what its members do on the original graph), and a 16-bit graph output is cast back to float32 where it is produced.
+  reading op, so a coarse node costs what its members do on the original graph), and a 16-bit
+  graph output is cast back to float32 where it is produced.
 """
 
 from __future__ import annotations
