@@ -14,6 +14,10 @@ The end-to-end part of ``bench/cost_fidelity.py`` (run it through that script):
    calibrated CPU, each capped so neither holds the whole model): for the plan of each cost
    model, each device's predicted busy time against the measured busy time of its ops in the
    emitted module (every node timed in place and summed per device; copies apart).
+
+Everything runs with glibc keeping freed memory (:func:`cost_models.allocator.keep_freed_memory`),
+the state the profiler measures in: without it, a training loop's gradients are faulted in again
+in some runs and not in others (``dlrm:small``'s backward: 8 ms or 16-18 ms, run to run).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from pathlib import Path
 import torch
 
 import models
+from cost_models.allocator import keep_freed_memory
 from cost_models.calibrate import calibrate
 from cost_models.measure import MeasureOptions
 from cost_models.measure_cache import MeasurementCache
@@ -195,6 +200,8 @@ def two_device_check(model: str, profile: DeviceSet, args: object) -> None:
 def run(args: object) -> int:
     """The end-to-end section: calibrate, the model rows, the targets, the two-device check."""
     print(f"end-to-end on this CPU: torch {torch.__version__}, {torch.get_num_threads()} threads; {load_note()}")
+    # the state the profiler measures in, and the one a steady training loop should run in
+    print(f"allocator: {keep_freed_memory().describe()}")
     profile = local_profile(args)
     rows: list[Row] = []
     for size in args.sizes:

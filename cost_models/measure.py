@@ -16,7 +16,10 @@ its last use counts to it too) — one untimed warm-up pass, then timed passes (
 it. Timing an op alone in a loop misses what a whole model pays: a tensor larger than the
 allocator's reuse threshold is fresh memory on every call, and its first touch costs page faults (on
 the 2-core test machine a fresh 32 MiB buffer takes 6 ms to fill against 0.4 ms for a reused one) —
-see :mod:`cost_models.analytic`. A training pass runs the forward with autograd on, sums the float
+see :mod:`cost_models.analytic`. Below that threshold, freed memory is reused only while glibc
+keeps it: measuring first calls :func:`~cost_models.allocator.keep_freed_memory`, so the times are
+those of a loop in its steady state, not of one whose gradients are faulted in again every step
+(1.5-2x on the backward of an embedding-heavy model). A training pass runs the forward with autograd on, sums the float
 outputs, times each op's share of the backward (:func:`~cost_models.timed_pass.backward_timing`),
 then times one optimizer step over all trainable parameters.
 
@@ -41,6 +44,7 @@ import torch
 import torch.fx
 from torch.utils._pytree import tree_leaves, tree_map
 
+from cost_models.allocator import keep_freed_memory
 from cost_models.measure_cache import MeasurementCache
 from cost_models.signature import Environment, environment
 from cost_models.timed_pass import Clock, PassStopped, TimedPass, backward_timing
@@ -132,6 +136,7 @@ def measure_ops(
     """
     cache = cache if cache is not None else MeasurementCache()
     dev = torch.device(device)
+    keep_freed_memory()   # times of a loop whose freed pages are reused, not faulted in again
     with _threads(options.threads):
         env = environment(str(dev))
         run = _Run(gm, args, dev, env, options, cache, progress)

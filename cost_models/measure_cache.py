@@ -14,7 +14,7 @@ failed on a device is cached too (its reason, no samples), so it is not retried 
 
 File shape::
 
-    {"format": "hetpart-measurements", "version": 1,
+    {"format": "hetpart-measurements", "version": 2,
      "entries": {"cpu|torch=2.13.0+cpu|threads=2|forward|aten.relu.default(f32[2,3]/3.1)":
                  {"samples": [1.2e-06, 1.1e-06], "unsupported": null}}}
 """
@@ -38,7 +38,7 @@ __all__ = ["CacheEntry", "MeasurementCache", "default_cache_path", "KINDS"]
 log = logging.getLogger(__name__)
 
 FORMAT = "hetpart-measurements"
-VERSION = 1
+VERSION = 2  # 2: measured with freed memory kept (cost_models.allocator); 1's CPU times may hold page faults
 MAX_SAMPLES = 31  # samples kept per entry (the newest)
 KINDS = ("forward", "train_forward", "backward", "optimizer", "copy")
 

@@ -24,6 +24,8 @@ The API (everything else is a documented module: ``partitioner.solvers``, ``part
 ``DeviceSet``              devices and links (``cost_models.detect.detect_local()`` profiles this machine)
 ``calibrate``              this machine's devices -> a profile fitted to micro-benchmarks (residuals, verdict)
 ``profile_graph``          an OpGraph + real inputs -> its ops measured here (``partition(costs=...)``)
+``keep_freed_memory``      glibc keeps freed memory, so a CPU training loop reuses its pages every step
+                           (the state profiles are measured in; :mod:`cost_models.allocator`)
 ``from_module``            capture an ``nn.Module`` (torch.export or symbolic_trace) -> OpGraph
 ``from_graph_module``      the graph a ``torch.compile`` backend is handed -> OpGraph
 ``compile_backend``        ``torch.compile(model, backend=compile_backend)``: hetpart as a torch.compile
@@ -39,6 +41,7 @@ Where a plan runs is :mod:`backends` (``backends.torch``: the emitted module and
 ``backends.pipeline``: pipeline stages on ``torch.distributed.pipelining``, launched by torchrun).
 """
 
+from cost_models.allocator import keep_freed_memory
 from cost_models.calibrate import calibrate
 from cost_models.cluster import load_cluster
 from cost_models.profiler import profile_graph
@@ -75,6 +78,7 @@ __all__ = [
     "DeviceSet",
     "calibrate",
     "profile_graph",
+    "keep_freed_memory",
     # capture and the IR
     "from_module",
     "from_graph_module",
