@@ -7,7 +7,9 @@ Out: a :class:`Calibration`: the fitted :class:`~cost_models.profiles.DeviceSet`
 — and the fits behind it, with ``poor`` set when any fit is poor.
 
 For each physical device: the micro-benchmark suites (:mod:`cost_models.microbench`) measured in
-place, the first-touch measurement on the host, and a fit (:func:`cost_models.fit.fit_device`).
+place, the first-touch measurement on the host, and a fit (:func:`cost_models.fit.fit_device`);
+then the backward of grouped (depthwise) convolutions, whose slower rate is fitted apart
+(:func:`cost_models.fit.fit_grouped_backward`).
 For each host-accelerator pair: copies from 4 KiB to 256 MiB, pinned and pageable, fitted
 (:func:`cost_models.fit.fit_link`). For the host: its CPU limits (affinity, cgroup quota, torch's
 threads) and a matmul's rate in bursts against its sustained rate, with a warning when sustained
@@ -27,10 +29,10 @@ import torch
 
 from cost_models.copies import measure_copies
 from cost_models.cpu_limits import burst_and_sustained, cpu_limits
-from cost_models.fit import DeviceFit, LinkFit, fit_device, fit_link
+from cost_models.fit import DeviceFit, LinkFit, fit_device, fit_grouped_backward, fit_link
 from cost_models.measure import MeasureOptions, ProgressFn
 from cost_models.measure_cache import MeasurementCache
-from cost_models.microbench import first_touch, run_suites, suites
+from cost_models.microbench import first_touch, grouped_backward, run_suites, suites
 from cost_models.profiles import DeviceSet
 
 __all__ = ["Calibration", "calibrate", "LINK_SIZES"]
@@ -96,8 +98,9 @@ def calibrate(
                           cache=cache, progress=progress)
         touch = first_touch(physical) if kind == "cpu" else None
         template = next(logical.device(d) for d, p in binding.items() if p == physical)
-        fits[physical] = fit_device(physical, template.kind, template.memory, rows, first_touch=touch,
-                                    host=template.host)
+        fit = fit_device(physical, template.kind, template.memory, rows, first_touch=touch, host=template.host)
+        backward = grouped_backward(physical, quick=quick, options=options, cache=cache, progress=progress)
+        fits[physical] = fit_grouped_backward(fit, backward)
     links: dict[str, LinkFit] = {}
     for link in logical.links:
         a, b = (binding[x] for x in link.between)

@@ -43,7 +43,7 @@ import torch
 
 from cost_models.analytic import op_time, weight_rows
 from cost_models.copies import CopyTime
-from cost_models.microbench import FirstTouch, Row
+from cost_models.microbench import BackwardRow, FirstTouch, Row
 from cost_models.profiles import Device, DeviceKind, Link
 from cost_models.units import format_bytes, format_rate, format_seconds
 from partitioner.ir import OpClass
@@ -266,6 +266,40 @@ def fit_device(name: str, kind: DeviceKind, memory: int, rows: Sequence[Row], *,
     notes.append(f"{name}: residuals (each row predicted by the fitted profile):")
     notes += [f"  {r.line()}" for r in residuals]
     return DeviceFit(device, residuals, median, worst, poor, tuple(notes))
+
+
+def fit_grouped_backward(fit: DeviceFit, rows: Sequence[BackwardRow]) -> DeviceFit:
+    """``fit`` with ``grouped_backward_flops`` set from the measured backward of grouped
+    convolutions (:func:`cost_models.microbench.grouped_backward`): the median rate of their
+    backward FLOPs (``BACKWARD_FACTOR`` × forward FLOPs), kept only where it is slower than the
+    class's own rate predicts (elsewhere the field stays 0: a grouped backward runs as its class).
+    The rows and their predictions are added to the notes.
+
+    Example:
+        >>> fit = fit_grouped_backward(fit, grouped_backward("cpu"))   # doctest: +SKIP
+        >>> fit.device.grouped_backward_flops
+        3.9e9
+    """
+    from cost_models.training import BACKWARD_FACTOR, backward_time
+
+    rows = [r for r in rows if r.op.flops and r.backward_s > 0]
+    if not rows:
+        return fit
+    plain = dataclasses.replace(fit.device, grouped_backward_flops=0.0)
+    rate = statistics.median(BACKWARD_FACTOR * r.op.flops / max(r.backward_s - plain.launch_overhead, 1e-9)
+                             for r in rows)
+    device = dataclasses.replace(plain, grouped_backward_flops=_round1(rate))
+    slower = sum(backward_time(r.op, plain).seconds < r.backward_s for r in rows) > len(rows) / 2
+    if not slower:
+        device = plain
+    name = fit.device.name
+    notes = [f"{name}: grouped convolutions' backward: "
+             + (f"{rate / 1e9:.3g} GFLOP/s (their class's rate predicts them faster)" if slower
+                else "as their class (no slower rate fitted)")]
+    for r in rows:
+        label = f"{r.op.kind} backward, {r.op.groups} groups, {r.op.flops / 1e6:.3g} MFLOP"
+        notes.append(f"  {Residual(label, 'conv', r.backward_s, backward_time(r.op, device).seconds).line()}")
+    return dataclasses.replace(fit, device=device, notes=(*fit.notes, *notes))
 
 
 def fit_link(a: str, b: str, copies: Sequence[CopyTime], kind: str = "pcie") -> LinkFit:

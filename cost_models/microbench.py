@@ -35,7 +35,8 @@ from cost_models.measure import MeasureOptions, ProgressFn, measure_ops
 from cost_models.measure_cache import MeasurementCache
 from partitioner.ir import Op, OpClass
 
-__all__ = ["Row", "Suite", "suites", "run_suites", "FirstTouch", "first_touch"]
+__all__ = ["Row", "Suite", "suites", "run_suites", "FirstTouch", "first_touch", "BackwardRow", "grouped_backward",
+           "GROUPED_CONVS"]
 
 log = logging.getLogger(__name__)
 
@@ -225,6 +226,58 @@ def run_suites(
             rows.append(Row(suite.name, op, tuple(shape), times.forward_s))
         if measured.interrupted:
             raise KeyboardInterrupt
+    return rows
+
+
+@dataclasses.dataclass(frozen=True)
+class BackwardRow:
+    """One op's measured backward (its gradients' share of a training pass)."""
+
+    op: Op
+    backward_s: float
+
+
+# (batch, channels, height and width, kernel): ConvNeXt's 7x7 depthwise convolutions, stage by stage
+GROUPED_CONVS = ((2, 96, 56, 7), (2, 192, 28, 7), (2, 384, 14, 7), (2, 768, 7, 7))
+
+
+class _Grouped(nn.Module):
+    """Depthwise convolutions, each on its own input scaled by a weight (so its input needs a gradient)."""
+
+    def __init__(self, shapes: tuple[tuple[int, int, int, int], ...]) -> None:
+        super().__init__()
+        self.convs = nn.ModuleList(nn.Conv2d(c, c, k, padding=k // 2, groups=c) for _, c, _, k in shapes)
+        self.scales = nn.Parameter(torch.ones(len(shapes)))
+
+    def forward(self, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(conv(x * self.scales[i]) for i, (conv, x) in enumerate(zip(self.convs, xs)))
+
+
+def grouped_backward(
+    device: str,
+    *,
+    quick: bool = False,
+    options: MeasureOptions = MeasureOptions(),
+    cache: MeasurementCache | None = None,
+    progress: ProgressFn | None = None,
+) -> list[BackwardRow]:
+    """The measured backward of depthwise convolutions (:data:`GROUPED_CONVS`) on ``device``, from
+    which :func:`cost_models.fit.fit_grouped_backward` fits ``Device.grouped_backward_flops``."""
+    from partitioner.frontends.fx import from_module
+
+    shapes = GROUPED_CONVS[-2:] if quick else GROUPED_CONVS
+    module = _Grouped(shapes)
+    inputs = tuple(_r(n, c, h, h) for n, c, h, _ in shapes)
+    graph = from_module(module, inputs, name="grouped-conv-backward")
+    measured = measure_ops(graph.source.module(), inputs, device, cache=cache, progress=progress,
+                           options=dataclasses.replace(options, training=True, optimizer="sgd"))
+    rows = []
+    for op in graph.topological_order():
+        times = measured.ops.get(op.name)
+        if op.op_class is OpClass.CONV and op.groups > 1 and times is not None and times.backward_s is not None:
+            rows.append(BackwardRow(op, times.backward_s))
+    if measured.interrupted:
+        raise KeyboardInterrupt
     return rows
 
 

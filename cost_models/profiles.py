@@ -26,6 +26,8 @@ The TOML shape (see DESIGN.md, "Devices and costs")::
     first_touch_bandwidth = "5.7GB/s"        #   every call, faulted in at this rate (needs both)
     matmul_half_rows = 35                    # optional: a matmul over this many rows per weight
                                              #   reaches half its efficiency (0: no such loss)
+    grouped_backward_flops = 3.9e9           # optional: FLOP/s of a grouped (depthwise) convolution's
+                                             #   backward, when slower than its class (0: as its class)
 
     [[links]]
     between = ["cpu", "cuda:0"]              # links are bidirectional
@@ -303,7 +305,7 @@ _DEVICE_REQUIRED = {
 }
 _DEVICE_FIELDS = (*_DEVICE_REQUIRED, "efficiency", "mem_efficiency", "fixed_latency",
                   "supported_ops", "host", "cache_size", "cache_bandwidth", "onnx_provider", "alloc_threshold",
-                  "first_touch_bandwidth", "dtypes", "matmul_half_rows")
+                  "first_touch_bandwidth", "dtypes", "matmul_half_rows", "grouped_backward_flops")
 _LINK_REQUIRED = {"between": 'between = ["cpu", "cuda:0"]', "bandwidth": 'bandwidth = "55GB/s"',
                   "latency": 'latency = "17us"'}
 _LINK_FIELDS = (*_LINK_REQUIRED, "pageable_bandwidth", "kind")
@@ -352,10 +354,17 @@ def _device_fields(name: str, raw: Mapping[str, Any], where: Where) -> dict[str,
     if isinstance(half_rows, bool) or not isinstance(half_rows, (int, float)) or not 0 <= half_rows <= 1e6:
         raise ProfileError(f"{where('matmul_half_rows')}: {half_rows!r} is not a row count from 0 to 1e6; "
                            f"e.g. matmul_half_rows = 35 (0: a matmul's efficiency does not depend on its rows)")
+    grouped = raw.get("grouped_backward_flops", 0)
+    if isinstance(grouped, bool) or not isinstance(grouped, (int, float)) or not (
+            grouped == 0 or LIMITS["flops"][0] <= grouped <= LIMITS["flops"][1]):
+        raise ProfileError(f"{where('grouped_backward_flops')}: {grouped!r} is not a FLOP/s rate from "
+                           f"{LIMITS['flops'][0]:g} to {LIMITS['flops'][1]:g}; e.g. grouped_backward_flops = 3.9e9 "
+                           f"(0: a grouped convolution's backward runs as its class)")
     return dict(
         kind=kind,
         memory=memory,
         matmul_half_rows=float(half_rows),
+        grouped_backward_flops=float(grouped),
         peak_flops=_peak_table(raw["peak_flops"], where("peak_flops")),
         mem_bandwidth=_in_range(
             _positive(parse_bandwidth(raw["mem_bandwidth"], where=where("mem_bandwidth")),
@@ -471,6 +480,7 @@ class Device:
     first_touch_bandwidth: float = 0.0           # bytes/s at which fresh pages are faulted in
     dtypes: tuple[str, ...] | None = None        # dtypes it computes in (None: all; cost_models.precision)
     matmul_half_rows: float = 0.0                # rows per weight at which a matmul reaches half its efficiency
+    grouped_backward_flops: float = 0.0          # FLOP/s of a grouped convolution's backward (0: as its class)
 
     def __post_init__(self) -> None:
         name = _device_name(self.name, "Device.name")
@@ -849,6 +859,9 @@ class DeviceSet:
             if d.matmul_half_rows:
                 out.append(f"matmul_half_rows = {_toml_num(d.matmul_half_rows)}  "
                            f"# a matmul over this many rows per weight reaches half its efficiency")
+            if d.grouped_backward_flops:
+                out.append(f"grouped_backward_flops = {_toml_num(d.grouped_backward_flops)}  "
+                           f"# {d.grouped_backward_flops / 1e9:.2f} GFLOP/s in a grouped convolution's backward")
             if d.alloc_threshold:
                 out += [f"alloc_threshold = {d.alloc_threshold}  # {format_bytes(d.alloc_threshold)}",
                         f"first_touch_bandwidth = {_toml_num(d.first_touch_bandwidth)}  "

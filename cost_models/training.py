@@ -7,7 +7,11 @@ The accounting (``DESIGN.md``, "training mode"):
 
 - backward ≈ 2× the forward FLOPs and 2× the bytes (gradient w.r.t. inputs and w.r.t. weights);
   a gather (embedding) additionally writes a dense gradient as large as its table, which is
-  what makes a multi-GB embedding slow to train wherever it lives;
+  what makes a multi-GB embedding slow to train wherever it lives; a grouped (depthwise)
+  convolution's backward runs at ``Device.grouped_backward_flops`` where that is slower: on a
+  CPU its gradient kernels reach a fraction of the forward's rate (ConvNeXt's 7×7 depthwise
+  convolutions on the 2-core test machine: a backward 3-20× their forward, about 0.5 ns per
+  forward FLOP at every size, where 2× the forward predicted 4-10× too little);
 - memory per trainable parameter byte = weight + gradient + optimizer state
   (SGD: 0 extra copies, SGD with momentum: 1, Adam: 2); buffers are weights only;
 - the optimizer step streams ``passes × trainable bytes`` through the memory of the device that
@@ -72,6 +76,11 @@ def backward_time(op: Op, device: Device) -> Estimate:
     if op.op_class is OpClass.GATHER and op.trainable_param_bytes:
         # a dense gradient of the whole table: zero-fill and scatter-add
         grad = grad + kernel_time(OpClass.ELEMENTWISE, op.dtype, 0, op.trainable_param_bytes, device)
+    if op.op_class is OpClass.CONV and op.groups > 1 and device.grouped_backward_flops:
+        # a grouped (depthwise) convolution's gradients have their own, slower kernels on a CPU
+        slow = BACKWARD_FACTOR * op.flops / device.grouped_backward_flops + device.launch_overhead
+        if slow > grad.seconds:
+            grad = Estimate(slow, grad.flops, grad.bytes)
     return grad
 
 

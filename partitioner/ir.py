@@ -104,6 +104,8 @@ class Op:
       param_bytes   bytes of ``owned_params``
       trainable_param_bytes  the trainable part of ``param_bytes`` (gradients and optimizer state follow it)
       aten_ops      the aten operators it dispatched to when captured (documentation and cost classing)
+      groups        a convolution's groups (1 for every other op): a grouped (depthwise) convolution's
+                    backward has its own rate on a CPU (``Device.grouped_backward_flops``)
     """
 
     name: str
@@ -123,6 +125,7 @@ class Op:
     param_bytes: int
     trainable_param_bytes: int
     aten_ops: tuple[str, ...] = ()
+    groups: int = 1
 
     @property
     def is_view(self) -> bool:

@@ -185,3 +185,13 @@ class FlopTable:
         if formula is not None:
             return int(formula(*args, **kwargs, out_val=out))
         return int(table_flops(func, cls, args, out))
+
+
+def conv_groups(func: Any, args: tuple, kwargs: dict) -> int:
+    """The ``groups`` argument of a convolution call (1 when the op has none)."""
+    schema = getattr(func, "_schema", None)
+    for i, arg in enumerate(schema.arguments if schema is not None else ()):
+        if arg.name == "groups":
+            value = args[i] if i < len(args) else kwargs.get("groups", arg.default_value)
+            return int(value) if isinstance(value, int) and value > 0 else 1
+    return 1

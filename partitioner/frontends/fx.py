@@ -30,7 +30,7 @@ from torch.utils._pytree import tree_leaves
 from partitioner.errors import CaptureError
 from partitioner.frontends.inputs import dynamic_dims, export_dynamic_shapes
 from partitioner.frontends.names import check_fx_names
-from partitioner.frontends.aten_costs import FlopTable, classify, dominant_class, op_name
+from partitioner.frontends.aten_costs import FlopTable, classify, conv_groups, dominant_class, op_name
 from partitioner.ir import NOT_A_TENSOR, Op, OpClass, OpGraph, Param, Tensor
 
 log = logging.getLogger(__name__)
@@ -319,6 +319,7 @@ class _NodeRecord:
     classes: list[OpClass]
     flops: int
     aten_ops: list[str]
+    groups: int = 1
 
 
 class _Recorder(TorchDispatchMode):
@@ -330,6 +331,7 @@ class _Recorder(TorchDispatchMode):
         self.classes: list[OpClass] = []
         self.flops = 0
         self.aten_ops: list[str] = []
+        self.groups = 1
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 - torch's signature
         kwargs = kwargs or {}
@@ -342,6 +344,8 @@ class _Recorder(TorchDispatchMode):
         self.classes.append(cls)
         self.aten_ops.append(op_name(func) if namespace == "aten" else f"{namespace}::{op_name(func)}")
         self.flops += self.table.flops(func, cls, args, kwargs, out)
+        if cls is OpClass.CONV:
+            self.groups = max(self.groups, conv_groups(func, args, kwargs))
         return out
 
 
@@ -383,7 +387,8 @@ class _FakeRunner(torch.fx.Interpreter):
                 f"node {node.name!r} ({_kind_of(node, self.source.gm)}) cannot run on fake tensors "
                 f"(data-dependent values are not supported): {_first_line(exc)}"
             ) from exc
-        self.records[node.name] = _NodeRecord(value, recorder.classes, recorder.flops, recorder.aten_ops)
+        self.records[node.name] = _NodeRecord(value, recorder.classes, recorder.flops, recorder.aten_ops,
+                                              recorder.groups)
         return value
 
     def call_module(self, target: str, args: tuple, kwargs: dict) -> Any:
@@ -570,6 +575,7 @@ class _GraphBuilder:
             param_bytes=param_bytes,
             trainable_param_bytes=trainable,
             aten_ops=tuple(record.aten_ops),
+            groups=record.groups,
         )
 
     def _bytes_moved(self, op_class: OpClass, inputs: list[str], params: list[str], outputs: list[str]) -> tuple[int, int]:

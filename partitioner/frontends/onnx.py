@@ -153,7 +153,8 @@ class _Builder:
                   params=tuple(params), owned_params=tuple(owned), flops=int(flops), bytes_read=int(read),
                   bytes_written=int(written), param_bytes=sum(self._nbytes(p) for p in owned),
                   trainable_param_bytes=0,
-                  aten_ops=tuple(self.graph.node[i].op_type for i in members) if len(members) > 1 else ())
+                  aten_ops=tuple(self.graph.node[i].op_type for i in members) if len(members) > 1 else (),
+                  groups=_groups(head) if cls is OpClass.CONV else 1)
 
     def _tensors(self, ops: list[Op], consumers: dict[str, list[str]]) -> list[Tensor]:
         producers = {t: op.name for op in ops for t in op.outputs}
@@ -402,3 +403,9 @@ def _graph_cost(graph: onnx.GraphProto, outer: Mapping[str, onnx.TypeProto],
 
 __all__ = ["OnnxSource", "attention_matmuls", "describe", "dtype_name", "from_onnx", "is_onnx_graph",
            "is_onnx_model", "module_path"]
+
+
+def _groups(node: onnx.NodeProto) -> int:
+    """A Conv's ``group`` attribute (1 when absent)."""
+    value = next((a.i for a in node.attribute if a.name == "group"), 1)
+    return int(value) if value > 0 else 1

@@ -140,3 +140,25 @@ def test_views_cost_their_call_and_large_outputs_their_first_touch() -> None:
     assert large.seconds == pytest.approx(2e-6 + 2 * 2**26 / 40e9 + 2**26 / 5e9)      # fresh pages: faulted in
     with pytest.raises(Exception, match="go together"):
         dataclasses.replace(TRUE, first_touch_bandwidth=0.0)
+
+
+def test_the_fit_recovers_a_grouped_convolutions_backward_rate(captured) -> None:  # noqa: ANN001
+    """Depthwise convolutions whose backward runs at 4 GFLOP/s give back 4 GFLOP/s (and their
+    predictions in the notes); ones whose backward is as fast as their class leave the field 0."""
+    from cost_models.fit import fit_grouped_backward
+    from cost_models.microbench import GROUPED_CONVS, BackwardRow, _Grouped, _r
+    from cost_models.training import backward_time
+
+    fit = fit_device("cpu", DeviceKind.CPU, 2**34, _rows(captured), first_touch=TOUCH)
+    module = _Grouped(GROUPED_CONVS)
+    graph = from_module(module, tuple(_r(n, c, h, h) for n, c, h, _ in GROUPED_CONVS))
+    convs = [op for op in graph.topological_order() if op.op_class.value == "conv"]
+    assert [op.groups for op in convs] == [c for _, c, _, _ in GROUPED_CONVS]
+    slow = [BackwardRow(op, 2 * op.flops / 4e9 + fit.device.launch_overhead) for op in convs]
+    fitted = fit_grouped_backward(fit, slow)
+    assert fitted.device.grouped_backward_flops == pytest.approx(4e9, rel=0.01)
+    assert any("grouped convolutions' backward: 4 GFLOP/s" in n for n in fitted.notes)
+    for r in slow:
+        assert backward_time(r.op, fitted.device).seconds == pytest.approx(r.backward_s, rel=0.01)
+    fast = [BackwardRow(op, backward_time(op, fit.device).seconds) for op in convs]
+    assert fit_grouped_backward(fit, fast).device.grouped_backward_flops == 0.0

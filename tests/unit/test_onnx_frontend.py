@@ -70,9 +70,13 @@ def test_flops_and_bytes_of_common_ops_by_hand() -> None:
     assert "relu" not in op and op["conv"].aten_ops == ("Conv", "Relu") and op["conv"].outputs == ("r",)
     assert op["conv"].op_class is OpClass.CONV and op["conv"].flops == 2 * (4 * 8 * 8) * 3 * 9 + 256
     assert op["conv"].bytes_read == (3 * 64 + 4 * 27) * 4 and op["conv"].bytes_written == 4 * 64 * 4
+    assert op["conv"].groups == 1 and op["gemm"].groups == 1
     assert op["reshape"].op_class is OpClass.VIEW and op["reshape"].bytes_read == 0
     assert op["gemm"].op_class is OpClass.MATMUL and op["gemm"].flops == 2 * 2 * 8 * 16 + 2 * 8
     assert op["softmax"].flops == 5 * 16
+    depthwise = from_onnx(model([helper.make_node("Conv", ["x", "dw"], ["y"], group=3, pads=[1, 1, 1, 1], name="dw")],
+                                [vi("x", [1, 3, 8, 8])], [vi("y", None)], [init("dw", np.ones((3, 1, 3, 3), np.float32))]))
+    assert depthwise.ops["dw"].groups == 3 and depthwise.ops["dw"].flops == 2 * (3 * 8 * 8) * 9
     assert op["slice"].op_class is OpClass.DATA_MOVEMENT and op["slice"].bytes_written == 2 * 16 * 4
     # a gather reads the rows it returns (and its indices), not the whole table
     assert op["gather"].op_class is OpClass.GATHER and op["gather"].bytes_written == 16 * 4

@@ -424,3 +424,29 @@ def test_matmul_half_rows_is_read_written_and_checked(tmp_path):
     for bad in ("-1", '"many"', "true"):
         msg = _load_error(tmp_path, _replace('memory = "141GB"', f'memory = "141GB"\nmatmul_half_rows = {bad}'))
         assert "matmul_half_rows" in msg and "e.g. matmul_half_rows = 35" in msg
+
+
+def test_grouped_backward_flops_is_read_written_and_checked(tmp_path):
+    """A grouped convolution's backward runs at the device's grouped rate where that is slower;
+    an ungrouped one, or a device without the field, keeps its class's rate; the field survives a
+    round trip; a negative, zero-but-not-0 or non-numeric value is refused with an example."""
+    import dataclasses
+
+    from cost_models.training import backward_time
+    from partitioner.ir import Op
+
+    text = _replace('memory = "141GB"', 'memory = "141GB"\ngrouped_backward_flops = 4e9')
+    gpu = load_profile_text(text, "grouped.toml").device("cuda:0")
+    assert gpu.grouped_backward_flops == 4e9
+    again = load_profile_text(load_profile_text(text, "grouped.toml").to_toml(), "again.toml").device("cuda:0")
+    assert again.grouped_backward_flops == 4e9
+    conv = Op("dw", "aten.conv2d.default", OpClass.CONV, 0, "", "", "float32", (), (), (), (),
+              flops=10**9, bytes_read=10**6, bytes_written=10**6, param_bytes=0, trainable_param_bytes=0, groups=96)
+    assert backward_time(conv, gpu).seconds == pytest.approx(2 * 1e9 / 4e9 + gpu.launch_overhead)
+    dense = dataclasses.replace(conv, groups=1)
+    plain = dataclasses.replace(gpu, grouped_backward_flops=0.0)
+    assert backward_time(dense, gpu).seconds == backward_time(dense, plain).seconds
+    assert backward_time(conv, plain).seconds == backward_time(dense, plain).seconds < 0.01
+    for bad in ("-1", '"fast"', "true", "1e-3"):
+        msg = _load_error(tmp_path, _replace('memory = "141GB"', f'memory = "141GB"\ngrouped_backward_flops = {bad}'))
+        assert "grouped_backward_flops" in msg and "e.g. grouped_backward_flops = 3.9e9" in msg
