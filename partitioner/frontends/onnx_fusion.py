@@ -67,7 +67,7 @@ def fusion_groups(graph: onnx.GraphProto, kept: Sequence[int], constant: Collect
         p = producer.get(source) if source is not None else None
         if p is not None and readers.get(source) == [i] and source not in outputs and _default(node):
             head = head_of[p]
-            if groups[head][-1] == p and _extends(graph, [graph.node[k] for k in groups[head]], node):
+            if groups[head][-1] == p and _extends([graph.node[k] for k in groups[head]], node, constant):
                 head_of[i] = head
                 groups[head].append(i)
                 continue
@@ -119,15 +119,18 @@ def _is_sum(node: onnx.NodeProto, constant: Collection[str]) -> bool:
     return node.op_type in ("Add", "Sum") and len(node.input) == 2 and len(live) == 2
 
 
-def _extends(graph: onnx.GraphProto, chain: list[onnx.NodeProto], node: onnx.NodeProto) -> bool:
+def _extends(chain: list[onnx.NodeProto], node: onnx.NodeProto, constant: Collection[str]) -> bool:
     """Whether ``node`` may follow ``chain`` (head first) in one fused kernel."""
     head, kinds = chain[0], [n.op_type for n in chain[1:]]
     if not _default(head) or any(kind in ACTIVATIONS for kind in kinds):
         return False  # an activation ends a chain
     t = node.op_type
     if head.op_type == "Conv":
+        if any(_is_sum(n, constant) for n in chain[1:]):
+            return t in ACTIVATIONS  # after the residual sum only the activation: a constant can no
+            #                          longer be folded into the convolution's weights and bias
         if t == "Sum":
-            return _is_sum(node, ())
+            return _is_sum(node, constant)
         if t == "BatchNormalization":
             return len([o for o in node.output if o]) == 1 and not _attr(node, "training_mode")
         return t in AFFINE or t in ACTIVATIONS

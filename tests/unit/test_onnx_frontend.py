@@ -132,6 +132,13 @@ def test_a_residual_add_joins_the_conv_chain_it_sums_into() -> None:
     assert sorted(graph("b", shape=[1, 3, 1, 1]).ops) == ["add", "conv", "relu"]  # broadcast: an Add kernel
     g = graph("x", extra=[helper.make_node("Neg", ["y"], ["y2"], name="neg")])
     assert sorted(g.ops) == ["add", "conv", "neg", "relu"]  # y has a second reader: conv writes it
+    # a constant added after the sum cannot be folded into the convolution: the chain ends at the sum
+    c = init("c", np.ones((1, 3, 1, 1), np.float32))
+    nodes = [helper.make_node("Conv", ["x", "w"], ["y"], name="conv"), helper.make_node("Add", ["y", "x"], ["s"], name="add"),
+             helper.make_node("Add", ["s", "c"], ["t"], name="shift"), helper.make_node("Relu", ["t"], ["z"], name="relu")]
+    g = from_onnx(model(nodes, [vi("x", [1, 3, 4, 4])], [vi("z", None)], [w, c]))
+    assert sorted(g.ops) == ["conv", "relu", "shift"] and g.ops["conv"].aten_ops == ("Conv", "Add")
+    assert g.ops["shift"].aten_ops == ()
 
 
 def test_an_op_without_a_cost_entry_is_costed_by_its_bytes_and_listed() -> None:
