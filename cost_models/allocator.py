@@ -11,16 +11,18 @@ or the other from one run (or one thousand steps) to the next: measured here, th
 state and 15.6-17.9 ms in the other, alternating between rounds of the same emitted module, and a
 profile taken in the slow state priced the training step 50 % above a run in the fast one.
 
-:func:`keep_freed_memory` fixes the state: ``mallopt(M_MMAP_THRESHOLD, 32 MiB)`` (the dynamic
-threshold's ceiling, pinned: setting any threshold turns the dynamic one off) and
-``mallopt(M_TRIM_THRESHOLD, 1 GiB)``, so up to 1 GiB of freed heap stays mapped and is reused
-without faults. Blocks of 32 MiB and more are still ``mmap``-ed and fresh on every call (the first
-touch the analytic model prices, :mod:`cost_models.analytic`). The profiler applies it before it
-measures (:mod:`cost_models.measure`), so measured times are those of a loop in the fast state; a
-user's training loop gets the same state by calling it once (``partitioner.keep_freed_memory()``)
-or by setting ``MALLOC_TRIM_THRESHOLD_=1073741824 MALLOC_MMAP_THRESHOLD_=33554432`` before Python
-starts. Settings the user made in those environment variables are left alone. It is a glibc
-feature: elsewhere (macOS, musl) it does nothing and says why.
+:func:`keep_freed_memory` fixes the state: ``mallopt(M_MMAP_MAX, 0)`` (no block is served by its own
+``mmap``, which ``free`` would unmap: blocks of 32 MiB and more were fresh pages on every call, and
+with freed heap kept they were fresh in some calls and reused in others) and
+``mallopt(M_TRIM_THRESHOLD, 1 GiB)``, so up to 1 GiB of freed heap stays mapped and every block,
+large or small, is reused without faults once the loop has run a step. A calibration in this state
+finds no size that is always fresh, and its profile prices no first touch
+(:mod:`cost_models.analytic`), as the loop runs. The profiler applies it before it measures
+(:mod:`cost_models.measure`), so measured times are those of a loop in this steady state; a user's
+training loop gets the same state by calling it once (``partitioner.keep_freed_memory()``) or by
+setting ``MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=1073741824`` before Python starts. Settings the
+user made in those environment variables (or ``MALLOC_MMAP_THRESHOLD_``) are left alone. It is a
+glibc feature: elsewhere (macOS, musl) it does nothing and says why.
 
 Example:
     >>> state = keep_freed_memory()
@@ -36,12 +38,11 @@ import dataclasses
 import os
 import sys
 
-__all__ = ["AllocatorState", "keep_freed_memory", "MMAP_THRESHOLD", "TRIM_THRESHOLD"]
+__all__ = ["AllocatorState", "keep_freed_memory", "TRIM_THRESHOLD"]
 
-MMAP_THRESHOLD = 32 * 2**20   # glibc's ceiling for its dynamic mmap threshold (64-bit)
 TRIM_THRESHOLD = 2**30        # freed heap kept mapped before glibc returns it to the OS
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3   # glibc's mallopt parameters (malloc.h)
-_ENV = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_")
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4   # glibc's mallopt parameters (malloc.h)
+_ENV = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_MMAP_MAX_")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,8 +55,7 @@ class AllocatorState:
     def describe(self) -> str:
         """One line for a bench header or a report."""
         if self.applied:
-            return (f"glibc keeps freed memory (trim threshold {TRIM_THRESHOLD // 2**20} MiB, "
-                    f"mmap threshold {MMAP_THRESHOLD // 2**20} MiB)")
+            return f"glibc keeps freed memory (trim threshold {TRIM_THRESHOLD // 2**20} MiB, no mmap-ed blocks)"
         return f"allocator left as it was: {self.reason}"
 
 
@@ -82,6 +82,6 @@ def _apply() -> AllocatorState:
     except (OSError, AttributeError) as err:
         return AllocatorState(False, f"no glibc mallopt here ({err})")
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    if not (mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) and mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)):
+    if not (mallopt(_M_MMAP_MAX, 0) and mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)):
         return AllocatorState(False, "mallopt refused the thresholds")
     return AllocatorState(True)
