@@ -13,9 +13,9 @@ from cost_models import allocator
 
 glibc = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt is a Linux feature")
 
-# A step's gradients as glibc sees them: eight 5 MiB blocks malloc'd, written, freed. Prints the
-# page faults of writing them again in the next steps: none while glibc keeps freed memory, about
-# 10,000 (40 MiB of 4 KiB pages) per step when it gave the pages back to the OS.
+# A step's gradients as glibc sees them: eight blocks (5 MiB, or 64 MiB: glibc mmaps those by
+# default) malloc'd, written, freed. Prints the page faults of writing them again in the next
+# steps: none while glibc keeps freed memory, one per 4 KiB page when it gave them back to the OS.
 _PROBE = textwrap.dedent("""
     import ctypes, importlib.util, resource, sys
     if sys.argv[1] == "keep":   # the module alone, by path (importing cost_models imports torch)
@@ -27,7 +27,7 @@ _PROBE = textwrap.dedent("""
     libc = ctypes.CDLL("libc.so.6")
     libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
     libc.free.argtypes = [ctypes.c_void_p]
-    size, faults = 5 * 2**20, []
+    size, faults = int(sys.argv[2]), []
     for step in range(4):
         before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         blocks = [libc.malloc(size) for _ in range(8)]
@@ -40,9 +40,9 @@ _PROBE = textwrap.dedent("""
 """)
 
 
-def _faults_per_step(mode: str) -> float:
-    out = subprocess.run([sys.executable, "-c", _PROBE.format(path=allocator.__file__), mode], capture_output=True,
-                         text=True, timeout=120, check=True)
+def _faults_per_step(mode: str, size: int = 5 * 2**20) -> float:
+    out = subprocess.run([sys.executable, "-c", _PROBE.format(path=allocator.__file__), mode, str(size)],
+                         capture_output=True, text=True, timeout=120, check=True)
     return float(out.stdout.strip().splitlines()[-1])
 
 
@@ -51,6 +51,9 @@ def test_freed_blocks_are_faulted_in_again_unless_kept():
     # by default glibc returns the 40 MiB to the OS once freed and every step faults it in again
     assert _faults_per_step("default") > 5000
     assert _faults_per_step("keep") < 100
+    # 64 MiB blocks are mmap-ed by default (fresh on every call); kept, they come from the heap too
+    assert _faults_per_step("default", 64 * 2**20) > 8 * 16384 * 0.9
+    assert _faults_per_step("keep", 64 * 2**20) < 100
 
 
 @glibc
