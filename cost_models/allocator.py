@@ -18,7 +18,8 @@ with freed heap kept they were fresh in some calls and reused in others) and
 large or small, is reused without faults once the loop has run a step. A calibration in this state
 finds no size that is always fresh, and its profile prices no first touch
 (:mod:`cost_models.analytic`), as the loop runs. The profiler applies it before it measures
-(:mod:`cost_models.measure`), so measured times are those of a loop in this steady state; a user's
+(:mod:`cost_models.measure`), so measured times are those of a loop in this steady state (the
+setting stays for the rest of the process: glibc has no way back to its dynamic thresholds); a user's
 training loop gets the same state by calling it once (``partitioner.keep_freed_memory()``) or by
 setting ``MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=1073741824`` before Python starts. Settings the
 user made in those environment variables (or ``MALLOC_MMAP_THRESHOLD_``) are left alone. It is a
