@@ -13,13 +13,12 @@ allocated as in a real run, the caches hold what the previous op left; releasing
 its last use counts to it too) — one untimed warm-up pass, then timed passes (at least
 ``min_repeats``, at most ``repeats``, fewer when one pass is slow), and each distinct op signature
 (:func:`~cost_models.signature.node_signature`) keeps the median of every sample of every op sharing
-it. Timing an op alone in a loop misses what a whole model pays: a tensor larger than the
-allocator's reuse threshold is fresh memory on every call, and its first touch costs page faults (on
-the 2-core test machine a fresh 32 MiB buffer takes 6 ms to fill against 0.4 ms for a reused one) —
-see :mod:`cost_models.analytic`. Below that threshold, freed memory is reused only while glibc
-keeps it: measuring first calls :func:`~cost_models.allocator.keep_freed_memory`, so the times are
-those of a loop in its steady state, not of one whose gradients are faulted in again every step
-(1.5-2x on the backward of an embedding-heavy model). A training pass runs the forward with autograd on, sums the float
+it. Timing an op alone in a loop misses what a whole model pays in its own loop. Measuring first
+calls :func:`~cost_models.allocator.keep_freed_memory`: glibc then serves every block from a heap it
+keeps, so the times are those of a loop in its steady state, not of one whose gradients (or, with
+the default allocator, tensors of 32 MiB and more) are faulted in again on some steps and not on
+others (1.5-2x on the backward of an embedding-heavy model; the default allocator's first touch is
+in :mod:`cost_models.analytic`). A training pass runs the forward with autograd on, sums the float
 outputs, times each op's share of the backward (:func:`~cost_models.timed_pass.backward_timing`),
 then times one optimizer step over all trainable parameters.
 
