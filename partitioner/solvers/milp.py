@@ -14,8 +14,11 @@ name is refused), so no constraint can silently replace another.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Iterable, Sequence
+
+import numpy as np
 
 INF = math.inf
 
@@ -119,14 +122,23 @@ class Milp:
     def violation(self, values: Sequence[float]) -> float:
         """The largest amount by which ``values`` break a bound or a row (0 when feasible), each
         relative to the size of the numbers involved (at least 1): solvers print and round."""
-        worst = 0.0
-        for i, v in enumerate(values):
-            worst = max(worst, (self.lower[i] - v) / max(1.0, abs(v)), (v - self.upper[i]) / max(1.0, abs(v)))
-        for r in range(self.num_rows):
-            s = sum(c * values[i] for i, c in zip(self.row_index[r], self.row_value[r]))
-            size = max([1.0, abs(s)] + [abs(c * values[i]) for i, c in zip(self.row_index[r], self.row_value[r])])
-            worst = max(worst, (self.row_lower[r] - s) / size, (s - self.row_upper[r]) / size)
-        return worst
+        x = np.asarray(values, dtype=float)
+        scale = np.maximum(1.0, np.abs(x))
+        worst = max(0.0, float(np.max((np.asarray(self.lower) - x) / scale, initial=0.0)),
+                    float(np.max((x - np.asarray(self.upper)) / scale, initial=0.0)))
+        if not self.num_rows:
+            return worst
+        lengths = np.fromiter(map(len, self.row_index), dtype=np.int64, count=self.num_rows)
+        nonzeros = int(lengths.sum())
+        index = np.fromiter(itertools.chain.from_iterable(self.row_index), dtype=np.int64, count=nonzeros)
+        coef = np.fromiter(itertools.chain.from_iterable(self.row_value), dtype=float, count=nonzeros)
+        terms = coef * x[index]
+        row_of = np.repeat(np.arange(self.num_rows), lengths)
+        sums = np.bincount(row_of, weights=terms, minlength=self.num_rows)
+        size = np.maximum(1.0, np.abs(sums))
+        np.maximum.at(size, row_of, np.abs(terms))
+        return max(worst, float(np.max((np.asarray(self.row_lower) - sums) / size)),
+                   float(np.max((sums - np.asarray(self.row_upper)) / size)))
 
 
 def value(values: Sequence[float], term: Column | float) -> float:

@@ -228,3 +228,36 @@ def test_cbc_stops_at_its_time_limit() -> None:
     sol = solve_ilp(problem, solver="cbc", time_limit=2.0, warm_start=solve_heft(problem).placement)
     assert time.perf_counter() - started < 2.0 + 4.0  # model building, CBC's grace second and its stop
     assert sol.placement.device
+
+
+def _violation_by_rows(m: Milp, values: list[float]) -> float:
+    """Milp.violation's definition written out row by row (the reference for its numpy version)."""
+    worst = 0.0
+    for i, v in enumerate(values):
+        worst = max(worst, (m.lower[i] - v) / max(1.0, abs(v)), (v - m.upper[i]) / max(1.0, abs(v)))
+    for r in range(m.num_rows):
+        products = [c * values[i] for i, c in zip(m.row_index[r], m.row_value[r])]
+        s = sum(products)
+        size = max([1.0, abs(s)] + [abs(p) for p in products])
+        worst = max(worst, (m.row_lower[r] - s) / size, (s - m.row_upper[r]) / size)
+    return worst
+
+
+def test_violation_matches_its_row_by_row_definition():
+    import random
+
+    rng = random.Random(7)
+    for _ in range(300):
+        m = Milp()
+        cols = [m.column(f"c{i}", lower=rng.choice([0.0, -1.0, -math.inf]), upper=rng.choice([1.0, 5.0, math.inf]))
+                for i in range(rng.randint(1, 6))]
+        for r in range(rng.randint(0, 5)):  # empty rows and constants included
+            terms = [(rng.uniform(-3, 3), rng.choice(cols)) for _ in range(rng.randint(0, 4))] + [(1.0, rng.uniform(-2, 2))]
+            b = rng.uniform(-2, 2)
+            m.row(f"r{r}", terms, **rng.choice([{"lower": b}, {"upper": b}, {"lower": b, "upper": b}]))
+        values = [rng.uniform(-4, 4) for _ in cols]
+        assert m.violation(values) == pytest.approx(_violation_by_rows(m, values), abs=1e-12)
+    f = Formulation(Problem(random_dag(11, 12), load_profile("cpu-gpu-npu"), Options()))
+    start = f.start_values(f.canonical(solve_heft(f.p).placement))
+    assert f.milp.violation(start) == pytest.approx(_violation_by_rows(f.milp, start), abs=1e-12)
+    assert f.milp.violation(start) <= 1e-9  # a feasible start obeys every row
