@@ -178,9 +178,9 @@ def _raw_binding(session: ort.InferenceSession, binding: ort.IOBinding, provider
 
     onnxruntime's Python wrappers check and wrap every call (OrtValue compatibility, WebGPU capture,
     one ``OrtDevice`` made per output): between two parts, after a part's kernels have filled the
-    caches, they took ~90 us a part on this 2-core machine (0.7 ms of ``bert:small`` placed in 8
-    parts). The bound run calls the C binding they wrap instead; None (the public path) where this
-    onnxruntime names them otherwise."""
+    caches, they took ~40-50 us a part on this 2-core machine (0.3-0.4 ms of ``bert:small`` placed
+    in 8 parts, interleaved runs of both paths). The bound run calls the C binding they wrap
+    instead; None (the public path) where this onnxruntime names them otherwise."""
     try:
         from onnxruntime.capi.onnxruntime_inference_collection import OrtDevice
 

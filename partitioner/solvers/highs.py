@@ -95,11 +95,11 @@ def _lp(milp: Milp, relax: bool):  # noqa: ANN202 - a highspy.HighsLp
     lp.col_upper_ = np.asarray(milp.upper, dtype=float)
     lp.row_lower_ = np.asarray(milp.row_lower, dtype=float)
     lp.row_upper_ = np.asarray(milp.row_upper, dtype=float)
-    lengths = [len(ix) for ix in milp.row_index]
+    lengths, index, coef = milp.rows_csr()
     lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
     lp.a_matrix_.start_ = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
-    lp.a_matrix_.index_ = np.asarray([i for ix in milp.row_index for i in ix], dtype=np.int32)
-    lp.a_matrix_.value_ = np.asarray([v for vs in milp.row_value for v in vs], dtype=float)
+    lp.a_matrix_.index_ = index.astype(np.int32)
+    lp.a_matrix_.value_ = coef
     if not relax and any(milp.integer):
         kinds = highspy.HighsVarType
         lp.integrality_ = [kinds.kInteger if i else kinds.kContinuous for i in milp.integer]

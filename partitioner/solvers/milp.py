@@ -115,6 +115,15 @@ class Milp:
 
     # -- reading ------------------------------------------------------------------------------
 
+    def rows_csr(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The rows as compressed sparse arrays: each row's number of terms, then every term's
+        column index and coefficient, row after row."""
+        lengths = np.fromiter(map(len, self.row_index), dtype=np.int64, count=self.num_rows)
+        nonzeros = int(lengths.sum())
+        index = np.fromiter(itertools.chain.from_iterable(self.row_index), dtype=np.int64, count=nonzeros)
+        coef = np.fromiter(itertools.chain.from_iterable(self.row_value), dtype=float, count=nonzeros)
+        return lengths, index, coef
+
     def objective_of(self, values: Sequence[float]) -> float:
         """The objective at ``values`` (one value per column)."""
         return sum(c * values[i] for i, c in enumerate(self.cost) if c)
@@ -128,10 +137,7 @@ class Milp:
                     float(np.max((x - np.asarray(self.upper)) / scale, initial=0.0)))
         if not self.num_rows:
             return worst
-        lengths = np.fromiter(map(len, self.row_index), dtype=np.int64, count=self.num_rows)
-        nonzeros = int(lengths.sum())
-        index = np.fromiter(itertools.chain.from_iterable(self.row_index), dtype=np.int64, count=nonzeros)
-        coef = np.fromiter(itertools.chain.from_iterable(self.row_value), dtype=float, count=nonzeros)
+        lengths, index, coef = self.rows_csr()
         terms = coef * x[index]
         row_of = np.repeat(np.arange(self.num_rows), lengths)
         sums = np.bincount(row_of, weights=terms, minlength=self.num_rows)
