@@ -3,7 +3,8 @@
 In: a :class:`~partitioner.solvers.problem.Problem`. Out: seconds.
 
 * :func:`physical_lower_bound`: every node on its fastest allowed device with free transfers (for
-  ``latency``: the sum; for ``makespan``: the longest path), and the total of that work spread
+  ``latency``: the sum; for ``makespan``: the longest path of compute, then the optimizer steps
+  of the busiest device: at least their average and the largest one), and the total of that work spread
   evenly over all devices (``throughput`` and ``makespan``); for pipeline stages, the work once
   (the first micro-batch's trip) plus ``M - 1`` times its share per device. It ignores memory,
   so under tight caps it can fall far below the optimum (3% of it was seen).
@@ -61,11 +62,17 @@ def physical_lower_bound(problem: Problem) -> float:
     spread = total / len(problem.device_names)
     if objective is Objective.THROUGHPUT:
         return max(spread, max(best.values(), default=0.0))
+    # makespan: the schedule ends after its longest path of compute, and the optimizer steps run
+    # after it, each device's one after another (the busiest device's steps, at least their average
+    # and the largest single one); steps of one path on several devices overlap, so they are not
+    # part of the path
+    steps = {n: best[n] - min(problem.least_compute(n, d) for d in problem.compute[n]) for n in problem.nodes}
     finish: dict[str, float] = {}
     for n in problem.nodes:
         ready = max((finish[u] for u in problem.graph.dag.predecessors(n)), default=0.0)
-        finish[n] = ready + best[n]
-    return max(spread, max(finish.values(), default=0.0))
+        finish[n] = ready + best[n] - steps[n]
+    after = max(sum(steps.values()) / len(problem.device_names), max(steps.values(), default=0.0))
+    return max(spread, max(finish.values(), default=0.0) + after)
 
 
 def memory_aware_lower_bound(problem: Problem, *, time_limit: float = 10.0) -> float:
