@@ -17,8 +17,10 @@ memory ``unit.memory`` per byte, chosen by ``ilp.py`` so that the numbers stay w
   ``y[t,a,b] <= x[producer,a]`` where the producer has several possible sources. A copy whose two
   ends are fixed is a constant and no column stands for it (so it is counted once);
 * ``z[p,d]``: a shared parameter is copied to ``d`` where a reader runs and it is not resident;
-* ``mem_cap[d]``: resident parameters + saved activations + largest working set (``work[d]``)
-  + stream buffer (``buffer[d]``) ``<= capacity``;
+* ``mem_cap[d]``: resident parameters + saved activations + largest working set + largest stream
+  buffer ``<= capacity``; each largest as a staircase of binaries ``work[d][k]`` /
+  ``stream_buffer[d][k]`` ("something of at least the k-th size is on d", see
+  :meth:`Formulation.largest`); no row where everything that could be on ``d`` fits at once;
 * ``link_budget[l]``, ``stage_order``: the optional byte budgets and pipeline order;
 * latency: ``T >=`` compute + copies + shared-parameter copies + stream issue; throughput: ``T >=``
   each device's load; makespan: see :mod:`partitioner.solvers.makespan`; every objective:
@@ -372,8 +374,6 @@ class Formulation:
 
     def _memory(self) -> None:
         p, mu = self.p, self.units.memory
-        self.work: dict[str, Column] = {}
-        self.buffer: dict[str, Column] = {}
         for d in p.device_names:
             terms: list[Term] = []
             for n in p.nodes:
@@ -381,27 +381,50 @@ class Formulation:
                 for a in self.dtypes_on(n, d):
                     if p.saved_at[n][a]:
                         terms.append((mu * p.saved_at[n][a], self.r(n, d, a)))
-            sizes = [(n, max(p.work_mem_at[n][a] for a in self.dtypes_on(n, d)))
-                     for n in p.nodes if d in self.allowed[n]]
-            sizes = [(n, w) for n, w in sizes if w > 0]
-            fixed = max((min(p.work_mem_at[n][a] for a in self.dtypes_on(n, d))
-                         for n, _ in sizes if self.x(n, d) == 1.0), default=0)
-            if any(w > fixed for _, w in sizes):
-                work = self.work[d] = self.milp.column(_name("work", d), lower=mu * fixed)
-                terms.append((1.0, work))
-                for n, w in sizes:
-                    if w > fixed:
-                        self.ge(_name("working_set", n, d), work,
-                                [(mu * p.work_mem_at[n][a], self.r(n, d, a)) for a in self.dtypes_on(n, d)])
-            else:
-                terms.append((mu * fixed, 1.0))
-            streamed = [(n, self.sv[n][d]) for n in self.sv if d in self.sv[n]]
-            if streamed:
-                buffer = self.buffer[d] = self.milp.column(_name("stream_buffer", d))
-                terms.append((1.0, buffer))
-                for n, s in streamed:
-                    self.ge(_name("buffer", n, d), buffer, [(mu * p.stream_buffer_bytes(n, StreamMode.PREFETCH), s)])
+            work = [(n, mu * p.work_mem_at[n][a], self.r(n, d, a)) for n in p.nodes for a in self.dtypes_on(n, d)]
+            work = [(n, w, z) for n, w, z in work if w > 0]
+            streamed = [(n, mu * p.stream_buffer_bytes(n, StreamMode.PREFETCH), self.sv[n][d])
+                        for n in self.sv if d in self.sv[n]]
+            most = (self._most(terms) + max((w for _, w, _ in work), default=0.0)
+                    + max((w for _, w, _ in streamed), default=0.0))
+            if most <= mu * p.capacity[d]:
+                continue  # everything fits on d at once: the cap cannot bind, and no row stands for it
+            terms += self.largest("work", d, work) + self.largest("stream_buffer", d, streamed)
             self.milp.at_most(_name("mem_cap", d), terms, mu * p.capacity[d])
+
+    def _most(self, terms: list[Term]) -> float:
+        """The largest value ``terms`` can take (columns at their bounds)."""
+        m = self.milp
+        return sum(c * (m.upper[t.index] if c > 0 else m.lower[t.index]) if isinstance(t, Column) else c * t
+                   for c, t in terms)
+
+    def largest(self, kind: str, d: str, items: list[tuple[str, float, Column | float]]) -> list[Term]:
+        """Terms worth the largest weight ``w`` among the ``(node, w, z)`` items whose ``z`` is 1 on
+        ``d`` (0 if none), written as a staircase: with the distinct weights ``w_1 < ... < w_K``
+        above the floor (the largest weight already fixed at 1), ``level[k]`` is 1 when some item of
+        weight ``>= w_k`` is present (``level[k] >= z`` for the items of weight ``w_k``,
+        ``level[k-1] >= level[k]``) and the value is ``floor + sum_k (w_k - w_{k-1}) level[k]``.
+        Exact at integer points, like one column ``>= w z`` per item, but tighter in the relaxation
+        (several fractional items add up step by step instead of only the largest ``w z``
+        counting), and each level is a binary the solver can branch on ("is anything that large on
+        ``d``"), which the single maximum was not."""
+        floor = max((w for _, w, z in items if not isinstance(z, Column) and z == 1.0), default=0.0)
+        present = [(n, w, z) for n, w, z in items if isinstance(z, Column) and w > floor]
+        weights = sorted({w for _, w, _ in present})
+        at: dict[float, dict[str, list[Term]]] = {w: {} for w in weights}
+        for n, w, z in present:  # a node's dtypes of one weight: at most one of them is 1
+            at[w].setdefault(n, []).append((1.0, z))
+        terms: list[Term] = [(floor, 1.0)] if floor else []
+        above: Column | None = None
+        for k in range(len(weights) - 1, -1, -1):  # top down, so each level's rows follow the next one's
+            level = self.milp.column(_name(kind, d, str(k)), upper=1.0, integer=True)
+            terms.append((weights[k] - (weights[k - 1] if k else floor), level))
+            if above is not None:
+                self.ge(_name(f"{kind}_step", d, str(k)), level, [(1.0, above)])
+            for n, zs in at[weights[k]].items():
+                self.ge(_name(f"{kind}_of", n, d, str(k)), level, zs)
+            above = level
+        return terms
 
     def param_terms(self, n: str, d: str) -> list[Term]:
         """Memory of ``n``'s own parameters on ``d`` (in the dtype it computes in; streamed: float32)."""

@@ -261,3 +261,45 @@ def test_violation_matches_its_row_by_row_definition():
     start = f.start_values(f.canonical(solve_heft(f.p).placement))
     assert f.milp.violation(start) == pytest.approx(_violation_by_rows(f.milp, start), abs=1e-12)
     assert f.milp.violation(start) <= 1e-9  # a feasible start obeys every row
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_the_memory_rows_are_exact_at_every_placement(training: bool):
+    """Each cap's row, with the largest working set and stream buffer written as staircases of
+    levels, holds exactly the bytes ``memory_use`` counts (levels at their least), so a placement
+    obeys it exactly when it fits; a device without a row fits whatever is put on it."""
+    import random
+
+    from partitioner.solvers.problem import memory_use
+
+    rng = random.Random(3)
+    staircases = 0
+    for seed in range(12):
+        graph, profile, options = random_dag(seed, 10), random_profile(seed, 3), Options(streaming=not training,
+                                                                                         training=training)
+        roomy = Problem(graph, profile, options)  # caps: a little above the neediest op alone
+        need = max(roomy.param_bytes[n] * (1 + training) + roomy.work_mem[n] + max(roomy.saved_at[n].values())
+                   for n in roomy.nodes)
+        p = Problem(graph, profile.with_memory({d.name: min(int(1.05 * need), d.memory) for d in profile.devices
+                                                if d.name != "cpu"}), options)
+        f = Formulation(p, Units())
+        rows = {n: r for r, n in enumerate(f.milp.row_names) if n.startswith("mem_cap[")}
+        levels = [n for n in f.milp.names if n.startswith(("work[", "stream_buffer["))]
+        assert all(f.milp.integer[f.milp.names.index(n)] for n in levels)
+        staircases += bool(levels)
+        for _ in range(20):
+            device = {n: rng.choice(f.allowed[n]) for n in p.nodes}  # options the model keeps
+            streamed = {n: p.host for n in p.streamable if device[n] != p.host and rng.random() < 0.5
+                        and n in f.sv and device[n] in f.sv[n]}
+            placement = Placement(device, streamed)
+            values = f.start_values(placement)
+            used = memory_use(p, placement)
+            for d in p.device_names:
+                row = rows.get(f"mem_cap[{d}]")
+                if row is None:
+                    assert used[d] <= p.capacity[d]
+                    continue
+                activity = sum(c * values[i] for i, c in zip(f.milp.row_index[row], f.milp.row_value[row]))
+                slack = f.milp.row_upper[row] - activity
+                assert slack == pytest.approx(f.units.memory * (p.capacity[d] - used[d]), rel=1e-9, abs=1e-6)
+    assert staircases >= 5  # most of these problems have a cap that binds and levels in its row
