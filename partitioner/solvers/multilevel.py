@@ -13,6 +13,16 @@ placement of every finer one, with the same cost (``Problem`` costs a group as i
 From the coarsest level down, each level is improved by local search and solved by the ILP
 within a share of the time left, and its answer, expanded, starts the next. Pinned nodes stay
 groups of their own.
+
+A coarse level's share is of at most ``LEVEL_HORIZON`` seconds, however long the limit: its job
+is a start, and a longer coarse solve rarely gave a better one. Measured with a 60 s limit and a
+1% gap (``bench/solve_scaling.py``, the slowest rows): without the horizon a coarse level spent up
+to 10-12 s proving its own gap (bart-base on cpu-gpu-npu: 10 s on its 99-node level for a start
+the finest level then proved in 8 s); with it, seconds to 1% went 11.8 -> 7.3 (t5-base, two
+H200s), 18.7 -> 11.5 (bart-base), 30.4 -> 24.9 (the MoE decoder), 12.2 -> 10.0 (bert-base, two
+H200s), 7.0 -> 6.6 (48 GPT blocks), and the 60 s gap of the 1,000- and 3,000-op DAGs 5.2 -> 3.9%
+and 5.0 -> 3.9%. A horizon of 1 s was worse on the 48 blocks (11.6 s), whose finest level needs
+a well-solved coarse start.
 """
 
 from __future__ import annotations
@@ -31,7 +41,8 @@ log = logging.getLogger(__name__)
 SMALLEST = 40        # stop coarsening at this many nodes
 SHRINK = 2           # each level has at most half the nodes of the one below
 MIN_SHRINK = 0.8     # a coarsening that keeps more than this share of the nodes is not a level
-LEVEL_SHARE = 0.2    # a coarse level may use this share of the time left
+LEVEL_SHARE = 0.2    # a coarse level may use this share of the time left ...
+LEVEL_HORIZON = 2.5  # ... counted as at most this many seconds (so at most 0.5 s a level)
 SEARCH_SHARE = 0.05  # local search at a level may use this share of the time left
 
 
@@ -98,7 +109,7 @@ def solve_multilevel(
             left = deadline - time.perf_counter()
             warm = improve(level, warm, deadline=time.perf_counter() + SEARCH_SHARE * max(left, 0.0))
         left = deadline - time.perf_counter()
-        budget = left if final else LEVEL_SHARE * left
+        budget = left if final else LEVEL_SHARE * min(left, LEVEL_HORIZON)
         placement = warm.placement if warm is not None and evaluate(level, warm.placement).feasible else None
         sol = solve_ilp(level, solver=solver, time_limit=max(budget, 0.05), gap=gap, warm_start=placement,
                         progress=progress if final else None)
