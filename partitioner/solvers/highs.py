@@ -175,7 +175,8 @@ def _later(progress: ProgressFn | None, offset: float, bound: float | None, scal
     known = bound / scale if bound is not None else None
 
     def report(p: Progress) -> None:
-        best = max(b for b in (p.bound, known) if b is not None) if (p.bound, known) != (None, None) else None
+        bounds = [b for b in (p.bound, known) if b is not None]
+        best = max(bounds) if bounds else None
         gap = (p.incumbent - best) / abs(p.incumbent) if p.incumbent and best is not None else p.gap
         progress(Progress(p.seconds + offset, p.incumbent, best, gap))
 
