@@ -19,7 +19,9 @@ The second phase's job is that incumbent, so it gives HiGHS's primal heuristics 
 ``bench/solve_scaling.py``'s 60 s runs of the 1,000- and 3,000-op random DAGs (4 devices), gap
 reached: default 2.3% / 3.0% (at the limit); 0.15: 1% in 53.7 s / 1.5%; 0.3: 1% in 43.5 s /
 1% in 47.6 s; 0.5: 2.3% / 2.0%. The same effort on the coarse levels made the 1,000-op DAG worse
-(1.9% at the limit), so they keep the default.
+(1.9% at the limit), so they keep the default. The second phase also drops the program's
+ordering rows (``Milp.without_ordering``: symmetry-breaking rows, which keep the optimum but
+can forbid a sub-MIP's improving move); the first run's bound stays valid for it.
 
 The answer is checked before it is returned: the values read back must reproduce the objective
 HiGHS reports and satisfy every row. HiGHS 1.16 can hand back the *start* vector while reporting
@@ -158,7 +160,7 @@ def run_highs(
         return first
     log.debug("HiGHS without sub-MIPs stopped at bound %s; searching with them for %.2f s", first.bound, left)
     later = _later(progress, time.perf_counter() - started, first.bound, scale)
-    second = _run_checked(milp, left, gap, first.values if first.values is not None else start, later, scale,
+    second = _run_checked(milp.without_ordering(), left, gap, first.values if first.values is not None else start, later, scale,
                           relax, sub_mips=True, effort=SEARCH_EFFORT)
     bounds = [b for b in (first.bound, second.bound) if b is not None]
     bound = max(bounds) if bounds else None

@@ -13,6 +13,7 @@ name is refused), so no constraint can silently replace another.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 import math
@@ -56,6 +57,7 @@ class Milp:
         self.row_index: list[list[int]] = []
         self.row_value: list[list[float]] = []
         self._row_seen: set[str] = set()
+        self.ordering_rows: list[int] = []  # rows that only break a symmetry (see ``without_ordering``)
 
     # -- building -----------------------------------------------------------------------------
 
@@ -77,8 +79,11 @@ class Milp:
         self.integer.append(integer)
         return Column(len(self.names) - 1)
 
-    def row(self, name: str, terms: Iterable[Term], lower: float = -INF, upper: float = INF) -> None:
-        """``lower <= sum(terms) <= upper``; constants in ``terms`` move to the bounds.
+    def row(self, name: str, terms: Iterable[Term], lower: float = -INF, upper: float = INF, *,
+            ordering: bool = False) -> None:
+        """``lower <= sum(terms) <= upper``; constants in ``terms`` move to the bounds. An
+        ``ordering`` row only chooses among solutions of equal cost (a symmetry-breaking row):
+        :meth:`without_ordering` drops it.
 
         Raises:
             ValueError: a row called ``name`` exists already.
@@ -95,6 +100,8 @@ class Milp:
                 coef[v.index] = coef.get(v.index, 0.0) + c
             else:
                 const += c * float(v)
+        if ordering:
+            self.ordering_rows.append(len(self.row_names))
         self.row_names.append(name)
         self.row_lower.append(lower - const)
         self.row_upper.append(upper - const)
@@ -112,6 +119,19 @@ class Milp:
     def equal(self, name: str, terms: Sequence[Term], value: float) -> None:
         """``sum(terms) == value``."""
         self.row(name, terms, lower=value, upper=value)
+
+    def without_ordering(self) -> Milp:
+        """The same program with its ordering rows free (bounds -inf..inf): every solution of this
+        one has an equal-cost solution of ``self``, so both have the same optimum and a bound of
+        either bounds both. Columns and rows are shared, not copied; only the row bounds are."""
+        if not self.ordering_rows:
+            return self
+        free = copy.copy(self)
+        free.row_lower, free.row_upper = list(self.row_lower), list(self.row_upper)
+        for i in self.ordering_rows:
+            free.row_lower[i], free.row_upper[i] = -INF, INF
+        free.ordering_rows = []
+        return free
 
     # -- reading ------------------------------------------------------------------------------
 

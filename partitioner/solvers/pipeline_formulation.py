@@ -72,6 +72,7 @@ class PipelineFormulation(Formulation):
         self.defined: dict[int, list[int]] = {}
         self.sv: dict[str, dict[str, Column]] = {}  # no weight streaming in a pipeline
         self.symmetric_pairs: list[tuple[str, str]] = []  # stage order tells devices apart
+        self.stream_classes: list[tuple[str, list[str]]] = []
         self.D = list(problem.device_names)
         self._assignment()
         self.stage_order()

@@ -38,7 +38,7 @@ def test_the_second_phase_searches_on_and_proves_the_same_optimum(caplog: pytest
     assert two.objective == pytest.approx(one.objective, rel=1e-6)
     assert two.bound <= two.objective * (1 + 1e-9)
     assert formulation.milp.objective_of(two.values) == pytest.approx(two.objective, rel=1e-9)
-    assert formulation.milp.violation(two.values) <= 1e-6
+    assert formulation.milp.without_ordering().violation(two.values) <= 1e-6  # phase 2 may break an ordering row
 
 
 def test_a_first_phase_that_proves_the_gap_is_the_answer(caplog: pytest.LogCaptureFixture) -> None:
