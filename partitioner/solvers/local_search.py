@@ -10,7 +10,9 @@ result does not depend on the machine's speed; the deadline is only a guard): pu
 4, ... consecutive nodes (topological order) on another device, with each node's weights resident
 or streamed; stream or stop streaming one node's weights. For ``latency`` and ``throughput`` a
 move is costed incrementally (:class:`_State` keeps every sum and maximum of
-:func:`~partitioner.solvers.problem.evaluate`, and each node's share of them); for ``makespan`` by
+:func:`~partitioner.solvers.problem.evaluate`, and each node's share of them; a run moves at once,
+each tensor it touches recosted once, and nodes already where a move would put them are left out:
+on the MoE decoder's 359-node level 0.65 -> 0.42 s, same result); for ``makespan`` by
 :func:`~partitioner.solvers.problem.evaluate` itself (its graphs are small: coarsened above 60
 nodes). Tests check the incremental cost against ``evaluate`` after every accepted move.
 """
@@ -158,35 +160,42 @@ class _State:
 
     def move(self, n: str, device: str, streamed: bool) -> tuple[str, bool]:
         """Put ``n`` on ``device`` (weights streamed or not); returns the previous (device, streamed)."""
-        before = (self.dev[n], n in self.streamed)
-        touched_tensors = set(self.inputs[n]) | set(self.outputs[n])
-        touched_params = set(self.params_of[n])
+        return self.move_all([(n, device, streamed)])[0][1:]
+
+    def move_all(self, moves: list[tuple[str, str, bool]]) -> list[tuple[str, str, bool]]:
+        """Each ``(node, device, streamed)`` of ``moves`` at once (a tensor or shared parameter two
+        of them touch is recosted once); returns the moves that undo it."""
+        touched_tensors = {t for n, _, _ in moves for t in (*self.inputs[n], *self.outputs[n])}
+        touched_params = {name for n, _, _ in moves for name in self.params_of[n]}
         for t in touched_tensors:
             self._drop_tensor(t)
         for name in touched_params:
             self._drop_param(name)
-        self._node_terms(n, -1)
-        for t in self.inputs[n]:
-            self.reads[t][self.dev[n]] -= 1
-        for name in touched_params:
-            if n in self.shared[name].users:
-                self.users[name][self.dev[n]] -= 1
-        self.dev[n] = device
-        if streamed:
-            self.streamed.add(n)
-        else:
-            self.streamed.discard(n)
-        for t in self.inputs[n]:
-            self.reads[t][device] += 1
-        for name in touched_params:
-            if n in self.shared[name].users:
-                self.users[name][device] += 1
-        self._node_terms(n, +1)
+        undo = []
+        for n, device, streamed in moves:
+            undo.append((n, self.dev[n], n in self.streamed))
+            self._node_terms(n, -1)
+            for t in self.inputs[n]:
+                self.reads[t][self.dev[n]] -= 1
+            for name in self.params_of[n]:
+                if n in self.shared[name].users:
+                    self.users[name][self.dev[n]] -= 1
+            self.dev[n] = device
+            if streamed:
+                self.streamed.add(n)
+            else:
+                self.streamed.discard(n)
+            for t in self.inputs[n]:
+                self.reads[t][device] += 1
+            for name in self.params_of[n]:
+                if n in self.shared[name].users:
+                    self.users[name][device] += 1
+            self._node_terms(n, +1)
         for t in touched_tensors:
             self._add_tensor(t)
         for name in touched_params:
             self._add_param(name)
-        return before
+        return undo[::-1]
 
     # -- cost ---------------------------------------------------------------------------------
 
@@ -268,15 +277,17 @@ def _search(p: Problem, placement: Placement, deadline: float | None) -> Placeme
                 if len(run) < length and length > 1:
                     continue
                 for device, streamed in _run_options(p, run):
-                    undo = [(n, state.move(n, device, streamed and n in p.streamable and device != p.host
-                                           and p.param_bytes[n] > 0))
-                            for n in run if device in p.allowed[n]]
+                    changes = [(n, flag) for n in run if device in p.allowed[n]
+                               for flag in [streamed and n in p.streamable and device != p.host and p.param_bytes[n] > 0]
+                               if (state.dev[n], n in state.streamed) != (device, flag)]
+                    if not changes:
+                        continue  # every node of the run is there already
+                    undo = state.move_all([(n, device, flag) for n, flag in changes])
                     cost = state.cost()
                     if cost < _better_than(best):
                         best, improved = cost, True
                         break
-                    for n, (d, s) in reversed(undo):
-                        state.move(n, d, s)
+                    state.move_all(undo)
     return state.placement(placement.order)
 
 

@@ -46,6 +46,31 @@ def test_incremental_costs_equal_evaluate_after_every_move(seed: int, objective:
         assert state.overflow() == over
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_moving_a_run_at_once_and_undoing_it_match_evaluate(seed: int) -> None:
+    problem = _problem(seed, Objective.LATENCY if seed % 2 else Objective.THROUGHPUT, streaming=True)
+    rng = random.Random(seed)
+    start = solve_heft(problem).placement
+    state = _State(problem, start)
+    for _ in range(20):
+        i = rng.randrange(len(problem.nodes))
+        run = problem.nodes[i:i + rng.choice((2, 4, 8))]  # neighbours share tensors: each is recosted once
+        moves = []
+        for n in run:
+            device = rng.choice(problem.allowed[n])
+            moves.append((n, device, n in problem.streamable and device != problem.host and rng.random() < 0.5))
+        before = state.placement()
+        undo = state.move_all(moves)
+        ev = evaluate(problem, state.placement())
+        assert state.objective() == pytest.approx(ev.total_s, rel=1e-9)
+        assert state.overflow() == sum(max(0, ev.memory[d] - ev.capacity[d]) for d in ev.memory)
+        state.move_all(undo)
+        assert state.placement().device == before.device and state.placement().streamed == before.streamed
+        assert state.objective() == pytest.approx(evaluate(problem, before).total_s, rel=1e-9)
+        if rng.random() < 0.5:
+            state.move_all(moves)  # keep it: the next run starts elsewhere
+
+
 @pytest.mark.parametrize("objective", list(Objective))
 def test_local_search_never_makes_a_start_worse(objective: Objective) -> None:
     problem = _problem(3, objective, n_ops=20)
