@@ -22,7 +22,12 @@ the finest level then proved in 8 s); with it, seconds to 1% went 11.8 -> 7.3 (t
 H200s), 18.7 -> 11.5 (bart-base), 30.4 -> 24.9 (the MoE decoder), 12.2 -> 10.0 (bert-base, two
 H200s), 7.0 -> 6.6 (48 GPT blocks), and the 60 s gap of the 1,000- and 3,000-op DAGs 5.2 -> 3.9%
 and 5.0 -> 3.9%. A horizon of 1 s was worse on the 48 blocks (11.6 s), whose finest level needs
-a well-solved coarse start.
+a well-solved coarse start. The horizon is 5 s (1 s a level) since the stream-order rows: with
+2.5 s, whether the MoE decoder's 87-node level found its better plan (a root sub-MIP, about
+0.45 s in) depended on the machine's moment, and the row took 6 s or 50 s with the same code;
+``bench/solve_scaling.py --seeds 3``, 2.5 s -> 5 s: 48 GPT blocks 14.3/13.3/14.2 -> 3.6/3.8/3.7 s,
+the MoE decoder 25.5/28.8/21.5 -> 7.2/51.2/25.3 s, the 3,000-op DAG at 1% in 0/3 -> 1/3 seeds,
+the 1,000-op DAG 2/3 both, every other row within 0.5 s.
 
 The finest level is solved in two phases (``proof_first``, see :mod:`~partitioner.solvers.highs`):
 from the coarse levels' start, HiGHS first works on the bound with its sub-MIP heuristics off.
@@ -48,7 +53,7 @@ SMALLEST = 40        # stop coarsening at this many nodes
 SHRINK = 2           # each level has at most half the nodes of the one below
 MIN_SHRINK = 0.8     # a coarsening that keeps more than this share of the nodes is not a level
 LEVEL_SHARE = 0.2    # a coarse level may use this share of the time left ...
-LEVEL_HORIZON = 2.5  # ... counted as at most this many seconds (so at most 0.5 s a level)
+LEVEL_HORIZON = 5.0  # ... counted as at most this many seconds (so at most 1 s a level)
 SEARCH_SHARE = 0.05  # local search at a level may use this share of the time left
 
 
