@@ -164,8 +164,9 @@ def run_highs(
         return first
     log.debug("HiGHS without sub-MIPs stopped at bound %s; searching with them for %.2f s", first.bound, left)
     later = _later(progress, time.perf_counter() - started, first.bound, scale)
-    second = _run_checked(milp.without_ordering(), left, gap, first.values if first.values is not None else start, later, scale,
-                          relax, sub_mips=True, effort=SEARCH_EFFORT)
+    again = first.values if first.values is not None else start
+    second = _run_checked(milp.without_ordering(), left, gap, again, later, scale, relax, sub_mips=True,
+                          effort=SEARCH_EFFORT)
     bounds = [b for b in (first.bound, second.bound) if b is not None]
     bound = max(bounds) if bounds else None
     if second.values is None:

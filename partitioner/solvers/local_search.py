@@ -277,12 +277,14 @@ def _search(p: Problem, placement: Placement, deadline: float | None) -> Placeme
                 if len(run) < length and length > 1:
                     continue
                 for device, streamed in _run_options(p, run):
-                    changes = [(n, flag) for n in run if device in p.allowed[n]
-                               for flag in [streamed and n in p.streamable and device != p.host and p.param_bytes[n] > 0]
-                               if (state.dev[n], n in state.streamed) != (device, flag)]
+                    changes = []
+                    for n in run:
+                        flag = streamed and n in p.streamable and device != p.host and p.param_bytes[n] > 0
+                        if device in p.allowed[n] and (state.dev[n], n in state.streamed) != (device, flag):
+                            changes.append((n, device, flag))
                     if not changes:
                         continue  # every node of the run is there already
-                    undo = state.move_all([(n, device, flag) for n, flag in changes])
+                    undo = state.move_all(changes)
                     cost = state.cost()
                     if cost < _better_than(best):
                         best, improved = cost, True
