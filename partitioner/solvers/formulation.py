@@ -554,10 +554,14 @@ class Formulation:
         return dataclasses.replace(placement, streamed=streamed)
 
     def canonical(self, placement: Placement) -> Placement:
-        """``placement`` with interchangeable devices renamed so that it obeys the symmetry rows
-        (among each class, devices are first used in profile order); same cost, same feasibility."""
+        """``placement`` made to obey the ordering rows, at the same cost and feasibility: the
+        interchangeable devices renamed (among each class, devices are first used in profile
+        order), then the streamed members of each stream class moved to its last members."""
+        return self._canonical_streams(self._canonical_devices(placement))
+
+    def _canonical_devices(self, placement: Placement) -> Placement:
         if not self.symmetric_pairs:
-            return self._canonical_streams(placement)
+            return placement
         classes: list[list[str]] = []
         for d1, d2 in self.symmetric_pairs:
             for cls in classes:
@@ -576,7 +580,7 @@ class Formulation:
             used_order = sorted(cls, key=lambda d: (first[d], cls.index(d)))
             rename.update(dict(zip(used_order, cls)))
         device = {n: rename.get(d, d) for n, d in placement.device.items()}
-        return self._canonical_streams(dataclasses.replace(placement, device=device))
+        return dataclasses.replace(placement, device=device)
 
     # -- objective terms ----------------------------------------------------------------------
 
