@@ -41,7 +41,7 @@ memory ``unit.memory`` per byte, chosen by ``ilp.py`` so that the numbers stay w
   ``a``, ``b``; which of them streams changes no cost and no memory, and without the order the
   search went through each equal choice (MoE decoder on cpu-gpu-npu, its finest level alone:
   HiGHS seeds 0-3 took 6.3 / 16.7 / 12.6 / 12.8 s to 1%, with the rows 4.2 / 8.2 / 5.5 / 4.6 s).
-  They are *ordering* rows (``Milp.row(ordering=True)``): the second, incumbent-seeking phase of
+  They are *ordering* rows (``Milp.row(ordering=True)``): the incumbent-seeking (searching) run of
   a HiGHS run drops them (:meth:`Milp.without_ordering`); a warm start obeys both kinds after
   :meth:`Formulation.canonical`.
 

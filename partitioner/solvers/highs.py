@@ -4,24 +4,36 @@ In: the program, a time limit, a relative gap, an optional start vector and prog
 Out: a :class:`RunResult` with HiGHS's status, the incumbent's values and objective (model units)
 and the proven bound.
 
-With a start and ``proof_seconds``, the run has two phases. HiGHS's sub-MIP heuristics (RINS,
-RENS, root reduced-cost: small MIPs solved to find a better incumbent) first stay off for that
-many seconds: from a good start the solver then spends its time on the bound. If the gap is
-not reached, a second run with them on starts from the first run's incumbent for the time left,
-and the answer's bound is the larger of the two runs' (both are proven). Measured on the finest
-levels of ``bench/solve_scaling.py``'s slowest rows (the level's model and start saved, HiGHS
-alone, 1% gap): sub-MIPs on took 10.6 / 4.3 / 4.7 / 2.4 s (the MoE decoder on cpu-gpu-npu,
-bart-base on cpu-gpu-npu, bert-base and t5-base on two H200s; 11 sub-MIPs were 2.5 of bart's
-3.7 s), off 6.8 / 1.1 / 0.35 / 0.44 s; on the 1,000-op random DAG, whose start is far from the
-optimum, the sub-MIPs found every better incumbent (50 s: 2.8% gap with them, 8.9% without).
-The second phase's job is that incumbent, so it gives HiGHS's primal heuristics more of its work
-(``SEARCH_EFFORT``, ``mip_heuristic_effort`` 0.3 against the default 0.05). Measured with
-``bench/solve_scaling.py``'s 60 s runs of the 1,000- and 3,000-op random DAGs (4 devices), gap
-reached: default 2.3% / 3.0% (at the limit); 0.15: 1% in 53.7 s / 1.5%; 0.3: 1% in 43.5 s /
-1% in 47.6 s; 0.5: 2.3% / 2.0%. The same effort on the coarse levels made the 1,000-op DAG worse
-(1.9% at the limit), so they keep the default. The second phase also drops the program's
-ordering rows (``Milp.without_ordering``: symmetry-breaking rows, which keep the optimum but
-can forbid a sub-MIP's improving move); the first run's bound stays valid for it.
+With a start and ``proof_seconds``, two runs share the work: a *proving* run, with HiGHS's
+sub-MIP heuristics (RINS, RENS, root reduced-cost: small MIPs solved to find a better
+incumbent) off, so that from a good start the solver spends its time on the bound, and a
+*searching* run with them on. The answer is the better incumbent of the two and the larger of
+their bounds (both are proven). Measured on the finest levels of ``bench/solve_scaling.py``'s
+slowest rows (the level's model and start saved, HiGHS alone, 1% gap): sub-MIPs on took 10.6 /
+4.3 / 4.7 / 2.4 s (the MoE decoder on cpu-gpu-npu, bart-base on cpu-gpu-npu, bert-base and
+t5-base on two H200s; 11 sub-MIPs were 2.5 of bart's 3.7 s), off 6.8 / 1.1 / 0.35 / 0.44 s; on
+the 1,000-op random DAG, whose start is far from the optimum, the sub-MIPs found every better
+incumbent (50 s: 2.8% gap with them, 8.9% without). The searching run gives HiGHS's primal
+heuristics more of its work (``SEARCH_EFFORT``, ``mip_heuristic_effort`` 0.3 against the
+default 0.05; the 60 s runs of the 1,000- and 3,000-op DAGs reached: default 2.3% / 3.0% at the
+limit; 0.15: 1% in 53.7 s / 1.5%; 0.3: 1% in 43.5 s / 1% in 47.6 s; 0.5: 2.3% / 2.0%; the same
+effort on the coarse levels made the 1,000-op DAG worse, so they keep the default), and drops
+the program's ordering rows (``Milp.without_ordering``: symmetry-breaking rows, which keep the
+optimum but can forbid a sub-MIP's improving move); the proving run's bound stays valid for it.
+
+Where the process may use two cores the two runs go side by side, one thread each (highspy lets
+go of Python's lock while HiGHS works): each posts its incumbent and bound on a shared
+:class:`_Board` at every MIP check, and both stop as soon as the best incumbent and the best
+bound prove the gap, or one run ends. The searching run starts only after ``SEARCH_AFTER``
+seconds, so a proof that comes at once is not kept waiting for a sub-MIP to end. A run beside
+the other is about as fast as alone (the MoE decoder's finest level: proving run 4.5 s alone,
+4.6-4.9 s beside the searching run), and a gap that only the two together prove comes sooner:
+``bench/solve_scaling.py --seeds 3``, seconds by seed, one after the other -> side by side: the
+1,000-op DAG 43.1 / 58.3 / 54.9 (2 of 3 seeds at 1% in 60 s) -> 51.8 / 40.2 / 38.8 (3 of 3),
+the 3,000-op DAG 0 of 3 (3.08% under seed 0) -> 1 of 3 (2.46%), the MoE decoder on cpu-gpu-npu
+6.6 / 10.3 / 14.4 -> 7.0 / 10.4 / 15.1 (its proof is the work there, not the search). On one
+core they go one after the other: the proving run first, for ``proof_seconds``, and if the gap
+is not reached the searching run from its incumbent for the time left.
 
 The answer is checked before it is returned: the values read back must reproduce the objective
 HiGHS reports and satisfy every row. HiGHS 1.16 can hand back the *start* vector while reporting
@@ -37,6 +49,7 @@ import dataclasses
 import logging
 import math
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 
@@ -51,10 +64,16 @@ log = logging.getLogger(__name__)
 OBJECTIVE_TOLERANCE = 1e-6
 FEASIBILITY = 1e-6
 
-#: HiGHS's heuristics that solve sub-MIPs, off in the first phase of a two-phase run.
+#: HiGHS's heuristics that solve sub-MIPs, off in the proving run of a run from a start.
 SUB_MIP_HEURISTICS = ("mip_heuristic_run_rins", "mip_heuristic_run_rens", "mip_heuristic_run_root_reduced_cost")
-#: The second phase's ``mip_heuristic_effort`` (HiGHS's default: 0.05): its job is a better incumbent.
+#: The searching run's ``mip_heuristic_effort`` (HiGHS's default: 0.05): its job is a better incumbent.
 SEARCH_EFFORT = 0.3
+#: Side by side, the searching run starts once the proving run has had this many seconds without
+#: proving the gap: most finest levels are proven in under a second from the coarse levels' start
+#: (t5-base and bert-base on two H200s: 0.4 s), and a searching run beside them only delayed the
+#: answer, as HiGHS asks the interrupt callback rarely inside a sub-MIP (the proof done at 0.4 s,
+#: the answer at 2.1 s).
+SEARCH_AFTER = 1.0
 #: HiGHS's ``random_seed`` for every run. How long a branch and bound takes to a gap can depend on
 #: it more than on anything else (the MoE decoder's finest level: 4.2 to 8.2 s over seeds 0-3), so
 #: ``bench/solve_scaling.py --seeds K`` runs each row under seeds 0..K-1.
@@ -79,7 +98,7 @@ ProgressFn = Callable[[Progress], None]
 class RunResult:
     """What a MIP run produced (objective and bound in model units)."""
 
-    state: str                      # "optimal" | "stopped" | "infeasible" | "error"
+    state: str                      # "optimal" (the requested gap proven) | "stopped" | "infeasible" | "error"
     values: list[float] | None      # the incumbent, one value per column
     objective: float | None
     bound: float | None
@@ -95,21 +114,25 @@ def available() -> bool:
     return True
 
 
+_STDOUT = threading.Lock()  # two runs side by side must not interleave their saves and restores of fd 1
+
+
 @contextlib.contextmanager
 def _quiet_stdout() -> Iterator[None]:
     """HiGHS prints a banner on stdout when created; keep the CLI's stdout clean (e.g. --json)."""
-    try:
-        fd = os.dup(1)
-    except OSError:
-        yield
-        return
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 1)
+    with _STDOUT:
+        try:
+            fd = os.dup(1)
+        except OSError:
             yield
-    finally:
-        os.dup2(fd, 1)
-        os.close(fd)
+            return
+        try:
+            with open(os.devnull, "w") as null:
+                os.dup2(null.fileno(), 1)
+                yield
+        finally:
+            os.dup2(fd, 1)
+            os.close(fd)
 
 
 def _lp(milp: Milp, relax: bool):  # noqa: ANN202 - a highspy.HighsLp
@@ -144,12 +167,15 @@ def run_highs(
     scale: float = 1.0,
     relax: bool = False,
     proof_seconds: float | None = None,
+    side_by_side: bool | None = None,
 ) -> RunResult:
     """Solve ``milp`` (its LP relaxation when ``relax``) within ``time_limit`` seconds.
 
     ``scale`` converts model units to the units ``progress`` reports in (divides).
-    ``proof_seconds``: with a ``start``, the seconds spent first with the sub-MIP heuristics off
-    (see the module docstring); None: one run with HiGHS's defaults.
+    ``proof_seconds``: with a ``start``, a run that proves first (see the module docstring): its
+    two runs side by side where ``side_by_side`` (None: where the machine has two cores), else
+    one after the other, the first for at most ``proof_seconds``; None: one run with HiGHS's
+    defaults.
 
     Example:
         >>> result = run_highs(formulation.milp, time_limit=5, gap=0.01)   # doctest: +SKIP
@@ -157,6 +183,8 @@ def run_highs(
     """
     if proof_seconds is None or start is None or relax or not any(milp.integer):
         return _run_checked(milp, time_limit, gap, start, progress, scale, relax, sub_mips=True)
+    if side_by_side if side_by_side is not None else _cores() >= 2:
+        return _side_by_side(milp, time_limit, gap, start, progress, scale)
     started = time.perf_counter()
     first = _run_checked(milp, min(proof_seconds, time_limit), gap, start, progress, scale, relax, sub_mips=False)
     left = time_limit - (time.perf_counter() - started)
@@ -172,6 +200,114 @@ def run_highs(
     if second.values is None:
         return dataclasses.replace(first, bound=bound)
     return dataclasses.replace(second, bound=bound)
+
+
+def _cores() -> int:
+    """CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+class _Board:
+    """What two runs side by side share: the best incumbent objective and bound either has found
+    (model units), and whether both should stop (the two together prove ``gap``, or one ended)."""
+
+    def __init__(self, gap: float, incumbent: float) -> None:
+        self._lock = threading.Lock()
+        self.gap = gap
+        self.primal = incumbent
+        self.dual = -math.inf
+        self.stopped = False
+        self._ended = threading.Event()
+
+    def post(self, primal: float, dual: float) -> bool:
+        """Record one run's incumbent and bound; whether the runs should stop."""
+        with self._lock:
+            if math.isfinite(primal):
+                self.primal = min(self.primal, primal)
+            if math.isfinite(dual):
+                self.dual = max(self.dual, dual)
+            if self.primal - self.dual <= self.gap * abs(self.primal):
+                self.stopped = True
+                self._ended.set()
+            return self.stopped
+
+    def stop(self) -> None:
+        with self._lock:
+            self.stopped = True
+        self._ended.set()
+
+    def wait(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` for a run to stop the board; whether one did."""
+        return self._ended.wait(seconds) or self.stopped
+
+    def figures(self) -> tuple[float, float]:
+        with self._lock:
+            return self.primal, self.dual
+
+
+def _side_by_side(milp: Milp, time_limit: float, gap: float, start: Sequence[float], progress: ProgressFn | None,
+                  scale: float) -> RunResult:
+    """The proving run and the searching run at once, one thread each (see the module docstring)."""
+    started = time.perf_counter()
+    board = _Board(gap, milp.objective_of(start))
+    plans = {"proof": (milp, False, None), "search": (milp.without_ordering(), True, SEARCH_EFFORT)}
+    results: dict[str, RunResult | BaseException] = {}
+
+    def work(name: str) -> None:
+        model, sub_mips, effort = plans[name]
+        try:
+            if name == "search" and board.wait(min(SEARCH_AFTER, time_limit)):
+                return  # the proving run ended first: no search needed
+            left = time_limit - (time.perf_counter() - started)
+            if left <= 0.05:
+                return
+            results[name] = _run_checked(model, left, gap, start, None, scale, False, sub_mips=sub_mips,
+                                         effort=effort, board=board)
+        except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
+            results[name] = exc
+        finally:
+            board.stop()  # one run ended (proved its gap, or could not go on): the other stops too
+
+    threads = [threading.Thread(target=work, args=(name,), name=f"highs-{name}", daemon=True) for name in plans]
+    for thread in threads:
+        thread.start()
+    reported = 0.0
+    try:
+        while alive := [thread for thread in threads if thread.is_alive()]:
+            alive[0].join(0.1)
+            now = time.perf_counter() - started
+            if progress is not None and now - reported >= 1.0:
+                reported = now
+                primal, dual = board.figures()
+                found = math.isfinite(dual)
+                progress(Progress(now, primal / scale, dual / scale if found else None,
+                                  (primal - dual) / abs(primal) if found and primal else None))
+    finally:
+        board.stop()
+        for thread in threads:
+            thread.join()
+    for outcome in results.values():
+        if isinstance(outcome, BaseException):
+            raise outcome
+    runs = [run for run in results.values() if isinstance(run, RunResult)]
+    proof = results["proof"]
+    assert isinstance(proof, RunResult)
+    log.debug("side by side: %s", ", ".join(f"{name} {run.state} {run.objective} / {run.bound}"
+                                            for name, run in results.items() if isinstance(run, RunResult)))
+    for run in runs:
+        if run.state == "infeasible":
+            return run
+    bounds = [run.bound for run in runs if run.bound is not None]
+    bound = max(bounds) if bounds else None
+    found = [run for run in runs if run.values is not None and run.objective is not None]
+    best = min(found, key=lambda run: run.objective) if found else proof
+    if best.objective is not None and bound is not None and best.objective - bound <= gap * abs(best.objective):
+        note = "" if best.note.startswith("HiGHS stopped") else best.note  # stopped by the board, at the gap
+        return dataclasses.replace(best, state="optimal", bound=bound, note=note)
+    return dataclasses.replace(best, bound=bound)
 
 
 def _later(progress: ProgressFn | None, offset: float, bound: float | None, scale: float) -> ProgressFn | None:
@@ -192,17 +328,17 @@ def _later(progress: ProgressFn | None, offset: float, bound: float | None, scal
 
 def _run_checked(milp: Milp, time_limit: float, gap: float, start: Sequence[float] | None,
                  progress: ProgressFn | None, scale: float, relax: bool, *, sub_mips: bool,
-                 effort: float | None = None) -> RunResult:
+                 effort: float | None = None, board: _Board | None = None) -> RunResult:
     """One run, its answer checked (see the module docstring)."""
     started = time.perf_counter()
     result = _run_once(milp, time_limit, gap, start, progress, scale, relax, presolve=True, sub_mips=sub_mips,
-                       effort=effort)
+                       effort=effort, board=board)
     if result.state in ("optimal", "stopped") and result.values is not None and not _consistent(milp, result):
         left = time_limit - (time.perf_counter() - started)
         log.info("HiGHS returned values that do not match its objective %.6g; solving again without presolve",
                  result.objective)
         again = _run_once(milp, max(left, 0.5), gap, start, progress, scale, relax, presolve=False, sub_mips=sub_mips,
-                          effort=effort)
+                          effort=effort, board=board)
         if again.values is not None and _consistent(milp, again):
             bounds = [b for b in (result.bound, again.bound) if b is not None]  # both are valid
             return dataclasses.replace(again, bound=max(bounds) if bounds else None)
@@ -223,7 +359,7 @@ def _consistent(milp: Milp, result: RunResult) -> bool:
 
 def _run_once(milp: Milp, time_limit: float, gap: float, start: Sequence[float] | None,
               progress: ProgressFn | None, scale: float, relax: bool, *, presolve: bool, sub_mips: bool,
-              effort: float | None = None) -> RunResult:
+              effort: float | None = None, board: _Board | None = None) -> RunResult:
     import highspy
 
     with _quiet_stdout():
@@ -244,7 +380,8 @@ def _run_once(milp: Milp, time_limit: float, gap: float, start: Sequence[float] 
         sol.col_value = list(start)
         sol.value_valid = True
         h.setSolution(sol)
-    _attach_callbacks(h, time.perf_counter() + time_limit, None if relax else progress, scale)
+    _attach_callbacks(h, time.perf_counter() + time_limit, None if relax else progress, scale, board,
+                      lp_checks=board is None or sub_mips)
     h.run()
     status = h.getModelStatus()
     info = h.getInfo()
@@ -269,7 +406,8 @@ def _run_once(milp: Milp, time_limit: float, gap: float, start: Sequence[float] 
     return RunResult("stopped", values, objective, bound, f"HiGHS stopped: {h.modelStatusToString(status)}")
 
 
-def _attach_callbacks(h, deadline: float, progress: ProgressFn | None, scale: float) -> None:  # noqa: ANN001
+def _attach_callbacks(h, deadline: float, progress: ProgressFn | None, scale: float,  # noqa: ANN001
+                      board: _Board | None = None, *, lp_checks: bool = True) -> None:
     """Interrupt HiGHS at ``deadline`` (perf_counter seconds) and report ``progress`` about once a second.
 
     HiGHS checks its time limit, and asks its MIP interrupt callback, only between steps of its
@@ -280,6 +418,12 @@ def _attach_callbacks(h, deadline: float, progress: ProgressFn | None, scale: fl
     the longest one so far (between two checks, or from the start to the first) would pass the
     deadline; the simplex and interior-point callbacks (iterations of a plain LP) stop at the
     deadline itself. The incumbent and the dual bound stay valid after an interrupt.
+
+    With a ``board`` (a run beside another), each MIP check also posts the run's incumbent and
+    bound there and stops when the board says so. Such a run has no simplex or interior-point
+    callback: those are asked at every LP iteration, and two runs taking Python's lock that often
+    slowed each other by 40% (the MoE decoder's finest level, 4.6 s alone, took 6.6 s beside a
+    second run); HiGHS's own time limit, set to the same deadline, bounds the LPs inside a MIP.
     """
     import highspy
 
@@ -294,7 +438,9 @@ def _attach_callbacks(h, deadline: float, progress: ProgressFn | None, scale: fl
             checked[1], checked[0] = max(checked[1], now - checked[0]), now
             if now + checked[1] >= deadline:
                 data_in.user_interrupt = True
-        elif now >= deadline:
+            if board is not None and board.post(data_out.mip_primal_bound, data_out.mip_dual_bound):
+                data_in.user_interrupt = True
+        elif now >= deadline or (board is not None and board.stopped):
             data_in.user_interrupt = True
         if progress is None or callback_type != kinds.kCallbackMipInterrupt or now - started - last[0] < 1.0:
             return
@@ -308,5 +454,6 @@ def _attach_callbacks(h, deadline: float, progress: ProgressFn | None, scale: fl
         ))
 
     h.setCallback(on_event, None)
-    for kind in (kinds.kCallbackMipInterrupt, kinds.kCallbackSimplexInterrupt, kinds.kCallbackIpmInterrupt):
+    lp_kinds = (kinds.kCallbackSimplexInterrupt, kinds.kCallbackIpmInterrupt) if lp_checks else ()
+    for kind in (kinds.kCallbackMipInterrupt, *lp_kinds):
         h.startCallback(kind)

@@ -128,16 +128,18 @@ def solve_ilp(
             model (options dearer than it are left out) and sets its units. Without one, the best
             feasible of HEFT and the single-device placements is used.
         progress: called about once a second with the incumbent and bound (HiGHS only).
-        proof_first: HiGHS from a warm start first spends ``PROOF_SHARE`` of the time, at most
-            ``PROOF_MOST`` seconds, with its sub-MIP heuristics off, then searches with them from
-            its incumbent if the gap is not reached (:func:`~partitioner.solvers.highs.run_highs`).
-            The cap: a proof that has not come in 14 s needs a better incumbent, which the
-            sub-MIPs find (the 1,000-op random DAG of ``bench/solve_scaling.py``: 6.6% gap in
-            60 s with half the time spent without them, 2.2% with none). 14 s rather than 8 s
-            since the stream-order rows (``bench/solve_scaling.py --seeds 3``): the MoE decoder
-            on cpu-gpu-npu 7.2 / 51.2 / 25.3 s -> 6.6 / 10.3 / 14.4 s (its finest level alone, 8 s
-            first phases under seeds 1-3 stopped at bounds 9,297-9,315 where 9,690 was needed), the
-            1,000-op DAG at 1% under 2 of 3 seeds either way, the 3,000-op DAG 1 -> 0 of 3
+        proof_first: HiGHS from a warm start runs a proving run (sub-MIP heuristics off) and a
+            searching run (on), side by side on two cores
+            (:func:`~partitioner.solvers.highs.run_highs`); on one core the proving run goes
+            first, for ``PROOF_SHARE`` of the time and at most ``PROOF_MOST`` seconds, then the
+            searching run from its incumbent if the gap is not reached. The cap: a proof that has
+            not come in 14 s needs a better incumbent, which the sub-MIPs find (the 1,000-op
+            random DAG of ``bench/solve_scaling.py``: 6.6% gap in 60 s with half the time spent
+            without them, 2.2% with none). 14 s rather than 8 s since the stream-order rows
+            (``bench/solve_scaling.py --seeds 3``, one after the other): the MoE decoder on
+            cpu-gpu-npu 7.2 / 51.2 / 25.3 s -> 6.6 / 10.3 / 14.4 s (its finest level alone, 8 s
+            proving runs under seeds 1-3 stopped at bounds 9,297-9,315 where 9,690 was needed),
+            the 1,000-op DAG at 1% under 2 of 3 seeds either way, the 3,000-op DAG 1 -> 0 of 3
             (3.1% at the limit); 20 s: the MoE decoder 6.5 / 8.3 / 15.1 s.
             False: one run with HiGHS's defaults.
 

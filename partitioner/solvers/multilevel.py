@@ -29,11 +29,12 @@ a well-solved coarse start. The horizon is 5 s (1 s a level) since the stream-or
 the MoE decoder 25.5/28.8/21.5 -> 7.2/51.2/25.3 s, the 3,000-op DAG at 1% in 0/3 -> 1/3 seeds,
 the 1,000-op DAG 2/3 both, every other row within 0.5 s.
 
-The finest level is solved in two phases (``proof_first``, see :mod:`~partitioner.solvers.highs`):
-from the coarse levels' start, HiGHS first works on the bound with its sub-MIP heuristics off.
-Coarse levels keep them: their job is finding a start (with the two phases there too, bert-base
-on two H200s took 3.4 s instead of 1.6 s, t5-base 2.5 s instead of 2.3 s, the MoE decoder and
-bart-base about the same).
+The finest level is solved by a proving and a searching run (``proof_first``, see
+:mod:`~partitioner.solvers.highs`): from the coarse levels' start, one HiGHS run works on the
+bound with its sub-MIP heuristics off while the other (or, on one core, the one after) searches
+with them. Coarse levels make one run with them on: their job is finding a start (with the two
+phases there too, bert-base on two H200s took 3.4 s instead of 1.6 s, t5-base 2.5 s instead of
+2.3 s, the MoE decoder and bart-base about the same).
 """
 
 from __future__ import annotations
