@@ -115,6 +115,16 @@ def test_a_quick_proof_side_by_side_starts_no_search(caplog: pytest.LogCaptureFi
     assert result.objective - result.bound <= 0.01 * result.objective * (1 + 1e-9)
 
 
+def test_side_by_side_within_the_shortest_limit_still_answers() -> None:
+    _, formulation, start = _model(seed=3, n_ops=150, n_devices=3)
+    began = time.perf_counter()
+    result = run_highs(formulation.milp, time_limit=0.05, gap=0.0, start=start, proof_seconds=0.05,
+                       side_by_side=True)
+    assert time.perf_counter() - began < 5.0
+    assert result.state in ("optimal", "stopped") and result.values is not None
+    assert formulation.milp.objective_of(result.values) <= formulation.milp.objective_of(start) * (1 + 1e-9)
+
+
 def test_the_board_stops_both_runs_once_together_they_prove_the_gap() -> None:
     board = _Board(0.01, 100.0)
     assert not board.post(float("inf"), 95.0)   # the proving run: no incumbent of its own yet, a bound
