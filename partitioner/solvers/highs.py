@@ -25,7 +25,7 @@ Where the process may use two cores the two runs go side by side, one thread eac
 go of Python's lock while HiGHS works): each posts its incumbent and bound on a shared
 :class:`_Board` at every MIP check, and both stop as soon as the best incumbent and the best
 bound prove the gap, or one run ends. The searching run starts only after ``SEARCH_AFTER``
-seconds, so a proof that comes at once is not kept waiting for a sub-MIP to end. A run beside
+seconds, so a proof that comes soon is not kept waiting for a sub-MIP to end. A run beside
 the other is about as fast as alone (the MoE decoder's finest level: proving run 4.5 s alone,
 4.6-4.9 s beside the searching run), and a gap that only the two together prove comes sooner:
 ``bench/solve_scaling.py --seeds 3``, seconds by seed, one after the other -> side by side: the
@@ -68,12 +68,12 @@ FEASIBILITY = 1e-6
 SUB_MIP_HEURISTICS = ("mip_heuristic_run_rins", "mip_heuristic_run_rens", "mip_heuristic_run_root_reduced_cost")
 #: The searching run's ``mip_heuristic_effort`` (HiGHS's default: 0.05): its job is a better incumbent.
 SEARCH_EFFORT = 0.3
-#: Side by side, the searching run starts once the proving run has had this many seconds without
-#: proving the gap: most finest levels are proven in under a second from the coarse levels' start
-#: (t5-base and bert-base on two H200s: 0.4 s), and a searching run beside them only delayed the
-#: answer, as HiGHS asks the interrupt callback rarely inside a sub-MIP (the proof done at 0.4 s,
-#: the answer at 2.1 s).
-SEARCH_AFTER = 1.0
+#: Side by side, the searching run starts once the proving run has had this many seconds (at most
+#: half the limit) without proving the gap. A searching run cannot be stopped at once: HiGHS asks
+#: no callback inside a sub-MIP, so after the proof it went on for up to a step (t5-base on two
+#: H200s: proof at 0.4 s, answer at 2.1 s; the MoE decoder on cpu-gpu-npu: 4.7 -> 5.1-5.4 s).
+#: Most finest levels are proven within 5 s from the coarse levels' start and never start it.
+SEARCH_AFTER = 5.0
 #: HiGHS's ``random_seed`` for every run. How long a branch and bound takes to a gap can depend on
 #: it more than on anything else (the MoE decoder's finest level: 4.2 to 8.2 s over seeds 0-3), so
 #: ``bench/solve_scaling.py --seeds K`` runs each row under seeds 0..K-1.
@@ -261,7 +261,7 @@ def _side_by_side(milp: Milp, time_limit: float, gap: float, start: Sequence[flo
         try:
             left = time_limit
             if name == "search":
-                if board.wait(min(SEARCH_AFTER, time_limit)):
+                if board.wait(min(SEARCH_AFTER, time_limit / 2)):
                     return  # the proving run ended first: no search needed
                 left = time_limit - (time.perf_counter() - started)
                 if left <= 0.05:
@@ -276,13 +276,13 @@ def _side_by_side(milp: Milp, time_limit: float, gap: float, start: Sequence[flo
     threads = [threading.Thread(target=work, args=(name,), name=f"highs-{name}", daemon=True) for name in plans]
     for thread in threads:
         thread.start()
-    reported = 0.0
     try:
         while alive := [thread for thread in threads if thread.is_alive()]:
-            alive[0].join(0.1)
+            # Block (or wake once a second for a report): this thread waking every 0.1 s to look
+            # slowed the proving run by 20% (the MoE decoder's finest level, 4.7 -> 5.7 s).
+            alive[0].join(None if progress is None else 1.0)
             now = time.perf_counter() - started
-            if progress is not None and now - reported >= 1.0:
-                reported = now
+            if progress is not None and alive[0].is_alive():
                 primal, dual = board.figures()
                 found = math.isfinite(dual)
                 progress(Progress(now, primal / scale, dual / scale if found else None,

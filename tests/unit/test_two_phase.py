@@ -18,7 +18,7 @@ import time
 import pytest
 
 from models.synthetic import random_dag, random_profile
-from partitioner.solvers import ilp
+from partitioner.solvers import highs, ilp
 from partitioner.solvers.formulation import Formulation
 from partitioner.solvers.heft import solve_heft
 from partitioner.solvers.highs import Progress, _Board, _later, _quiet_stdout, run_highs
@@ -80,15 +80,16 @@ def test_second_phase_progress_counts_from_the_start_and_keeps_the_higher_bound(
 
 
 def test_side_by_side_runs_prove_the_same_optimum_and_report_from_the_callers_thread(
-        capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
+        capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     _, formulation, start = _model(seed=3, n_ops=150, n_devices=3)  # about 3 s to optimal
+    monkeypatch.setattr(highs, "SEARCH_AFTER", 0.5)  # so that the searching run starts
     one = run_highs(formulation.milp, time_limit=60, gap=0.0, start=start)
     seen: list[tuple[Progress, str]] = []
     with caplog.at_level(logging.DEBUG, logger="partitioner.solvers.highs"):
         both = run_highs(formulation.milp, time_limit=60, gap=0.0, start=start, proof_seconds=0.05, side_by_side=True,
                          progress=lambda p: seen.append((p, threading.current_thread().name)))
     ran = [r.message for r in caplog.records if r.message.startswith("side by side")]
-    assert len(ran) == 1 and "proof" in ran[0] and "search" in ran[0]  # the proof took over SEARCH_AFTER
+    assert len(ran) == 1 and "proof" in ran[0] and "search" in ran[0]  # the proof took over 0.5 s
     assert one.state == "optimal" and both.state in ("optimal", "stopped")
     assert both.objective == pytest.approx(one.objective, rel=1e-6)
     assert both.bound <= both.objective * (1 + 1e-9)
