@@ -29,9 +29,10 @@ seconds, so a proof that comes soon is not kept waiting for a sub-MIP to end. A 
 the other is about as fast as alone (the MoE decoder's finest level: proving run 4.5 s alone,
 4.6-4.9 s beside the searching run), and a gap that only the two together prove comes sooner:
 ``bench/solve_scaling.py --seeds 3``, seconds by seed, one after the other -> side by side: the
-1,000-op DAG 43.1 / 58.3 / 54.9 (2 of 3 seeds at 1% in 60 s) -> 51.8 / 40.2 / 38.8 (3 of 3),
-the 3,000-op DAG 0 of 3 (3.08% under seed 0) -> 1 of 3 (2.46%), the MoE decoder on cpu-gpu-npu
-6.6 / 10.3 / 14.4 -> 7.0 / 10.4 / 15.1 (its proof is the work there, not the search). On one
+1,000-op DAG 43.1 / 58.3 / 54.9 (2 of 3 seeds at 1% in 60 s) -> 57.0 / 37.8 / 56.6 (3 of 3;
+40.1 / 55.0 / 50.0 in another run), the 3,000-op DAG 0 of 3 (3.08% under seed 0) -> 1 of 3
+(2.75%), the MoE decoder on cpu-gpu-npu 6.6 / 10.3 / 14.4 -> 6.2 / 10.8 / 13.9 (its proof is the
+work there, not the search; the same command gave 7.7 / 11.9 / 16.8 at a slower moment). On one
 core they go one after the other: the proving run first, for ``proof_seconds``, and if the gap
 is not reached the searching run from its incumbent for the time left.
 
