@@ -220,8 +220,7 @@ class _Board:
         self.gap = gap
         self.primal = incumbent
         self.dual = -math.inf
-        self.stopped = False
-        self._ended = threading.Event()
+        self._stopped = threading.Event()
 
     def post(self, primal: float, dual: float) -> bool:
         """Record one run's incumbent and bound; whether the runs should stop."""
@@ -231,18 +230,15 @@ class _Board:
             if math.isfinite(dual):
                 self.dual = max(self.dual, dual)
             if self.primal - self.dual <= self.gap * abs(self.primal):
-                self.stopped = True
-                self._ended.set()
-            return self.stopped
+                self._stopped.set()
+        return self._stopped.is_set()
 
     def stop(self) -> None:
-        with self._lock:
-            self.stopped = True
-        self._ended.set()
+        self._stopped.set()
 
     def wait(self, seconds: float) -> bool:
         """Wait up to ``seconds`` for a run to stop the board; whether one did."""
-        return self._ended.wait(seconds) or self.stopped
+        return self._stopped.wait(seconds)
 
     def figures(self) -> tuple[float, float]:
         with self._lock:
