@@ -21,20 +21,35 @@ effort on the coarse levels made the 1,000-op DAG worse, so they keep the defaul
 the program's ordering rows (``Milp.without_ordering``: symmetry-breaking rows, which keep the
 optimum but can forbid a sub-MIP's improving move); the proving run's bound stays valid for it.
 
-Where the process may use two cores the two runs go side by side, one thread each (highspy lets
-go of Python's lock while HiGHS works): each posts its incumbent and bound on a shared
-:class:`_Board` at every MIP check, and both stop as soon as the best incumbent and the best
-bound prove the gap, or one run ends. The searching run starts only after ``SEARCH_AFTER``
-seconds, so a proof that comes soon is not kept waiting for a sub-MIP to end. A run beside
-the other is about as fast as alone (the MoE decoder's finest level: proving run 4.5 s alone,
-4.6-4.9 s beside the searching run), and a gap that only the two together prove comes sooner:
-``bench/solve_scaling.py --seeds 3``, seconds by seed, one after the other -> side by side: the
-1,000-op DAG 43.1 / 58.3 / 54.9 (2 of 3 seeds at 1% in 60 s) -> 57.0 / 37.8 / 56.6 (3 of 3;
-40.1 / 55.0 / 50.0 in another run), the 3,000-op DAG 0 of 3 (3.08% under seed 0) -> 1 of 3
-(2.75%), the MoE decoder on cpu-gpu-npu 6.6 / 10.3 / 14.4 -> 6.2 / 10.8 / 13.9 (its proof is the
-work there, not the search; the same command gave 7.7 / 11.9 / 16.8 at a slower moment). On one
-core they go one after the other: the proving run first, for ``proof_seconds``, and if the gap
-is not reached the searching run from its incumbent for the time left.
+Where the process may use two cores the runs go side by side (:class:`SideBySide`), one thread
+each (highspy lets go of Python's lock while HiGHS works): each posts its incumbent and bound on
+a shared :class:`_Board` at every MIP check, and all stop as soon as the best incumbent and the
+best bound prove the gap, or the proving run ends. A run beside another is about as fast as
+alone (the MoE decoder's finest level: proving run 4.5 s alone, 4.6-4.9 s beside the searching
+run), and a gap that only the two together prove comes sooner: ``bench/solve_scaling.py --seeds
+3``, seconds by seed, one after the other -> side by side: the 1,000-op DAG 43.1 / 58.3 / 54.9
+(2 of 3 seeds at 1% in 60 s) -> 57.0 / 37.8 / 56.6 (3 of 3), the 3,000-op DAG 0 of 3 -> 1 of 3.
+
+The searching run starts only after ``SEARCH_AFTER`` seconds, so that a proof that comes soon is
+not kept waiting for a sub-MIP to end (HiGHS asks no callback inside one). Until then its thread
+runs a second proving run under another seed (``RACE_SEED``): how long a branch and bound takes
+to a gap depends on its seed far more than on anything else (the MoE decoder's finest level, one
+proving run under seeds 0-11: 3.8 to over 15 s, median 6.1 s; two seeds side by side: 3.8 to 7.7
+s, median 4.7 s), and the two runs share the board. ``bench/solve_scaling.py --seeds 3``, the
+thread idle until the search -> the second proving run: the MoE decoder on cpu-gpu-npu 5.5 /
+10.7 / 13.9 -> 5.6 / 9.9 / 5.1 s, the 1,000-op DAG 55.5 / 43.4 / 42.3 -> 30.4 / 45.8 / 43.8 s,
+every other row within 0.4 s.
+
+A better start found elsewhere while the runs go on (the coarse levels of
+:mod:`~partitioner.solvers.multilevel`, solved beside the finest level's proof) is
+:meth:`SideBySide.offer`-ed: the board keeps the best offer, and each run takes it as an
+incumbent at its next user-solution callback *after its root node*. When it arrives matters:
+the MoE decoder's finest level from the coarse levels' start, its optimum handed to the proving
+run at 0-0.6 s (during the root) took 5.3-20 s to 1% over seeds 0-4, at the first callback after
+the root 3.2-4.5 s over seeds 0-6 (and from the optimum as the start itself 10-23 s). An offer no
+run took up still counts as an incumbent of the answer. On one core the runs go one after the
+other: the proving run first, for ``proof_seconds``, and if the gap is not reached the searching
+run from its incumbent for the time left.
 
 The answer is checked before it is returned: the values read back must reproduce the objective
 HiGHS reports and satisfy every row. HiGHS 1.16 can hand back the *start* vector while reporting
@@ -79,6 +94,11 @@ SEARCH_AFTER = 5.0
 #: it more than on anything else (the MoE decoder's finest level: 4.2 to 8.2 s over seeds 0-3), so
 #: ``bench/solve_scaling.py --seeds K`` runs each row under seeds 0..K-1.
 SEED = 0
+#: Side by side, the second thread's proving run (until ``SEARCH_AFTER``) uses ``SEED + RACE_SEED``,
+#: any seed far from those of ``bench/solve_scaling.py --seeds K``; it runs only when at least
+#: ``MIN_RACE`` seconds are left before the search (a shorter run would not get past its root).
+RACE_SEED = 7919
+MIN_RACE = 0.5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,8 +204,8 @@ def run_highs(
     """
     if proof_seconds is None or start is None or relax or not any(milp.integer):
         return _run_checked(milp, time_limit, gap, start, progress, scale, relax, sub_mips=True)
-    if side_by_side if side_by_side is not None else _cores() >= 2:
-        return _side_by_side(milp, time_limit, gap, start, progress, scale)
+    if side_by_side if side_by_side is not None else side_by_side_here():
+        return SideBySide(milp, time_limit=time_limit, gap=gap, start=start, progress=progress, scale=scale).finish()
     started = time.perf_counter()
     first = _run_checked(milp, min(proof_seconds, time_limit), gap, start, progress, scale, relax, sub_mips=False)
     left = time_limit - (time.perf_counter() - started)
@@ -203,6 +223,11 @@ def run_highs(
     return dataclasses.replace(second, bound=bound)
 
 
+def side_by_side_here() -> bool:
+    """Whether runs from a start go side by side here (the process may use two cores)."""
+    return _cores() >= 2
+
+
 def _cores() -> int:
     """CPU cores this process may run on."""
     try:
@@ -212,8 +237,9 @@ def _cores() -> int:
 
 
 class _Board:
-    """What two runs side by side share: the best incumbent objective and bound either has found
-    (model units), and whether both should stop (the two together prove ``gap``, or one ended)."""
+    """What runs side by side share: the best incumbent objective and bound any has found (model
+    units), whether all should stop (together they prove ``gap``, or one ended), and the best
+    incumbent *offered* from outside (a vector found by other means while the runs go on)."""
 
     def __init__(self, gap: float, incumbent: float) -> None:
         self._lock = threading.Lock()
@@ -221,6 +247,7 @@ class _Board:
         self.primal = incumbent
         self.dual = -math.inf
         self._stopped = threading.Event()
+        self._offer: tuple[int, list[float] | None, float] = (0, None, math.inf)  # (version, values, objective)
 
     def post(self, primal: float, dual: float) -> bool:
         """Record one run's incumbent and bound; whether the runs should stop."""
@@ -233,8 +260,27 @@ class _Board:
                 self._stopped.set()
         return self._stopped.is_set()
 
+    def offer(self, values: list[float], objective: float) -> bool:
+        """Keep ``values`` (objective ``objective``) for the runs if it beats every offer so far;
+        whether it did."""
+        with self._lock:
+            version, _, best = self._offer
+            if objective >= best:
+                return False
+            self._offer = (version + 1, values, objective)
+        self.post(objective, -math.inf)
+        return True
+
+    def offered(self) -> tuple[int, list[float] | None, float]:
+        """The best offer: (how many offers were kept so far, its values, its objective)."""
+        with self._lock:
+            return self._offer
+
     def stop(self) -> None:
         self._stopped.set()
+
+    def stopped(self) -> bool:
+        return self._stopped.is_set()
 
     def wait(self, seconds: float) -> bool:
         """Wait up to ``seconds`` for a run to stop the board; whether one did."""
@@ -245,68 +291,138 @@ class _Board:
             return self.primal, self.dual
 
 
-def _side_by_side(milp: Milp, time_limit: float, gap: float, start: Sequence[float], progress: ProgressFn | None,
-                  scale: float) -> RunResult:
-    """The proving run and the searching run at once, one thread each (see the module docstring)."""
-    started = time.perf_counter()
-    board = _Board(gap, milp.objective_of(start))
-    plans = {"proof": (milp, False, None), "search": (milp.without_ordering(), True, SEARCH_EFFORT)}
-    results: dict[str, RunResult | BaseException] = {}
+class SideBySide:
+    """A proving run that starts at once in its own thread, better incumbents offered to it while
+    it runs (:meth:`offer`), and :meth:`finish`, which adds the second run and returns the answer
+    of all of them (see the module docstring).
 
-    def work(name: str) -> None:
-        model, sub_mips, effort = plans[name]
-        try:
-            left = time_limit
-            if name == "search":
-                if board.wait(min(SEARCH_AFTER, time_limit / 2)):
-                    return  # the proving run ended first: no search needed
-                left = time_limit - (time.perf_counter() - started)
-                if left <= 0.05:
-                    return
-            results[name] = _run_checked(model, left, gap, start, None, scale, False, sub_mips=sub_mips,
-                                         effort=effort, board=board)
-        except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
-            results[name] = exc
-        finally:
-            board.stop()  # one run ended (proved its gap, or could not go on): the other stops too
+    Example:
+        >>> runs = SideBySide(milp, time_limit=60, gap=0.01, start=vector)   # doctest: +SKIP
+        >>> runs.offer(better_vector)   # found meanwhile, by other means
+        >>> result = runs.finish()
+    """
 
-    threads = [threading.Thread(target=work, args=(name,), name=f"highs-{name}", daemon=True) for name in plans]
-    for thread in threads:
+    def __init__(self, milp: Milp, *, time_limit: float, gap: float, start: Sequence[float],
+                 progress: ProgressFn | None = None, scale: float = 1.0) -> None:
+        self.milp, self.time_limit, self.gap, self.start = milp, time_limit, gap, list(start)
+        self.progress, self.scale = progress, scale
+        self.started = time.perf_counter()
+        self.board = _Board(gap, milp.objective_of(start))
+        self.results: dict[str, RunResult | BaseException] = {}
+        self.threads = [self._thread("proof", self._prove)]
+
+    def _thread(self, name: str, target: Callable[[], None]) -> threading.Thread:
+        def work() -> None:
+            try:
+                target()
+            except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
+                self.results[name] = exc
+                self.board.stop()
+
+        thread = threading.Thread(target=work, name=f"highs-{name}", daemon=True)
         thread.start()
-    try:
-        while alive := [thread for thread in threads if thread.is_alive()]:
-            # Block (or wake once a second for a report): this thread waking every 0.1 s to look
-            # slowed the proving run by 20% (the MoE decoder's finest level, 4.7 -> 5.7 s).
-            alive[0].join(None if progress is None else 1.0)
-            now = time.perf_counter() - started
-            if progress is not None and alive[0].is_alive():
-                primal, dual = board.figures()
-                found = math.isfinite(dual)
-                progress(Progress(now, primal / scale, dual / scale if found else None,
-                                  (primal - dual) / abs(primal) if found and primal else None))
-    finally:
+        return thread
+
+    def _left(self) -> float:
+        return self.time_limit - (time.perf_counter() - self.started)
+
+    def _prove(self) -> None:
+        self.results["proof"] = _run_checked(self.milp, self.time_limit, self.gap, self.start, None, self.scale,
+                                             False, sub_mips=False, board=self.board)
+        self.board.stop()  # it ended (proved the gap, or could not go on): the others stop too
+
+    def _second(self) -> None:
+        """A second proving run under another seed until ``SEARCH_AFTER`` seconds, then the searching run."""
+        board, milp = self.board, self.milp
+        if board.stopped():
+            return  # the proving run ended before this thread started: nothing left to do
+        wait = min(SEARCH_AFTER, self.time_limit / 2) - (time.perf_counter() - self.started)
+        if wait >= MIN_RACE:
+            second = _run_checked(milp, wait, self.gap, self.best_start(), None, self.scale, False, sub_mips=False,
+                                  board=board, seed=SEED + RACE_SEED)
+            self.results["proof2"] = second
+            if second.state in ("optimal", "infeasible"):
+                board.stop()
+        elif board.wait(max(wait, 0.0)):
+            return
+        left = self._left()
+        if board.stopped() or left <= 0.05:
+            return
+        self.results["search"] = _run_checked(milp.without_ordering(), left, self.gap, self.best_start(), None,
+                                              self.scale, False, sub_mips=True, effort=SEARCH_EFFORT, board=board)
         board.stop()
-        for thread in threads:
-            thread.join()
-    for outcome in results.values():
-        if isinstance(outcome, BaseException):
-            raise outcome
-    runs = [run for run in results.values() if isinstance(run, RunResult)]
-    proof = results["proof"]
-    assert isinstance(proof, RunResult)
-    log.debug("side by side: %s", ", ".join(f"{name} {run.state} {run.objective} / {run.bound}"
-                                            for name, run in results.items() if isinstance(run, RunResult)))
-    for run in runs:
-        if run.state == "infeasible":
-            return run
-    bounds = [run.bound for run in runs if run.bound is not None]
-    bound = max(bounds) if bounds else None
-    found = [run for run in runs if run.values is not None and run.objective is not None]
-    best = min(found, key=lambda run: run.objective) if found else proof
-    if best.objective is not None and bound is not None and best.objective - bound <= gap * abs(best.objective):
-        note = "" if best.note.startswith("HiGHS stopped") else best.note  # stopped by the board, at the gap
-        return dataclasses.replace(best, state="optimal", bound=bound, note=note)
-    return dataclasses.replace(best, bound=bound)
+
+    def best_start(self) -> list[float]:
+        """The best vector known here: the start, an offer, or the second proving run's incumbent."""
+        options = [(self.milp.objective_of(self.start), self.start)]
+        _, values, objective = self.board.offered()
+        if values is not None:
+            options.append((objective, values))
+        second = self.results.get("proof2")
+        if isinstance(second, RunResult) and second.values is not None and second.objective is not None:
+            options.append((second.objective, second.values))
+        return min(options, key=lambda o: o[0])[1]
+
+    def offer(self, values: Sequence[float]) -> bool:
+        """A better start found while the runs go on: the runs take it at their next chance after
+        their root node (see ``_attach_callbacks``). Whether it was better than every earlier offer
+        (a vector that breaks a row is refused)."""
+        values = list(values)
+        if self.milp.violation(values) > FEASIBILITY:
+            log.debug("an offered start breaks a row by %.3g; ignored", self.milp.violation(values))
+            return False
+        return self.board.offer(values, self.milp.objective_of(values))
+
+    def done(self) -> bool:
+        """Whether the runs have stopped (the gap is proven, or the proving run ended)."""
+        return self.board.stopped()
+
+    def finish(self) -> RunResult:
+        """Start the second run, wait for all, and return the better incumbent with the larger bound."""
+        self.threads.append(self._thread("search", self._second))
+        board, scale, progress = self.board, self.scale, self.progress
+        try:
+            while alive := [thread for thread in self.threads if thread.is_alive()]:
+                # Block (or wake once a second for a report): this thread waking every 0.1 s to look
+                # slowed the proving run by 20% (the MoE decoder's finest level, 4.7 -> 5.7 s).
+                alive[0].join(None if progress is None else 1.0)
+                if progress is not None and alive[0].is_alive():
+                    primal, dual = board.figures()
+                    found = math.isfinite(dual)
+                    progress(Progress(time.perf_counter() - self.started, primal / scale,
+                                      dual / scale if found else None,
+                                      (primal - dual) / abs(primal) if found and primal else None))
+        finally:
+            board.stop()
+            for thread in self.threads:
+                thread.join()
+        return self._combined()
+
+    def _combined(self) -> RunResult:
+        for outcome in self.results.values():
+            if isinstance(outcome, BaseException):
+                raise outcome
+        runs = [run for run in self.results.values() if isinstance(run, RunResult)]
+        log.debug("side by side: %s", ", ".join(f"{name} {run.state} {run.objective} / {run.bound}"
+                                                for name, run in self.results.items() if isinstance(run, RunResult)))
+        for run in runs:
+            if run.state == "infeasible":
+                return run
+        _, values, objective = self.board.offered()
+        if values is not None:  # an offer no run took up is still an incumbent
+            proof = self.results["proof"]
+            runs.append(RunResult("stopped", values, objective, None, proof.note if isinstance(proof, RunResult) else ""))
+        bounds = [run.bound for run in runs if run.bound is not None]
+        bound = max(bounds) if bounds else None
+        found = [run for run in runs if run.values is not None and run.objective is not None]
+        proof = self.results["proof"]
+        assert isinstance(proof, RunResult)
+        best = min(found, key=lambda run: run.objective) if found else proof
+        gap = self.gap
+        if best.objective is not None and bound is not None and best.objective - bound <= gap * abs(best.objective):
+            note = "" if best.note.startswith("HiGHS stopped") else best.note  # stopped by the board, at the gap
+            return dataclasses.replace(best, state="optimal", bound=bound, note=note)
+        return dataclasses.replace(best, bound=bound)
 
 
 def _later(progress: ProgressFn | None, offset: float, bound: float | None, scale: float) -> ProgressFn | None:
@@ -327,17 +443,17 @@ def _later(progress: ProgressFn | None, offset: float, bound: float | None, scal
 
 def _run_checked(milp: Milp, time_limit: float, gap: float, start: Sequence[float] | None,
                  progress: ProgressFn | None, scale: float, relax: bool, *, sub_mips: bool,
-                 effort: float | None = None, board: _Board | None = None) -> RunResult:
+                 effort: float | None = None, board: _Board | None = None, seed: int | None = None) -> RunResult:
     """One run, its answer checked (see the module docstring)."""
     started = time.perf_counter()
     result = _run_once(milp, time_limit, gap, start, progress, scale, relax, presolve=True, sub_mips=sub_mips,
-                       effort=effort, board=board)
+                       effort=effort, board=board, seed=seed)
     if result.state in ("optimal", "stopped") and result.values is not None and not _consistent(milp, result):
         left = time_limit - (time.perf_counter() - started)
         log.info("HiGHS returned values that do not match its objective %.6g; solving again without presolve",
                  result.objective)
         again = _run_once(milp, max(left, 0.5), gap, start, progress, scale, relax, presolve=False, sub_mips=sub_mips,
-                          effort=effort, board=board)
+                          effort=effort, board=board, seed=seed)
         if again.values is not None and _consistent(milp, again):
             bounds = [b for b in (result.bound, again.bound) if b is not None]  # both are valid
             return dataclasses.replace(again, bound=max(bounds) if bounds else None)
@@ -358,14 +474,14 @@ def _consistent(milp: Milp, result: RunResult) -> bool:
 
 def _run_once(milp: Milp, time_limit: float, gap: float, start: Sequence[float] | None,
               progress: ProgressFn | None, scale: float, relax: bool, *, presolve: bool, sub_mips: bool,
-              effort: float | None = None, board: _Board | None = None) -> RunResult:
+              effort: float | None = None, board: _Board | None = None, seed: int | None = None) -> RunResult:
     import highspy
 
     with _quiet_stdout():
         h = highspy.Highs()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("threads", 1)
-    h.setOptionValue("random_seed", SEED)
+    h.setOptionValue("random_seed", SEED if seed is None else seed)
     h.setOptionValue("time_limit", float(max(time_limit, 0.05)))
     h.setOptionValue("mip_rel_gap", float(gap))
     h.setOptionValue("presolve", "on" if presolve else "off")
@@ -432,8 +548,19 @@ def _attach_callbacks(h, deadline: float, progress: ProgressFn | None, scale: fl
     checked = [started, 0.0]  # the last check, the longest step between two checks
     kinds = highspy.cb.HighsCallbackType
 
+    taken = [0]  # the board's offers this run has seen
+
     def on_event(callback_type, message, data_out, data_in, user_data):  # noqa: ANN001, ARG001
         now = time.perf_counter()
+        if callback_type == kinds.kCallbackMipUserSolution:
+            assert board is not None
+            version, values, objective = board.offered()
+            if version > taken[0] and data_out.mip_node_count > 0 and objective < data_out.mip_primal_bound:
+                taken[0] = version
+                data_in.setSolution(np.asarray(values, dtype=float))
+                log.debug("a run took the offered start %.9g (its own incumbent: %.9g)", objective,
+                          data_out.mip_primal_bound)
+            return
         if callback_type == kinds.kCallbackMipInterrupt:
             checked[1], checked[0] = max(checked[1], now - checked[0]), now
             if now + checked[1] >= deadline:
@@ -454,6 +581,7 @@ def _attach_callbacks(h, deadline: float, progress: ProgressFn | None, scale: fl
         ))
 
     h.setCallback(on_event, None)
-    lp_kinds = () if board is not None else (kinds.kCallbackSimplexInterrupt, kinds.kCallbackIpmInterrupt)
+    lp_kinds = (kinds.kCallbackMipUserSolution,) if board is not None else (
+        kinds.kCallbackSimplexInterrupt, kinds.kCallbackIpmInterrupt)
     for kind in (kinds.kCallbackMipInterrupt, *lp_kinds):
         h.startCallback(kind)

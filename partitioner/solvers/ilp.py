@@ -39,8 +39,8 @@ from partitioner.solvers.makespan import MAX_NODES as MAKESPAN_MAX_NODES
 from partitioner.solvers.pipeline_formulation import PipelineFormulation
 from partitioner.solvers.problem import Placement, Problem, Solution, Status, evaluate
 
-__all__ = ["MAKESPAN_MAX_NODES", "Progress", "ProgressFn", "available_solvers", "resolve_solver", "solve_ilp",
-           "status_for_gap"]
+__all__ = ["MAKESPAN_MAX_NODES", "Progress", "ProgressFn", "RunningIlp", "available_solvers", "resolve_solver",
+           "solve_ilp", "start_ilp", "status_for_gap"]
 
 log = logging.getLogger(__name__)
 
@@ -158,6 +158,21 @@ def solve_ilp(
     check_limits(time_limit, gap)
     name = resolve_solver(solver)
     start = time.perf_counter()
+    model, warm_start, start_vector = _build(problem, warm_start)
+    left = time_limit - (time.perf_counter() - start)
+    if name == "highs":
+        run = highs.run_highs(model.milp, time_limit=max(left, 0.05), gap=gap, start=start_vector,
+                              progress=progress, scale=model.units.time,
+                              proof_seconds=min(PROOF_SHARE * left, PROOF_MOST) if proof_first else None)
+    else:
+        run = cbc.run_cbc(model.milp, time_limit=max(left, 0.05), gap=gap, start=start_vector)
+    return _solution(problem, model, run, f"ilp:{name}", warm_start, gap, time.perf_counter() - start)
+
+
+def _build(problem: Problem, warm_start: Placement | None) -> tuple[Formulation, Placement | None, list[float] | None]:
+    """The model of ``problem`` in units (and under a cutoff) set by the warm start (or a quick one),
+    the warm start kept (None if it does not fit) and its value vector."""
+    started = time.perf_counter()
     incumbent = None
     if warm_start is None:
         warm_start = _quick_start(problem)
@@ -173,15 +188,60 @@ def solve_ilp(
         model = Formulation(problem, units, cutoff=incumbent)
     start_vector = model.start_values(model.canonical(warm_start)) if warm_start is not None else None
     log.debug("ILP for %s: %d columns, %d rows, built in %.2f s", problem.graph.name, model.milp.num_cols,
-              model.milp.num_rows, time.perf_counter() - start)
-    left = time_limit - (time.perf_counter() - start)
-    if name == "highs":
-        run = highs.run_highs(model.milp, time_limit=max(left, 0.05), gap=gap, start=start_vector,
-                              progress=progress, scale=units.time,
-                              proof_seconds=min(PROOF_SHARE * left, PROOF_MOST) if proof_first else None)
-    else:
-        run = cbc.run_cbc(model.milp, time_limit=max(left, 0.05), gap=gap, start=start_vector)
-    return _solution(problem, model, run, f"ilp:{name}", warm_start, gap, time.perf_counter() - start)
+              model.milp.num_rows, time.perf_counter() - started)
+    return model, warm_start, start_vector
+
+
+class RunningIlp:
+    """The ILP of a problem whose HiGHS proving run is already going (on a machine with two cores,
+    see :class:`~partitioner.solvers.highs.SideBySide`): better placements found meanwhile are
+    :meth:`offer`-ed to it, and :meth:`finish` returns the Solution ``solve_ilp`` would.
+
+    Example:
+        >>> running = start_ilp(problem, warm_start=placement, time_limit=5)   # doctest: +SKIP
+        >>> running.offer(better_placement)
+        >>> sol = running.finish()
+    """
+
+    def __init__(self, problem: Problem, model: Formulation, warm_start: Placement | None, start_vector: list[float],
+                 *, started: float, time_limit: float, gap: float, progress: ProgressFn | None) -> None:
+        self.problem, self.model, self.warm_start, self.gap, self.started = problem, model, warm_start, gap, started
+        left = time_limit - (time.perf_counter() - started)
+        self.runs = highs.SideBySide(model.milp, time_limit=max(left, 0.05), gap=gap, start=start_vector,
+                                     progress=progress, scale=model.units.time)
+
+    def offer(self, placement: Placement) -> bool:
+        """A placement found while the solver runs: the runs take it as an incumbent if it is better
+        than every earlier offer and fits (whether it was taken)."""
+        if not placement.device or not evaluate(self.problem, placement).feasible:
+            return False
+        return self.runs.offer(self.model.start_values(self.model.canonical(placement)))
+
+    def done(self) -> bool:
+        """Whether the runs have already stopped (the gap proven, or the proving run ended)."""
+        return self.runs.done()
+
+    def finish(self) -> Solution:
+        """Wait for the runs (adding the second one) and return the Solution of the ILP."""
+        run = self.runs.finish()
+        return _solution(self.problem, self.model, run, "ilp:highs", self.warm_start, self.gap,
+                         time.perf_counter() - self.started)
+
+
+def start_ilp(problem: Problem, *, warm_start: Placement, time_limit: float = 60.0, gap: float = 0.01,
+              progress: ProgressFn | None = None) -> RunningIlp | None:
+    """Build the ILP of ``problem`` and start its HiGHS proving run in the background, where HiGHS
+    is installed, two cores are free and ``warm_start`` fits; None otherwise (then call
+    :func:`solve_ilp`). Limits as in :func:`solve_ilp`, counted from this call."""
+    check_limits(time_limit, gap)
+    if "highs" not in available_solvers() or not highs.side_by_side_here():
+        return None
+    started = time.perf_counter()
+    model, kept, start_vector = _build(problem, warm_start)
+    if kept is None or start_vector is None or not any(model.milp.integer):
+        return None
+    return RunningIlp(problem, model, kept, start_vector, started=started, time_limit=time_limit, gap=gap,
+                      progress=progress)
 
 
 def _quick_start(problem: Problem) -> Placement | None:

@@ -35,6 +35,21 @@ bound with its sub-MIP heuristics off while the other (or, on one core, the one 
 with them. Coarse levels make one run with them on: their job is finding a start (with the two
 phases there too, bert-base on two H200s took 3.4 s instead of 1.6 s, t5-base 2.5 s instead of
 2.3 s, the MoE decoder and bart-base about the same).
+
+On two cores, with two coarse levels or more, the finest level's proof does not wait for them
+(``_beside``): the coarsest level is solved, its answer is carried down by local search alone to
+a first start of the finest level, and the finest level's HiGHS proving run starts at once
+(:func:`~partitioner.solvers.ilp.start_ilp`), its model cut off at that start. Meanwhile this
+thread solves the finer coarse levels as above, and the last one's answer, carried to the finest
+level and improved by local search, is offered to the running solver, which takes it after its
+root node (:class:`~partitioner.solvers.highs.SideBySide`); then the second thread's runs start.
+The proof's root and first branchings (3 s on the MoE decoder) overlap the coarse levels (1.2 s
+there) instead of following them. ``bench/solve_scaling.py --seeds 3``, one level after the
+other -> beside: the MoE decoder on cpu-gpu-npu 5.6 / 9.9 / 5.1 -> 4.6 / 4.7 / 6.3 s (seeds 0-11:
+0 -> 6 of 12 at 1% within 5 s, median 6.1 -> 5.0 s), the 1,000-op DAG 30.4 / 45.8 / 43.8 -> 46.0 /
+38.8 / 37.8 s, every other row within 0.6 s (t5-base 0.6 -> 0.9 s, 48 GPT blocks 2.8 -> 3.3 s).
+Starting the proof from the best baseline instead (before any level) was slower: its model,
+cut off at a start twice the optimum, took 6-15 s on the MoE decoder.
 """
 
 from __future__ import annotations
@@ -43,7 +58,8 @@ import logging
 import time
 
 from partitioner.coarsen import auto_coarsen
-from partitioner.solvers.ilp import ProgressFn, solve_ilp
+from partitioner.solvers.highs import side_by_side_here
+from partitioner.solvers.ilp import ProgressFn, resolve_solver, solve_ilp, start_ilp
 from partitioner.solvers.local_search import improve
 from partitioner.solvers.makespan import check_size
 from partitioner.solvers.problem import Objective, Placement, Problem, Solution, StreamMode, evaluate
@@ -107,35 +123,100 @@ def solve_multilevel(
     """
     if problem.options.objective is Objective.MAKESPAN:
         check_size(problem)  # refuse at once rather than after solving the coarser levels
-    began = time.perf_counter()
-    deadline = began + time_limit
+    deadline = time.perf_counter() + time_limit
     levels = coarser_levels(problem)
     chain = [lv for lv, _ in levels] + [problem]
     maps = [m for _, m in levels]
     warm = start
     if levels:  # the warm start lives on the finest level: project it up, or start from baselines
         warm = _coarsest_start(problem, levels, start)
-    for i, level in enumerate(chain):
-        final = level is problem
+    if len(levels) >= 2 and resolve_solver(solver) == "highs" and side_by_side_here():
+        warm = _solve_level(chain, 0, warm, deadline, solver, gap)
         if warm is not None:
-            left = deadline - time.perf_counter()
-            warm = improve(level, warm, deadline=time.perf_counter() + SEARCH_SHARE * max(left, 0.0))
-        left = deadline - time.perf_counter()
-        budget = left if final else LEVEL_SHARE * min(left, LEVEL_HORIZON)
-        placement = warm.placement if warm is not None and evaluate(level, warm.placement).feasible else None
-        sol = solve_ilp(level, solver=solver, time_limit=max(budget, 0.05), gap=gap, warm_start=placement,
-                        progress=progress if final else None, proof_first=final)
-        log.info("level %d (%d nodes): %s %s in %.2f s", i, len(level.nodes), sol.status.value,
-                 f"{sol.objective:.6g} s" if sol.objective is not None else "-", sol.seconds)
-        if final:
+            return _beside(chain, maps, warm, deadline, gap, progress)
+        levels, chain, maps = [], [problem], []  # nothing fits on the coarsest level: the finest starts cold
+    for i, level in enumerate(chain):
+        if level is problem:
+            if warm is not None:
+                warm = _search(level, warm, deadline)
+            placement = warm.placement if warm is not None and evaluate(level, warm.placement).feasible else None
+            sol = solve_ilp(level, solver=solver, time_limit=max(deadline - time.perf_counter(), 0.05), gap=gap,
+                            warm_start=placement, progress=progress, proof_first=True)
+            log.info("finest level (%d nodes): %s in %.2f s", len(level.nodes), sol.status.value, sol.seconds)
             return sol, warm
-        best = _better(level, sol, warm)
-        if best is None:
-            warm = None
-            continue
-        finer = chain[i + 1]
-        warm = Solution(best.solver, expand(finer, maps[i], best.placement), best.status, seconds=best.seconds)
+        best = _solve_level(chain, i, warm, deadline, solver, gap)
+        warm = _down(chain, maps, i, best) if best is not None else None
     raise AssertionError("unreachable: the last level is the problem itself")
+
+
+def _search(level: Problem, warm: Solution, deadline: float) -> Solution:
+    """``warm`` improved by local search on ``level`` within its share of the time left."""
+    left = deadline - time.perf_counter()
+    return improve(level, warm, deadline=time.perf_counter() + SEARCH_SHARE * max(left, 0.0))
+
+
+def _solve_level(chain: list[Problem], i: int, warm: Solution | None, deadline: float, solver: str,
+                 gap: float, *, searched: bool = False) -> Solution | None:
+    """Coarse level ``i``: ``warm`` improved by local search (unless ``searched`` already), then the
+    ILP within the level's share of the time; the better of the two (None if neither fits)."""
+    level = chain[i]
+    if warm is not None and not searched:
+        warm = _search(level, warm, deadline)
+    left = deadline - time.perf_counter()
+    budget = LEVEL_SHARE * min(left, LEVEL_HORIZON)
+    placement = warm.placement if warm is not None and evaluate(level, warm.placement).feasible else None
+    sol = solve_ilp(level, solver=solver, time_limit=max(budget, 0.05), gap=gap, warm_start=placement,
+                    proof_first=False)
+    log.info("level %d (%d nodes): %s %s in %.2f s", i, len(level.nodes), sol.status.value,
+             f"{sol.objective:.6g} s" if sol.objective is not None else "-", sol.seconds)
+    return _better(level, sol, warm)
+
+
+def _down(chain: list[Problem], maps: list[dict[str, str]], i: int, best: Solution) -> Solution:
+    """Level ``i``'s answer as a placement of level ``i + 1``."""
+    return Solution(best.solver, expand(chain[i + 1], maps[i], best.placement), best.status, seconds=best.seconds)
+
+
+def _beside(chain: list[Problem], maps: list[dict[str, str]], coarsest: Solution, deadline: float, gap: float,
+            progress: ProgressFn | None) -> tuple[Solution, Solution | None]:
+    """The finest level's proving run started early, beside the finer coarse levels (two cores).
+
+    The coarsest level's answer is carried down by local search alone to a first start of the
+    finest level, whose HiGHS proving run starts at once
+    (:func:`~partitioner.solvers.ilp.start_ilp`); on this thread the finer coarse levels are
+    solved as usual from those local-search starts, and the last one's answer, carried to the
+    finest level, is offered to the running solver (see the module docstring).
+    """
+    problem = chain[-1]
+    starts = [coarsest]
+    for i in range(len(chain) - 1):  # the coarsest answer carried down, local search at each level
+        starts.append(_search(chain[i + 1], _down(chain, maps, i, starts[-1]), deadline))
+    first = starts[-1]
+    running = start_ilp(problem, warm_start=first.placement, time_limit=max(deadline - time.perf_counter(), 0.05),
+                        gap=gap, progress=progress) if evaluate(problem, first.placement).feasible else None
+    if running is None:  # the start does not fit: the finest level on its own, from HEFT and single devices
+        sol = solve_ilp(problem, time_limit=max(deadline - time.perf_counter(), 0.05), gap=gap, progress=progress)
+        return sol, None
+    warm = starts[1]
+    best_warm = first
+    for i in range(1, len(chain) - 1):
+        if running.done():
+            break
+        best = _solve_level(chain, i, warm, deadline, "highs", gap, searched=warm is starts[i])
+        if best is None:
+            break
+        warm = _down(chain, maps, i, best)
+        if i + 1 < len(chain) - 1:
+            continue
+        warm = _search(problem, warm, deadline)
+        if running.offer(warm.placement):
+            log.info("finest level: the coarse levels' answer (%.6g s) offered to the running solver",
+                     evaluate(problem, warm.placement).total_s)
+            best_warm = warm
+    sol = running.finish()
+    log.info("finest level (%d nodes), proved beside the coarse levels: %s in %.2f s", len(problem.nodes),
+             sol.status.value, sol.seconds)
+    return sol, best_warm
 
 
 def _better(level: Problem, sol: Solution, warm: Solution | None) -> Solution | None:
