@@ -17,6 +17,7 @@ from partitioner import Plan, from_module, partition, partition_outcome
 from partitioner.plan import PlanFormatError, SolverInfo
 from partitioner.report.html import write_report
 from partitioner.solvers.heft import solve_heft
+from partitioner.solvers.ilp import relative_gap, status_for_gap
 from partitioner.solvers.problem import Options, Problem, Solution, Status, evaluate
 
 
@@ -108,6 +109,22 @@ def test_time_limit_holds_end_to_end() -> None:
     out = partition_outcome(graph, devices=profile, memory=caps, time_limit=3.0, gap=0.0)
     assert time.perf_counter() - started < 3.0 + 1.5
     assert out.evaluation.feasible and out.plan.solver.seconds < 3.0 + 1.5
+    # the plan states the better of the solver's bound and the memory-aware one, and its words follow
+    solver, total, lower = out.plan.solver, out.evaluation.total_s, out.plan.predicted["lower_bound_s"]
+    assert solver.bound >= lower and solver.bound <= total * (1 + 1e-9)
+    assert solver.status == status_for_gap(relative_gap(total, solver.bound), 0.0).value
+
+
+def test_a_solver_stopped_early_states_the_memory_aware_bound_rather_than_none() -> None:
+    graph = random_dag(1000, 1000, layers=50)
+    profile = random_profile(1004, 4)
+    share = graph.total_param_bytes() // 4
+    caps = {d.name: min(share, d.memory) for d in profile.devices if d.name != "cpu"}
+    out = partition_outcome(graph, devices=profile, memory=caps, time_limit=1.5, gap=0.0)  # HiGHS's bound: 0 here
+    solver, total, lower = out.plan.solver, out.evaluation.total_s, out.plan.predicted["lower_bound_s"]
+    assert lower > 0 and solver.bound is not None and lower <= solver.bound <= total * (1 + 1e-9)
+    assert solver.status == status_for_gap(relative_gap(total, solver.bound), 0.0).value
+    assert solver.gap == pytest.approx(relative_gap(total, solver.bound), rel=1e-9)
 
 
 def test_summary_and_solver_info_are_consistent_with_the_status(gpt_graph) -> None:
