@@ -377,6 +377,12 @@ class SideBySide:
         """Whether the runs have stopped (the gap is proven, or the proving run ended)."""
         return self.board.stopped()
 
+    def cancel(self) -> None:
+        """Stop the runs and wait for them (the caller gave up: an error, an interrupt)."""
+        self.board.stop()
+        for thread in self.threads:
+            thread.join()
+
     def finish(self) -> RunResult:
         """Start the second run, wait for all, and return the better incumbent with the larger bound."""
         self.threads.append(self._thread("search", self._second))

@@ -221,6 +221,10 @@ class RunningIlp:
         """Whether the runs have already stopped (the gap proven, or the proving run ended)."""
         return self.runs.done()
 
+    def cancel(self) -> None:
+        """Stop the runs and wait for them (the caller gave up)."""
+        self.runs.cancel()
+
     def finish(self) -> Solution:
         """Wait for the runs (adding the second one) and return the Solution of the ILP."""
         run = self.runs.finish()

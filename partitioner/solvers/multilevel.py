@@ -59,7 +59,7 @@ import time
 
 from partitioner.coarsen import auto_coarsen
 from partitioner.solvers.highs import side_by_side_here
-from partitioner.solvers.ilp import ProgressFn, resolve_solver, solve_ilp, start_ilp
+from partitioner.solvers.ilp import ProgressFn, RunningIlp, resolve_solver, solve_ilp, start_ilp
 from partitioner.solvers.local_search import improve
 from partitioner.solvers.makespan import check_size
 from partitioner.solvers.problem import Objective, Placement, Problem, Solution, StreamMode, evaluate
@@ -197,26 +197,37 @@ def _beside(chain: list[Problem], maps: list[dict[str, str]], coarsest: Solution
     if running is None:  # the start does not fit: the finest level on its own, from HEFT and single devices
         sol = solve_ilp(problem, time_limit=max(deadline - time.perf_counter(), 0.05), gap=gap, progress=progress)
         return sol, None
-    warm = starts[1]
-    best_warm = first
-    for i in range(1, len(chain) - 1):
-        if running.done():
-            break
-        best = _solve_level(chain, i, warm, deadline, "highs", gap, searched=warm is starts[i])
-        if best is None:
-            break
-        warm = _down(chain, maps, i, best)
-        if i + 1 < len(chain) - 1:
-            continue
-        warm = _search(problem, warm, deadline)
-        if running.offer(warm.placement):
-            log.info("finest level: the coarse levels' answer (%.6g s) offered to the running solver",
-                     evaluate(problem, warm.placement).total_s)
-            best_warm = warm
+    try:
+        best_warm = _offer_levels(chain, maps, starts, running, deadline, gap) or first
+    except BaseException:
+        running.cancel()  # an error or an interrupt here: leave no solver running behind
+        raise
     sol = running.finish()
     log.info("finest level (%d nodes), proved beside the coarse levels: %s in %.2f s", len(problem.nodes),
              sol.status.value, sol.seconds)
     return sol, best_warm
+
+
+def _offer_levels(chain: list[Problem], maps: list[dict[str, str]], starts: list[Solution], running: RunningIlp,
+                  deadline: float, gap: float) -> Solution | None:
+    """The finer coarse levels solved from their local-search ``starts`` while ``running`` proves
+    the finest level; the last one's answer, carried down and improved, is offered to it. The
+    offered placement (None if none was better than the running solver's start)."""
+    problem = chain[-1]
+    warm = starts[1]
+    for i in range(1, len(chain) - 1):
+        if running.done():
+            return None
+        best = _solve_level(chain, i, warm, deadline, "highs", gap, searched=warm is starts[i])
+        if best is None:
+            return None
+        warm = _down(chain, maps, i, best)
+    warm = _search(problem, warm, deadline)
+    if not running.offer(warm.placement):
+        return None
+    log.info("finest level: the coarse levels' answer (%.6g s) offered to the running solver",
+             evaluate(problem, warm.placement).total_s)
+    return warm
 
 
 def _better(level: Problem, sol: Solution, warm: Solution | None) -> Solution | None:

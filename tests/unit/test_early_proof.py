@@ -114,3 +114,12 @@ def test_multilevel_on_two_cores_and_on_one_gives_true_certificates(
     assert warm is not None and evaluate(problem, warm.placement).feasible
     other = ilp.solve_ilp(problem, time_limit=60, gap=0.01)  # the finest level alone: both bounds hold for both
     assert sol.bound <= other.objective * (1 + 1e-9) and other.bound <= total * (1 + 1e-9)
+
+
+def test_cancelling_the_running_solver_leaves_no_thread_behind() -> None:
+    problem, _, _ = _model()  # seconds to optimal: still running when cancelled
+    running = ilp.start_ilp(problem, warm_start=solve_heft(problem).placement, time_limit=60, gap=0.0)
+    assert running is not None and not running.done()
+    running.cancel()
+    assert running.done()
+    assert not [t for t in threading.enumerate() if t.name.startswith("highs-")]
