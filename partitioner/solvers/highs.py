@@ -420,7 +420,8 @@ class SideBySide:
         _, values, objective = self.board.offered()
         if values is not None:  # an offer no run took up is still an incumbent
             proof = self.results["proof"]
-            runs.append(RunResult("stopped", values, objective, None, proof.note if isinstance(proof, RunResult) else ""))
+            note = proof.note if isinstance(proof, RunResult) else ""
+            runs.append(RunResult("stopped", values, objective, None, note))
         bounds = [run.bound for run in runs if run.bound is not None]
         bound = max(bounds) if bounds else None
         found = [run for run in runs if run.values is not None and run.objective is not None]

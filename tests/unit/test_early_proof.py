@@ -17,20 +17,11 @@ import pytest
 
 from models.synthetic import random_dag, random_profile
 from partitioner.solvers import highs, ilp, multilevel
-from partitioner.solvers.formulation import Formulation
 from partitioner.solvers.heft import solve_heft
 from partitioner.solvers.highs import SideBySide, _Board, run_highs
 from partitioner.solvers.multilevel import coarser_levels, solve_multilevel
 from partitioner.solvers.problem import Options, Problem, Status, evaluate
-
-
-def _model(seed: int = 3, n_ops: int = 150, n_devices: int = 3) -> tuple[Problem, Formulation, list[float]]:
-    problem = Problem(random_dag(seed, n_ops, layers=n_ops // 10), random_profile(seed, n_devices, tight=True),
-                      Options(streaming=True))
-    start = solve_heft(problem).placement
-    incumbent = evaluate(problem, start).total_s
-    formulation = Formulation(problem, ilp._units(problem, incumbent), cutoff=incumbent)
-    return problem, formulation, formulation.start_values(formulation.canonical(start))
+from tests.unit.test_two_phase import _model
 
 
 def test_the_board_keeps_the_best_offer_and_counts_it_as_an_incumbent() -> None:
@@ -47,7 +38,8 @@ def test_the_board_keeps_the_best_offer_and_counts_it_as_an_incumbent() -> None:
 
 def test_an_offered_optimum_is_taken_by_the_running_solver_and_answered(
         caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
-    _, formulation, start = _model()  # about 3 s to optimal from HEFT's start: the root is done long before
+    # about 3 s to optimal from HEFT's start: the root is done long before
+    _, formulation, start = _model(seed=3, n_ops=150, n_devices=3)
     monkeypatch.setattr(highs, "MIN_RACE", 1e9)  # no second run: the proving run alone must take the offer
     monkeypatch.setattr(highs, "SEARCH_AFTER", 60.0)
     optimum = run_highs(formulation.milp, time_limit=60, gap=0.0, start=start)
@@ -69,7 +61,7 @@ def test_an_offered_optimum_is_taken_by_the_running_solver_and_answered(
 
 
 def test_an_offer_no_run_took_is_still_the_answer() -> None:
-    _, formulation, start = _model()
+    _, formulation, start = _model(seed=3, n_ops=150, n_devices=3)
     optimum = run_highs(formulation.milp, time_limit=60, gap=0.0, start=start)
     runs = SideBySide(formulation.milp, time_limit=0.05, gap=0.0, start=start)  # stops before its root ends
     assert runs.offer(optimum.values)
@@ -79,7 +71,7 @@ def test_an_offer_no_run_took_is_still_the_answer() -> None:
 
 
 def test_the_ilp_started_in_the_background_answers_what_solve_ilp_does(monkeypatch: pytest.MonkeyPatch) -> None:
-    problem, _, _ = _model(seed=11, n_ops=80)
+    problem, _, _ = _model(seed=11, n_ops=80, n_devices=3)
     heft = solve_heft(problem).placement
     plain = ilp.solve_ilp(problem, gap=0.0, warm_start=heft, proof_first=False)
     running = ilp.start_ilp(problem, warm_start=heft, time_limit=60, gap=0.0)
@@ -117,7 +109,7 @@ def test_multilevel_on_two_cores_and_on_one_gives_true_certificates(
 
 
 def test_cancelling_the_running_solver_leaves_no_thread_behind() -> None:
-    problem, _, _ = _model()  # seconds to optimal: still running when cancelled
+    problem, _, _ = _model(seed=3, n_ops=150, n_devices=3)  # seconds to optimal: still running when cancelled
     running = ilp.start_ilp(problem, warm_start=solve_heft(problem).placement, time_limit=60, gap=0.0)
     assert running is not None and not running.done()
     running.cancel()
