@@ -326,9 +326,6 @@ class SideBySide:
         thread.start()
         return thread
 
-    def _left(self) -> float:
-        return self.time_limit - (time.perf_counter() - self.started)
-
     def _prove(self) -> None:
         self.results["proof"] = _run_checked(self.milp, self.time_limit, self.gap, self.start, None, self.scale,
                                              False, sub_mips=False, board=self.board)
@@ -348,7 +345,7 @@ class SideBySide:
                 board.stop()
         elif board.wait(max(wait, 0.0)):
             return
-        left = self._left()
+        left = self.time_limit - (time.perf_counter() - self.started)
         if board.stopped() or left <= 0.05:
             return
         self.results["search"] = _run_checked(milp.without_ordering(), left, self.gap, self.best_start(), None,
@@ -417,16 +414,14 @@ class SideBySide:
         for run in runs:
             if run.state == "infeasible":
                 return run
+        proof = self.results["proof"]
+        assert isinstance(proof, RunResult)
         _, values, objective = self.board.offered()
         if values is not None:  # an offer no run took up is still an incumbent
-            proof = self.results["proof"]
-            note = proof.note if isinstance(proof, RunResult) else ""
-            runs.append(RunResult("stopped", values, objective, None, note))
+            runs.append(RunResult("stopped", values, objective, None, proof.note))
         bounds = [run.bound for run in runs if run.bound is not None]
         bound = max(bounds) if bounds else None
         found = [run for run in runs if run.values is not None and run.objective is not None]
-        proof = self.results["proof"]
-        assert isinstance(proof, RunResult)
         best = min(found, key=lambda run: run.objective) if found else proof
         gap = self.gap
         if best.objective is not None and bound is not None and best.objective - bound <= gap * abs(best.objective):
