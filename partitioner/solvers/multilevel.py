@@ -193,7 +193,7 @@ def _beside(chain: list[Problem], maps: list[dict[str, str]], coarsest: Solution
         starts.append(_search(chain[i + 1], _down(chain, maps, i, starts[-1]), deadline))
     first = starts[-1]
     running = start_ilp(problem, warm_start=first.placement, time_limit=max(deadline - time.perf_counter(), 0.05),
-                        gap=gap, progress=progress) if evaluate(problem, first.placement).feasible else None
+                        gap=gap, progress=progress)  # None when the start does not fit
     if running is None:  # the start does not fit: the finest level on its own, from HEFT and single devices
         sol = solve_ilp(problem, time_limit=max(deadline - time.perf_counter(), 0.05), gap=gap, progress=progress)
         return sol, None
@@ -225,8 +225,7 @@ def _offer_levels(chain: list[Problem], maps: list[dict[str, str]], starts: list
     warm = _search(problem, warm, deadline)
     if not running.offer(warm.placement):
         return None
-    log.info("finest level: the coarse levels' answer (%.6g s) offered to the running solver",
-             evaluate(problem, warm.placement).total_s)
+    log.info("finest level: the coarse levels' answer offered to the running solver")
     return warm
 
 
