@@ -43,6 +43,7 @@ import torch.fx
 from backends.binding import bind_devices
 from backends.torch.attributes import attribute, rebind_tensor
 from backends.torch.precision import apply_precision
+from backends.torch.replaced import remember
 from backends.torch.streaming import WeightStreamer
 from partitioner.errors import HetpartError, PlanMismatch
 from partitioner.frontends.fx import capture_mode, from_module
@@ -93,7 +94,9 @@ def emit_module(
 
     Parameters:
         plan: the Plan.
-        model: the model the plan was made for (its weights are copied, never moved).
+        model: the model the plan was made for (its weights are copied, never moved: train the
+            emitted module's ``parameters()``; an optimizer step over the original's, which get
+            no gradients, is refused, see :mod:`backends.torch.replaced`).
         device_map: logical device → physical device, e.g. ``{"cuda:0": "cpu"}``.
         example_inputs: inputs to re-capture with (default: zeros of the plan's input shapes).
 
@@ -115,6 +118,7 @@ def emit_module(
     apply_precision(gm, plan)  # casts where the plan computes in 16 bits (a no-op without a precision section)
     if plan.inputs:
         gm.register_forward_pre_hook(PlannedInputs(plan.inputs, _input_names(model)), prepend=True)
+    remember(model, gm)  # an optimizer over model.parameters() would train nothing: refused at its step
     return gm
 
 
