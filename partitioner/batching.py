@@ -183,13 +183,14 @@ def check_batches(global_batch: Any, micro_batch: Any = None) -> None:
 def fit_batch(
     model: Any,
     example_inputs: Any,
-    devices: Any = "h200-host",
+    devices: Any = None,
     *,
     global_batch: int | None = None,
     micro_batch: int | None = None,
     training: bool = True,
     on_trial: Callable[[Trial], None] | None = None,
-    **options: Any,
+    options: Any = None,
+    **keywords: Any,
 ) -> BatchFit:
     """The largest micro-batch whose training plan fits every device, and its accumulation steps.
 
@@ -202,8 +203,8 @@ def fit_batch(
             searching.
         training: must be true: accumulation is over gradients.
         on_trial: called with each :class:`Trial` as it is solved (progress).
-        options: the other keyword arguments of :func:`~partitioner.planner.partition_outcome`
-            (``memory``, ``optimizer``, ``pins``, ``solver``, ``time_limit`` per solve, ...).
+        options, keywords: the request (:class:`~partitioner.options.PlanOptions`) and fields
+            replaced in it (``memory``, ``optimizer``, ``pins``, ``solver``, ``time_limit`` per solve, ...).
 
     Raises:
         HetpartError: a global batch below 1, a micro-batch that does not divide it, no
@@ -220,15 +221,21 @@ def fit_batch(
     """
     from partitioner.frontends.onnx_input import is_onnx_model
     from partitioner.ir import OpGraph
+    from partitioner.options import PlanOptions
     from partitioner.planner import partition_outcome
 
     if not training:
         raise HetpartError("batch sizing accumulates gradients over micro-batches: it plans training steps; "
                            "pass training=True (CLI: --training)")
+    if devices is not None:
+        keywords["devices"] = devices
+    # the record refuses what does not combine with batch sizing; each solve plans one micro-batch
+    wanted = PlanOptions.build(options, **keywords, training=True, batch=micro_batch or "auto")
+    request = wanted.replace(batch=None)
     if isinstance(model, OpGraph) or is_onnx_model(model):
         raise HetpartError("batch sizing re-captures the model at every micro-batch it tries: give the torch "
                            "nn.Module and its example inputs, not an OpGraph or an ONNX model")
-    asked = [k for k in _REFUSED if options.get(k) is not None]
+    asked = [k for k in _REFUSED if request.get(k) is not None]
     if asked:
         raise HetpartError(f"batch sizing plans one micro-batch per step and accumulates; it does not combine "
                            f"with {', '.join(asked)} (pipeline stages split the batch themselves): drop them")
@@ -244,8 +251,7 @@ def fit_batch(
 
     def solve(m: int) -> bool:
         try:
-            out = partition_outcome(model, micro_batch_inputs(full, global_batch // m), devices, training=True,
-                                    **options)
+            out = partition_outcome(model, micro_batch_inputs(full, global_batch // m), options=request)
         except InfeasiblePlacement as exc:
             trial = Trial(m, False, reason=str(exc))
         else:
@@ -259,8 +265,7 @@ def fit_batch(
     lo, hi = 0, len(order) - 1
     if not solve(order[hi]):
         if hi == 0 or not solve(order[0]):
-            raise InfeasiblePlacement(_no_fit(model, full, global_batch, order[0], tried[-1].reason, options,
-                                              devices))
+            raise InfeasiblePlacement(_no_fit(model, full, global_batch, order[0], tried[-1].reason, request))
         while hi - lo > 1:  # order[lo] fits, order[hi] does not
             mid = (lo + hi) // 2
             lo, hi = (mid, hi) if solve(order[mid]) else (lo, mid)
@@ -270,21 +275,16 @@ def fit_batch(
     out = outcomes[m]
     steps = global_batch // m
     step_s = global_step_seconds(out.problem, out.solution.placement, out.evaluation, steps)
-    plan = dataclasses.replace(out.plan, batch=batch_record(global_batch, m, step_s))
+    plan = dataclasses.replace(out.plan, batch=batch_record(global_batch, m, step_s), request=wanted.to_record())
     return BatchFit(global_batch, m, steps, step_s, dataclasses.replace(out, plan=plan), tuple(tried))
 
 
-def fit_outcome(model: Any, example_inputs: Any, devices: Any, *, batch: Any, **options: Any) -> Any:
+def fit_outcome(model: Any, example_inputs: Any, request: Any) -> Any:
     """``partition_outcome(..., batch=...)``: ``"auto"`` searches the micro-batch, a number fixes it;
-    the example inputs are the global batch. Returns the Outcome at the micro-batch."""
-    if batch == "auto":
-        micro = None
-    elif isinstance(batch, int) and not isinstance(batch, bool):
-        micro = batch
-    else:
-        raise HetpartError(f"batch={batch!r}: expected 'auto' (the largest micro-batch that fits) or a whole "
-                           f"number (the micro-batch), e.g. batch='auto'")
-    return fit_batch(model, example_inputs, devices, micro_batch=micro, **options).outcome
+    the example inputs are the global batch (the record has checked ``batch``). Returns the
+    Outcome at the micro-batch."""
+    micro = None if request.batch == "auto" else request.batch
+    return fit_batch(model, example_inputs, micro_batch=micro, options=request).outcome
 
 
 def global_step_seconds(problem: Problem, placement: Placement, evaluation: Evaluation, steps: int) -> float:
@@ -354,18 +354,18 @@ def _problem_at(model: Any, inputs: tuple, devices: Any, options: Any, pins: Any
     return Problem(graph, devices, options, pins=pins)
 
 
-def _no_fit(model: Any, full: tuple, global_batch: int, m: int, reason: str, options: Mapping[str, Any],
-            devices: Any) -> str:
+def _no_fit(model: Any, full: tuple, global_batch: int, m: int, reason: str, request: Any) -> str:
     """Why not even micro-batch ``m`` fits: the solver's reason and, per device, the bytes the whole
     step would need there at micro-batch ``m`` against its cap."""
     from cost_models.training import parse_optimizer
-    from partitioner.planner import _objective, _profile
+    from partitioner.options import objective_of
+    from partitioner.planner import _profile
     from partitioner.solvers.problem import Options
 
-    profile = _profile(devices, options.get("memory"))
-    opts = Options(objective=_objective(options.get("objective", "latency")), training=True,
-                   optimizer=parse_optimizer(options.get("optimizer", "adam")), streaming=False)
-    problem = _problem_at(model, micro_batch_inputs(full, global_batch // m), profile, opts, options.get("pins"))
+    profile = _profile(request.hardware)
+    opts = Options(objective=objective_of(request.objective), training=True,
+                   optimizer=parse_optimizer(request.train.optimizer), streaming=False)
+    problem = _problem_at(model, micro_batch_inputs(full, global_batch // m), profile, opts, request.constraints.pins)
     needs = []
     for d in problem.device_names:
         ev = evaluate(problem, Placement({n: d for n in problem.nodes}))

@@ -24,9 +24,9 @@ from partitioner.frontends.inputs import dynamic_dims, input_specs
 from partitioner.frontends.onnx_input import is_onnx_graph, is_onnx_model
 from partitioner.ir import OpGraph
 from partitioner.micro_batches import batch_size, micro_batch_inputs, pipeline_spec_for
+from partitioner.options import META, MAX_TIME_LIMIT, Hardware, PlanOptions, Source, check_limits, describe_options, objective_of
 from partitioner.fallbacks import with_fallbacks
 from partitioner.plan import Plan
-from partitioner.plan.live import check_fractions
 from partitioner.plan.values import InputSpec
 from partitioner.solvers import BASELINE_NAMES, ONNX_BASELINE_NAMES, run_baseline
 from partitioner.solvers.bounds import memory_aware_lower_bound, physical_lower_bound
@@ -76,8 +76,11 @@ class Outcome:
 def partition(*args: Any, **kwargs: Any) -> Plan:
     """Place every op of a model on the devices of a profile; returns a verified :class:`Plan`.
 
-    Takes the parameters of :func:`partition_outcome` (listed there, and in ``help(partition)``)
-    and returns only the plan.
+    Takes the parameters of :func:`partition_outcome` and returns only the plan. The options
+    (keywords, or ``options=PlanOptions(...)`` whole) are those of
+    :class:`partitioner.options.PlanOptions`:
+
+{options}
 
     Example:
         >>> import models
@@ -92,34 +95,10 @@ def partition(*args: Any, **kwargs: Any) -> Plan:
 def partition_outcome(
     model_or_graph: Any,
     example_inputs: Any = None,
-    devices: str | DeviceSet = "h200-host",
+    devices: str | DeviceSet | None = None,
     *,
-    objective: str | Objective = "latency",
-    memory: Mapping[str, int | str] | None = None,
-    training: bool = False,
-    optimizer: str = "adam",
-    pins: Mapping[str, str] | None = None,
-    solver: str = "auto",
-    time_limit: float = 60.0,
-    gap: float = 0.01,
-    streaming: bool = True,
-    coarsen: bool | str = "auto",
-    no_split: Sequence[str] = (),
-    align_modules: Sequence[str] = (),
-    link_budget: Mapping[str, int] | None = None,
-    contiguous_stages: bool = False,
-    capture: str = "export",
-    model_name: str | None = None,
-    progress: ProgressFn | None = None,
-    dynamic_shapes: Any = None,
-    input_shapes: Mapping[str, Sequence[int]] | None = None,
-    costs: Any = "analytic",
-    micro_batches: int | None = None,
-    schedule: str | None = None,
-    stages: int | None = None,
-    batch: str | int | None = None,
-    fallbacks: Sequence[float] | None = None,
-    precision: Any = None,
+    options: PlanOptions | None = None,
+    **keywords: Any,
 ) -> Outcome:
     """Place every op of a model on the devices of a profile: the plan and how it was reached.
 
@@ -129,56 +108,17 @@ def partition_outcome(
     Parameters:
         model_or_graph: an ``nn.Module`` (captured with ``capture``), an ONNX model (a ``.onnx`` path
             or ``ModelProto``, imported with :func:`~partitioner.frontends.onnx.from_onnx`), or an OpGraph.
-        input_shapes: ONNX models: static shapes of inputs with symbolic dimensions,
-            ``{"input": (1, 3, 224, 224)}``. ONNX plans are for inference, without weight streaming
-            (onnxruntime sessions hold their weights), and list the ``ort-fallback`` and
-            ``openvino-pipeline`` baselines too.
-        devices: a built-in profile name, a TOML path, or a DeviceSet; ``"detect"`` (this machine) or
-            ``"detect:NAME"`` (profile NAME) caps each accelerator at the memory free now minus 5%
-            (:meth:`DeviceSet.detect` sets another margin) and records the probe (``plan.probe``).
-        objective: ``"latency"``, ``"throughput"`` or ``"makespan"``.
-        memory: caps below the profile, e.g. ``{"cuda:0": "2GB"}``.
-        pins: module-path globs or op names → device, e.g. ``{"emb*": "cpu"}``.
-        solver: ``"auto"`` (HiGHS if installed, else CBC), ``"highs"``, ``"cbc"``, or a baseline
-            (``"greedy"``, ``"sequential-fill"``, ``"heft"``, ``"single:cuda:0"``); for pipeline
-            stages ``"pipeline-dp"`` and the splits of :mod:`partitioner.solvers.pipeline_baselines`.
-        time_limit: seconds for everything after capture: coarsening, baselines, the lower bound
-            and the ILP; at the limit the best placement found is returned with its proven gap.
-        gap: the relative optimality gap at which the ILP stops (0.01 for 1%).
-        streaming: allow weights to be streamed from host memory (inference plans).
-        coarsen: ``"auto"`` (zero-cost views always folded into their producers; above a size
-            threshold, ops grouped by module), True (group now), or False (every op on its own).
-        no_split: module classes the ``greedy`` fill keeps whole (accelerate's no_split_module_classes).
-        align_modules: module classes every solver must keep whole (each instance on one device),
-            so the plan exports as an accelerate ``device_map``.
-        dynamic_shapes: input dimensions the emitted module may be called with at other sizes
-            (``("batch", "seq")``: dimension 0 and 1 of every tensor input; ``{"len": 2}``; or one
-            ``{dim: name}`` per input), captured with torch.export's ``Dim`` and recorded in the
-            plan; the plan is costed at the example sizes.
-        costs: ``"analytic"`` (the profile's roofline), ``"profiled"`` (measure the model's ops on
-            the devices present here, cached), the path of a costs file from ``hetpart profile``,
-            or a :class:`cost_models.costs.CostModel`; recorded in the plan (``plan.costs``).
-        micro_batches, schedule, stages: plan pipeline stages (:mod:`partitioner.solvers.pipeline`):
-            ``micro_batches`` per step (the example inputs are one step's batch), ``schedule``
-            ``"gpipe"`` or ``"1f1b"``, exactly ``stages`` stages. ``throughput`` on a cluster
-            profile plans a pipeline with the defaults of :mod:`partitioner.micro_batches`.
-        batch: size the micro-batch from memory (:mod:`partitioner.batching`, training plans):
-            ``"auto"`` plans the largest micro-batch dividing the example inputs' batch (the global
-            batch, dimension 0 of every tensor input) whose plan fits every device, a number plans
-            that micro-batch; the plan is costed at one micro-batch and its ``batch`` section records
-            the micro-batch, the accumulation steps and the time per global step.
-        fallbacks: fractions in (0, 1), e.g. ``[0.75, 0.5]``: plans solved ahead of time with every
-            accelerator's memory at that share of this plan's (``plan.fallbacks``); the module of
-            :func:`backends.torch.emit_live` runs the first that fits the memory free at each call.
-        precision: the dtype each device computes in (:mod:`cost_models.precision`): ``"auto"`` (the
-            solver chooses per op among the dtypes each device runs well, by the profile's peak
-            rates), or ``{"cuda:0": "bf16", "cpu": "fp32"}``; ops the accuracy policy keeps in
-            float32 (softmax, norms, reductions, losses) stay float32; None: every op as traced.
-            Recorded in the plan's ``precision`` section; latency and throughput objectives only.
+            ONNX plans are for inference, without weight streaming (onnxruntime sessions hold their
+            weights), and list the ``ort-fallback`` and ``openvino-pipeline`` baselines too.
+        example_inputs: the inputs the model is captured and costed with (one step's batch).
+        devices: the ``devices`` option, positionally.
+        options: a :class:`~partitioner.options.PlanOptions` record; ``keywords`` replace its fields.
+        keywords: the options by name (see :class:`~partitioner.options.PlanOptions` and ``help(partition)``).
 
     Raises:
         InfeasiblePlacement: no placement fits the caps and pins; the message names the device,
             the bytes needed at least, and the cap.
+        UnknownOption: a keyword that is no option.
 
     Example:
         >>> import models
@@ -187,48 +127,41 @@ def partition_outcome(
         >>> out.evaluation.feasible
         True
     """
-    if batch is not None:  # re-plans over micro-batches (partitioner.batching), each with batch=None
+    request = PlanOptions.build(options, **({"devices": devices} if devices is not None else {}), **keywords)
+    if request.batch is not None:  # re-plans over micro-batches (partitioner.batching), each with batch=None
         from partitioner.batching import fit_outcome
 
-        given = {k: v for k, v in locals().items() if k in inspect.signature(partition_outcome).parameters}
-        return fit_outcome(given.pop("model_or_graph"), given.pop("example_inputs"), given.pop("devices"), **given)
-    check_limits(time_limit, gap)
-    fractions = check_fractions(fallbacks)
-    profile = _profile(devices, memory)  # a bad profile or cap fails before the capture
-    spec = _pipeline_spec(model_or_graph, example_inputs, profile, objective, micro_batches, schedule, stages)
-    if fractions and spec is not None:
-        raise HetpartError("fallback plans are not made for pipeline plans (each stage is a process of its own); "
-                           "drop fallbacks, or plan without stages")
-    dtypes = _precision(precision, profile, objective, spec)
+        return fit_outcome(model_or_graph, example_inputs, request)
+    profile = _profile(request.hardware)  # a bad profile or cap fails before the capture
+    spec = _pipeline_spec(model_or_graph, example_inputs, profile, request)
+    dtypes = _precision(request, profile, spec)
     if spec is not None and not isinstance(model_or_graph, OpGraph) and example_inputs is not None:
         example_inputs = micro_batch_inputs(example_inputs, spec.micro_batches)  # costs are per micro-batch
-    graph, inputs = _capture(model_or_graph, example_inputs, capture, model_name, dynamic_shapes, training,
-                             input_shapes)
+    graph, inputs = _capture(model_or_graph, example_inputs, request.source, request.train.training)
     started = time.perf_counter()  # time_limit covers everything from here (capture excluded)
     verify_graph(graph)
     if len(graph) == 0:
         raise CaptureError(f"{graph.name!r} has no operations to place: its forward returns its inputs or "
                            f"constants without computing anything, so there is nothing to partition")
     onnx_graph = is_onnx_graph(graph)
-    if onnx_graph and training:
+    if onnx_graph and request.train.training:
         raise HetpartError(f"{graph.name!r} is an ONNX graph: ONNX models are planned for inference (onnxruntime "
                            "runs them forward only); drop training=True (CLI: --training)")
-    streaming = streaming and not onnx_graph
-    options = Options(
-        objective=_objective(objective), training=training, optimizer=parse_optimizer(optimizer),
-        streaming=streaming and spec is None, link_budget=dict(link_budget or {}),
-        contiguous_stages=contiguous_stages, pipeline=spec, precision=dtypes,
-    )
-    coarse = _coarsen(graph, options, coarsen, pins, align_modules)
+    options_ = _solver_options(request, spec, dtypes, onnx_graph)
+    cons, search = request.constraints, request.search
+    coarse = _coarsen(graph, options_, search.coarsen, cons.pins, cons.align_modules)
     from cost_models.profiled import resolve_costs  # here: cost_models.profiled imports partitioner's errors
 
-    cost_model = resolve_costs(costs, graph, profile, example_inputs, training=training, optimizer=optimizer)
-    problem = Problem(coarse.graph, profile, options, pins=pins, members=coarse.members, original=graph,
+    cost_model = resolve_costs(request.costs, graph, profile, example_inputs, training=bool(request.train.training),
+                               optimizer=request.train.optimizer)
+    problem = Problem(coarse.graph, profile, options_, pins=cons.pins, members=coarse.members, original=graph,
                       costs=cost_model)
-    baselines = {name: _evaluated(problem, run_baseline(name, problem, no_split=no_split)) for name in _baseline_names(problem)}
+    baselines = {name: _evaluated(problem, run_baseline(name, problem, no_split=cons.no_split))
+                 for name in _baseline_names(problem)}
+    time_limit, gap = search.time_limit, search.gap
     deadline = started + time_limit - _finishing_time(problem, baselines, time_limit)
     lower_bound = _lower_bound(problem, started + LOWER_BOUND_SHARE * time_limit)
-    solution, evaluation, ilp = _solve(problem, solver, baselines, deadline, gap, progress)
+    solution, evaluation, ilp = _solve(problem, search.solver, baselines, deadline, gap, search.progress)
     if ilp is not None:  # the plan's solve time is everything after capture
         solution = dataclasses.replace(solution, seconds=time.perf_counter() - started)
         if lower_bound is not None and (solution.bound is None or lower_bound > solution.bound):
@@ -237,28 +170,50 @@ def partition_outcome(
             solution = dataclasses.replace(solution, bound=lower_bound,
                                            status=status_for_gap(relative_gap(evaluation.total_s, lower_bound), gap))
     verify_placement(problem, solution.placement, evaluation)
+    plan = _plan(request, model_or_graph, graph, coarse, problem, solution, evaluation, baselines, lower_bound,
+                 inputs, ilp, onnx_graph)
+    if profile.probe is not None:
+        plan = dataclasses.replace(plan, probe=profile.probe.to_dict())
+    fractions = tuple(request.fallbacks or ())
+    if fractions:
+        fallback = request.replace(fallbacks=None, dynamic_shapes=None, input_shapes=None, progress=None,
+                                   streaming=options_.streaming)
+        plan = with_fallbacks(plan, profile, fractions, lambda base, caps: partition_outcome(
+            graph, example_inputs, options=fallback.replace(devices=base, memory=caps)).plan)
+    return Outcome(plan, problem, coarse, solution, evaluation, baselines)
+
+
+def _solver_options(request: PlanOptions, spec: PipelineSpec | None, dtypes: Any, onnx_graph: bool) -> Options:
+    """The cost semantics' options (:class:`~partitioner.solvers.problem.Options`) the request stands for:
+    an ONNX graph never streams, nor does a pipeline."""
+    cons = request.constraints
+    return Options(
+        objective=objective_of(request.objective), training=bool(request.train.training),
+        optimizer=parse_optimizer(request.train.optimizer),
+        streaming=cons.streaming and not onnx_graph and spec is None, link_budget=dict(cons.link_budget or {}),
+        contiguous_stages=cons.contiguous_stages, pipeline=spec, precision=dtypes,
+    )
+
+
+def _plan(request: PlanOptions, model_or_graph: Any, graph: OpGraph, coarse: Coarsening, problem: Problem,
+          solution: Solution, evaluation: Evaluation, baselines: Mapping[str, tuple[Solution, Evaluation]],
+          lower_bound: float | None, inputs: Any, ilp: Solution | None, onnx_graph: bool) -> Plan:
+    """The plan record of a solve, with the request as asked."""
+    capture = request.source.capture
     plan = Plan.from_solution(
         problem, solution, evaluation,
         baselines={name: ev for name, (_, ev) in baselines.items()},
-        lower_bound=lower_bound, model_name=model_name or graph.name, inputs=inputs,
-        ilp=ilp, requested_gap=gap if ilp is not None else None,
+        lower_bound=lower_bound, model_name=request.source.model_name or graph.name, inputs=inputs,
+        ilp=ilp, requested_gap=request.search.gap if ilp is not None else None,
         capture="onnx" if onnx_graph else capture if not isinstance(model_or_graph, OpGraph) else "export",
         constraints={
             "pins": dict(problem.pins) and {op: problem.pins[n] for n in problem.pins for op in coarse.members[n]},
-            "memory_caps": {d: profile.device(d).memory for d in (memory or {})},
-            "streaming": options.streaming,
-            "align_modules": tuple(align_modules),
+            "memory_caps": {d: problem.devices.device(d).memory for d in (request.hardware.memory or {})},
+            "streaming": problem.options.streaming,
+            "align_modules": tuple(request.constraints.align_modules),
         },
     )
-    if profile.probe is not None:
-        plan = dataclasses.replace(plan, probe=profile.probe.to_dict())
-    if fractions:
-        plan = with_fallbacks(plan, profile, fractions, lambda base, caps: partition_outcome(
-            graph, example_inputs, base, objective=objective, memory=caps, training=training, optimizer=optimizer,
-            pins=pins, solver=solver, time_limit=time_limit, gap=gap, streaming=streaming, coarsen=coarsen,
-            no_split=no_split, align_modules=align_modules, link_budget=link_budget,
-            contiguous_stages=contiguous_stages, model_name=model_name, costs=costs, precision=precision).plan)
-    return Outcome(plan, problem, coarse, solution, evaluation, baselines)
+    return dataclasses.replace(plan, request=request.to_record())
 
 
 # --------------------------------------------------------------------------------------------
@@ -266,90 +221,68 @@ def partition_outcome(
 # --------------------------------------------------------------------------------------------
 
 
-def _capture(model_or_graph: Any, example_inputs: Any, capture: str, name: str | None,
-             dynamic_shapes: Any, training: bool,
-             input_shapes: Mapping[str, Sequence[int]] | None) -> tuple[OpGraph, tuple[InputSpec, ...] | None]:
+def _capture(model_or_graph: Any, example_inputs: Any, source: Source,
+             training: bool | None) -> tuple[OpGraph, tuple[InputSpec, ...] | None]:
     """The graph (a training plan's model captured in train mode), and the model's inputs as
     passed (None for a graph given as is)."""
     if isinstance(model_or_graph, OpGraph):
-        if dynamic_shapes is not None:
+        if source.dynamic_shapes is not None:
             raise HetpartError("dynamic_shapes applies when partition captures a model, not to an OpGraph")
         return model_or_graph, None
     if is_onnx_model(model_or_graph):
-        if dynamic_shapes is not None:
+        if source.dynamic_shapes is not None:
             raise HetpartError("dynamic_shapes applies to torch models; an ONNX model's shapes come from input_shapes")
         from partitioner.frontends.onnx import from_onnx
 
-        return from_onnx(model_or_graph, input_shapes, name=name), None
+        return from_onnx(model_or_graph, source.input_shapes, name=source.model_name), None
     if example_inputs is None:
         raise HetpartError("partition(model, example_inputs, ...) needs example inputs to capture an nn.Module")
     args = example_inputs if isinstance(example_inputs, tuple) else tuple(example_inputs) \
         if isinstance(example_inputs, list) else (example_inputs,)
-    dims = dynamic_dims(dynamic_shapes, args)
-    with capture_mode(model_or_graph, training=training):
-        graph = from_module(model_or_graph, args, capture=capture, name=name, dynamic_shapes=dims)
+    dims = dynamic_dims(source.dynamic_shapes, args)
+    with capture_mode(model_or_graph, training=bool(training)):
+        graph = from_module(model_or_graph, args, capture=source.capture, name=source.model_name, dynamic_shapes=dims)
     return graph, input_specs(args, dims, graph.source if any(dims) else None)
 
 
-def _profile(devices: str | DeviceSet, memory: Mapping[str, int | str] | None) -> DeviceSet:
-    profile = profile_for(devices)  # "detect[:NAME]" reads the free memory now
-    return profile.with_memory(memory) if memory else profile
+def _profile(hardware: Hardware) -> DeviceSet:
+    """The device set of the request: the profile (``detect[:NAME]`` reads the free memory now), capped."""
+    profile = profile_for(hardware.devices)
+    return profile.with_memory(hardware.memory) if hardware.memory else profile
 
 
-def _pipeline_spec(model_or_graph: Any, example_inputs: Any, profile: DeviceSet, objective: str | Objective,
-                   micro_batches: int | None, schedule: str | None, stages: int | None) -> PipelineSpec | None:
+def _pipeline_spec(model_or_graph: Any, example_inputs: Any, profile: DeviceSet,
+                   request: PlanOptions) -> PipelineSpec | None:
     """The plan's pipeline spec, or None when it is no pipeline (:mod:`partitioner.micro_batches`).
     ONNX models run as onnxruntime sessions, not on ``torch.distributed.pipelining``: they are
     planned without stages, and asking for stages is refused."""
+    pipe = request.pipeline
     if is_onnx_model(model_or_graph):
-        if micro_batches is not None or schedule is not None or stages is not None:
+        if pipe.micro_batches is not None or pipe.schedule is not None or pipe.stages is not None:
             raise HetpartError("pipeline stages run torch models on torch.distributed.pipelining; an ONNX model "
                                "is planned without them: drop micro_batches, schedule and stages "
                                "(CLI: --micro-batches, --schedule, --stages)")
         return None
     batch = None if isinstance(model_or_graph, OpGraph) else batch_size(example_inputs)
-    return pipeline_spec_for(profile, objective, micro_batches=micro_batches, schedule=schedule, stages=stages,
-                             batch=batch)
+    spec = pipeline_spec_for(profile, request.objective, micro_batches=pipe.micro_batches, schedule=pipe.schedule,
+                             stages=pipe.stages, batch=batch)
+    if spec is not None and request.fallbacks:  # a cluster profile's throughput plan is a pipeline
+        raise HetpartError("fallback plans are not made for pipeline plans (each stage is a process of its own); "
+                           "drop fallbacks, or plan without stages")
+    return spec
 
 
-#: The longest solve a time limit may ask for (a week): beyond it a limit is a mistake.
-MAX_TIME_LIMIT = 7 * 24 * 3600.0
-
-
-def _precision(value: Any, profile: DeviceSet, objective: str | Objective, spec: PipelineSpec | None) -> Any:
-    """The resolved ``precision`` setting (None: as traced), refused where it cannot be priced."""
+def _precision(request: PlanOptions, profile: DeviceSet, spec: PipelineSpec | None) -> Any:
+    """The resolved ``precision`` setting (None: as traced), refused where it cannot be priced (the
+    record refuses the combinations it can see; a cluster's throughput plan is a pipeline too)."""
     from cost_models.precision import PrecisionError, resolve_precision
 
-    resolved = resolve_precision(value, profile)
-    if resolved is not None and (spec is not None or _objective(objective) is Objective.MAKESPAN):
+    resolved = resolve_precision(request.precision, profile)
+    if resolved is not None and spec is not None:
         raise PrecisionError("precision is planned for the latency and throughput objectives without pipeline "
                              "stages (the makespan and pipeline models do not price 16-bit copies and casts): "
                              "drop precision, or plan with objective 'latency' or 'throughput'")
     return resolved
-
-
-def check_limits(time_limit: Any, gap: Any, names: tuple[str, str] = ("time_limit", "gap")) -> None:
-    """Raise unless ``time_limit`` is a number of seconds in (0, a week] and ``gap`` a fraction in [0, 1).
-
-    ``names`` are the names the message uses (``("--time-limit", "--gap")`` on the command line).
-
-    Raises:
-        HetpartError: names the parameter, the value and the valid range.
-
-    Example:
-        >>> check_limits(60, 0.01)
-    """
-    def number(value: Any) -> float | None:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-        return float(value) if ok else None
-
-    t, g = number(time_limit), number(gap)
-    if t is None or not 0 < t <= MAX_TIME_LIMIT:
-        raise HetpartError(f"{names[0]} {time_limit!r}: expected seconds above 0 and at most "
-                           f"{MAX_TIME_LIMIT:g} (a week), e.g. {names[0]} 60")
-    if g is None or not 0 <= g < 1:
-        raise HetpartError(f"{names[1]} {gap!r}: expected a relative optimality gap from 0 (prove optimal) "
-                           f"up to but not including 1, e.g. {names[1]} 0.01")
 
 
 #: The most (edge, device pair) transfer terms the ILP is built with: beyond this the model takes
@@ -368,15 +301,6 @@ def _check_ilp_size(problem: Problem) -> None:
             f"{devices} devices x {devices - 1} others), over the {MAX_TRANSFER_TERMS:,} it is built with; "
             f"plan on a profile of the devices you mean to use, coarsen the graph (--coarsen on), or use a "
             f"baseline solver (--solver heft)")
-
-
-def _objective(value: str | Objective) -> Objective:
-    try:
-        return Objective(value)
-    except ValueError:
-        raise HetpartError(
-            f"unknown objective {value!r}: use one of {', '.join(o.value for o in Objective)}"
-        ) from None
 
 
 def _coarsen(
@@ -555,4 +479,15 @@ def _lower_bound(problem: Problem, deadline: float) -> float:
     return memory_aware_lower_bound(problem, time_limit=left)
 
 
-partition.__signature__ = inspect.signature(partition_outcome).replace(return_annotation=Plan)  # type: ignore[attr-defined]
+def _signature(returns: type) -> inspect.Signature:
+    """The signature of ``partition`` and ``partition_outcome``: the model, inputs and devices, then
+    ``options=`` and every option of the record by name, with its default (what ``help`` shows)."""
+    head = list(inspect.signature(partition_outcome).parameters.values())[:4]
+    fields = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=meta["default"])
+              for name, meta in META.items() if name != "devices"]
+    return inspect.Signature([*head, *fields], return_annotation=returns)
+
+
+partition.__doc__ = (partition.__doc__ or "").replace("{options}", describe_options(" " * 8))
+partition.__signature__ = _signature(Plan)  # type: ignore[attr-defined]
+partition_outcome.__signature__ = _signature(Outcome)  # type: ignore[attr-defined]

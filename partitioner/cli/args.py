@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from partitioner.errors import HetpartError, PlanMismatch
 
@@ -21,8 +22,45 @@ def add_caps_and_pins(sub: argparse.ArgumentParser) -> None:
     """``--memory DEVICE=SIZE`` and ``--pin GLOB=DEVICE`` (each repeatable), as plan and fit take them."""
     sub.add_argument("--memory", action="append", default=[], metavar="DEVICE=SIZE",
                      help="cap a device below its profile, e.g. cuda:0=2GB (repeatable)")
-    sub.add_argument("--pin", action="append", default=[], metavar="GLOB=DEVICE",
+    sub.add_argument("--pin", dest="pins", action="append", default=[], metavar="GLOB=DEVICE",
                      help="pin ops by name or module-path glob, e.g. 'emb*=cpu' (repeatable)")
+
+
+def dynamic_names(text: str | None) -> tuple[str, ...] | None:
+    """``--dynamic batch,seq`` as names; an empty value is an error."""
+    if text is None:
+        return None
+    names = tuple(part.strip() for part in text.split(","))
+    if not all(names):
+        raise HetpartError(f"--dynamic {text!r}: expected comma-separated names, e.g. --dynamic batch,seq")
+    return names
+
+
+def _link_budget(items: list[str]) -> dict[str, int] | None:
+    from cost_models.units import parse_bytes
+
+    budget = {link: parse_bytes(size) for link, size in pairs(items, "--link-budget", "'cpu<->cuda:0=1GB'").items()}
+    return budget or None
+
+
+#: The flags of ``hetpart plan`` and ``hetpart fit`` that set an option of the request
+#: (:class:`partitioner.options.PlanOptions`): each flag's ``dest`` is its field's name, and this
+#: table converts the flags whose parsed text is not the value itself.
+FLAG_VALUES = {
+    "memory": lambda items: pairs(items, "--memory", "cuda:0=2GB"),
+    "pins": lambda items: pairs(items, "--pin", "'emb*=cpu'"),
+    "coarsen": lambda text: {"on": True, "off": False}.get(text, text),
+    "dynamic_shapes": dynamic_names,
+    "link_budget": _link_budget,
+}
+
+
+def flag_options(args: argparse.Namespace, fields: Iterable[str] | None = None) -> dict[str, Any]:
+    """The options the parsed flags set (every option whose ``dest`` the subcommand has, or those in ``fields``)."""
+    from partitioner.options import FIELDS
+
+    names = [n for n in (fields if fields is not None else FIELDS) if hasattr(args, n)]
+    return {name: FLAG_VALUES.get(name, lambda v: v)(getattr(args, name)) for name in names}
 
 
 def positive_int(text: str) -> int:

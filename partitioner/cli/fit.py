@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from partitioner.cli.args import add_caps_and_pins, output_path, pairs
+from partitioner.cli.args import add_caps_and_pins, flag_options, output_path
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -40,7 +40,7 @@ def _cmd_fit(args: argparse.Namespace) -> int:
     from partitioner.batching import check_batches, fit_batch
     from partitioner.errors import HetpartError
     from partitioner.model_source import load_model
-    from partitioner.planner import check_limits
+    from partitioner.options import PlanOptions, check_limits
 
     if not args.training:
         raise HetpartError("hetpart fit sizes the micro-batch of a training step and accumulates gradients over "
@@ -49,6 +49,7 @@ def _cmd_fit(args: argparse.Namespace) -> int:
     check_limits(args.time_limit, args.gap, ("--time-limit", "--gap"))
     if args.output is not None:
         output_path(args.output, "-o", force=args.force)
+    request = PlanOptions.build(**flag_options(args))  # bad values and combinations fail here
     profile = load_profile(args.devices)
     if args.precision is not None:  # a bad --precision fails before the model is built
         from cost_models.precision import resolve_precision
@@ -64,10 +65,8 @@ def _cmd_fit(args: argparse.Namespace) -> int:
         print(f"  micro-batch {trial.micro_batch}: {verdict}", file=sys.stderr, flush=True)
 
     fit = fit_batch(
-        loaded.module, loaded.example_inputs, profile, global_batch=args.global_batch, micro_batch=args.micro_batch,
-        memory=pairs(args.memory, "--memory", "cuda:0=2GB"), pins=pairs(args.pin, "--pin", "'emb*=cpu'"),
-        optimizer=args.optimizer, objective=args.objective, solver=args.solver, time_limit=args.time_limit,
-        gap=args.gap, no_split=loaded.no_split, model_name=loaded.name, on_trial=progress, precision=args.precision,
+        loaded.module, loaded.example_inputs, global_batch=args.global_batch, micro_batch=args.micro_batch,
+        on_trial=progress, options=request.replace(devices=profile, no_split=loaded.no_split, model_name=loaded.name),
     )
     print(fit.summary())
     if args.output:

@@ -6,7 +6,8 @@ import argparse
 import sys
 
 from partitioner.cli.args import (
-    add_caps_and_pins, add_input_shape, fallback_fractions, input_shapes, output_path, pairs, positive_int, print_progress,
+    add_caps_and_pins, add_input_shape, fallback_fractions, flag_options, input_shapes, output_path, positive_int,
+    print_progress,
 )
 from partitioner.errors import HetpartError
 
@@ -14,7 +15,11 @@ from partitioner.errors import HetpartError
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     """Add the subcommand to ``hetpart``'s parser."""
     pl = sub.add_parser("plan", parents=[common], help="place a model's ops on the devices of a profile")
-    pl.add_argument("model", help="zoo name (gpt, gpt:small), path/to/file.py:factory or model.onnx")
+    pl.add_argument("model", nargs="?", help="zoo name (gpt, gpt:small), path/to/file.py:factory or model.onnx "
+                                         "(with --like: the model the plan was made for, unless given)")
+    pl.add_argument("--like", metavar="PLAN.json",
+                    help="re-solve with the request a plan records (hetpart explain shows it); the flags given "
+                         "here replace its options, e.g. --like plan.json --memory cuda:0=1GB")
     pl.add_argument("--devices", default="h200-host", metavar="PROFILE",
                     help="built-in profile or TOML file; detect (this machine) or detect:PROFILE caps each "
                          "accelerator at the memory free now minus --detect-margin")
@@ -33,12 +38,17 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                          "pipelines: pipeline-dp, pippy-equal-size, deepspeed-parameters, flop-balanced")
     pl.add_argument("--time-limit", type=float, default=60.0, metavar="S", help="ILP time limit in seconds")
     pl.add_argument("--gap", type=float, default=0.01, help="relative optimality gap to stop at")
-    pl.add_argument("--no-streaming", action="store_true", help="keep every weight where its op computes")
+    pl.add_argument("--no-streaming", dest="streaming", action="store_false",
+                    help="keep every weight where its op computes")
     pl.add_argument("--coarsen", default="auto", choices=["auto", "on", "off"])
     pl.add_argument("--capture", default="export", choices=["export", "symbolic_trace"])
     pl.add_argument("--align-modules", action="append", default=[], metavar="CLASS",
                     help="keep every instance of a module class on one device, e.g. Block (repeatable)")
-    pl.add_argument("--dynamic", metavar="DIMS", default=None,
+    pl.add_argument("--link-budget", action="append", default=[], metavar="LINK=SIZE",
+                    help="bytes per step a link may carry, e.g. 'cpu<->cuda:0=1GB' (repeatable)")
+    pl.add_argument("--contiguous-stages", action="store_true",
+                    help="devices in profile order form contiguous stages (every edge goes forward in that order)")
+    pl.add_argument("--dynamic", dest="dynamic_shapes", metavar="DIMS", default=None,
                     help="input dimensions the emitted module may run at other sizes: batch (dim 0), seq "
                          "(dim 1), NAME=DIM; comma-separated, e.g. batch,seq (costed at the example size)")
     pl.add_argument("--costs", default="analytic", metavar="analytic|profiled|COSTS.json",
@@ -57,46 +67,37 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                     help="json: the plan file; device-map: accelerate's device_map; csv: op, module, device, seconds")
     pl.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
     add_input_shape(pl)
-    pl.set_defaults(func=_cmd_plan)
+    pl.set_defaults(func=_cmd_plan, flag_defaults={a.dest: a.default for a in pl._actions})
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     from cost_models.live_memory import profile_for
     from partitioner.model_source import load_model
+    from partitioner.options import check_limits
     from partitioner.planner import partition
-
-    from partitioner.planner import check_limits
 
     check_limits(args.time_limit, args.gap, ("--time-limit", "--gap"))
     if args.output is not None:
         output_path(args.output, "-o", force=args.force)
     if args.format != "json" and args.output is None:
         raise HetpartError(f"--format {args.format} writes a file: give it with -o FILE")
-    profile = profile_for(args.devices, margin=args.detect_margin)  # fails before the model is captured
+    base, model = _like(args)
+    request = base.replace(**_asked(args, base is not None))  # bad values and combinations fail here
+    profile = profile_for(request.hardware.devices, margin=args.detect_margin)  # fails before the model is captured
     if profile.probe is not None:
         print("\n".join(profile.notes[-1 - len(profile.probe.notes):]), file=sys.stderr)
-    if args.precision is not None:  # a bad --precision fails before the capture too
+    if request.precision is not None:  # a bad --precision fails before the capture too
         from cost_models.precision import resolve_precision
 
-        resolve_precision(args.precision, profile)
+        resolve_precision(request.precision, profile)
     # zoo models: shapes only, no memory for weights (measuring ops needs real ones);
     # ONNX models: the path, imported by partition
-    loaded = load_model(args.model, device=None if args.costs == "profiled" else "meta",
-                        input_shapes=input_shapes(args.input_shape))
-    memory = pairs(args.memory, "--memory", "cuda:0=2GB")
-    pins = pairs(args.pin, "--pin", "'emb*=cpu'")
-    print(f"capturing {loaded.name} ({'onnx' if loaded.is_onnx else args.capture}) ...", file=sys.stderr)
-    plan = partition(
-        loaded.module, loaded.example_inputs, profile,
-        objective=args.objective, memory=memory, training=args.training, optimizer=args.optimizer,
-        pins=pins, solver=args.solver, time_limit=args.time_limit, gap=args.gap,
-        streaming=not args.no_streaming, coarsen={"on": True, "off": False}.get(args.coarsen, "auto"),
-        no_split=loaded.no_split, capture=args.capture, model_name=loaded.name, progress=print_progress,
-        align_modules=args.align_modules, dynamic_shapes=_dynamic(args.dynamic), input_shapes=loaded.input_shapes,
-        costs=args.costs,
-        micro_batches=args.micro_batches, schedule=args.schedule, stages=args.stages, fallbacks=args.fallbacks,
-        precision=args.precision,
-    )
+    loaded = load_model(model, device=None if request.costs == "profiled" else "meta",
+                        input_shapes=input_shapes(args.input_shape) or request.source.input_shapes)
+    print(f"capturing {loaded.name} ({'onnx' if loaded.is_onnx else request.source.capture}) ...", file=sys.stderr)
+    plan = partition(loaded.module, loaded.example_inputs, options=request.replace(
+        devices=profile, no_split=loaded.no_split, model_name=loaded.name, progress=print_progress,
+        input_shapes=loaded.input_shapes))
     print(plan.summary())
     if args.output:
         from partitioner.export import write_export
@@ -106,11 +107,30 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _dynamic(text: str | None) -> tuple[str, ...] | None:
-    """``--dynamic batch,seq`` as names; an empty value is an error."""
-    if text is None:
-        return None
-    names = tuple(part.strip() for part in text.split(","))
-    if not all(names):
-        raise HetpartError(f"--dynamic {text!r}: expected comma-separated names, e.g. --dynamic batch,seq")
-    return names
+def _like(args: argparse.Namespace):  # noqa: ANN202 - (PlanOptions, model spec)
+    """The request to start from (a plan's, with ``--like``; else the defaults) and the model to plan."""
+    from partitioner.options import PlanOptions
+
+    if args.like is None:
+        if args.model is None:
+            raise HetpartError("hetpart plan needs a MODEL (zoo name, path/to/file.py:factory or model.onnx), "
+                               "or --like PLAN.json to re-solve the model a plan was made for")
+        return PlanOptions(), args.model
+    from partitioner.plan import Plan
+
+    like = Plan.load(args.like)
+    if not like.request:
+        raise HetpartError(f"--like {args.like}: the plan records no request (it was made before plans recorded "
+                           f"their options); give the flags instead")
+    base = PlanOptions.from_record(like.request)
+    if isinstance(like.request.get("devices"), str) and like.request["devices"] == like.devices.name:
+        base = base.replace(devices=like.devices)  # the profile as planned (a TOML file may have moved)
+    return base, args.model or like.model_name
+
+
+def _asked(args: argparse.Namespace, like: bool) -> dict:
+    """The options the flags set; with ``--like``, only the flags given (those not at their defaults)."""
+    asked = flag_options(args)
+    if like:
+        asked = {k: v for k, v in asked.items() if getattr(args, k) != args.flag_defaults.get(k)}
+    return asked

@@ -60,6 +60,9 @@ def _cmd_report(args: argparse.Namespace) -> int:
 def _cmd_explain(args: argparse.Namespace) -> int:
     from partitioner.explain import explain
     from partitioner.plan import Plan
+    from partitioner.plan.summary import asked_text
 
-    print(explain(Plan.load(args.plan), args.target).to_text())
+    plan = Plan.load(args.plan)
+    print(explain(plan, args.target).to_text())
+    print(f"  the plan was asked: {asked_text(plan)} (re-solve it: hetpart plan --like {args.plan} ...)")
     return 0

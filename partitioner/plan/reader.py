@@ -17,7 +17,7 @@ from collections.abc import Callable, Container, Mapping, Sequence
 from typing import Any, NoReturn
 
 from cost_models.profiles import DeviceSet
-from partitioner.errors import ProfileError
+from partitioner.errors import HetpartError, ProfileError
 from partitioner.plan.batch import read_batch
 from partitioner.plan.live import read_fallbacks, read_probe
 from partitioner.plan.pipeline import read_pipeline
@@ -41,7 +41,8 @@ def plan_fields(d: Any, source: str) -> dict[str, Any]:
     top = r.mapping(d, "")
     if "format_version" in top:
         _check_version(r, top["format_version"])
-    r.keys(top, "", TOP_LEVEL_KEYS, ("constraints", "costs", "pipeline", "batch", "probe", "fallbacks", "precision"))
+    r.keys(top, "", TOP_LEVEL_KEYS, ("constraints", "costs", "pipeline", "batch", "probe", "fallbacks", "precision",
+                                         "request"))
     model = r.keys(top["model"], "model", _MODEL_KEYS, ("capture", "inputs", "edges", "param_names", "op_bytes"))
     return dict(
         model_name=r.string(model["name"], "model.name"),
@@ -78,6 +79,7 @@ def plan_fields(d: Any, source: str) -> dict[str, Any]:
         probe=read_probe(r, top.get("probe", {})),
         fallbacks=read_fallbacks(r, top.get("fallbacks", [])),
         precision=read_precision(r, top.get("precision", {})),
+        request=_read_request(r, top.get("request", {})),
         source=source,
     )
 
@@ -99,6 +101,18 @@ def _read_constraints(r: FieldReader, value: Any) -> dict[str, Any]:
     if "align_modules" in c:
         out["align_modules"] = r.string_list(c["align_modules"], "constraints.align_modules")
     return out
+
+
+def _read_request(r: FieldReader, value: Any) -> dict[str, Any]:
+    """The options the plan was asked with: every field known and valid (:class:`~partitioner.options.PlanOptions`)."""
+    from partitioner.options import PlanOptions
+
+    request = dict(r.mapping(value, "request"))
+    try:
+        PlanOptions.from_record(request)
+    except HetpartError as err:
+        r.fail("request", str(err))
+    return request
 
 
 def _read_costs(r: FieldReader, value: Any) -> dict[str, Any]:

@@ -97,6 +97,7 @@ class Plan:
     probe: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # memory read by --devices detect (plan/live.py)
     fallbacks: tuple[FallbackPlan, ...] = ()   # plans for less free memory, solved ahead of time (plan/live.py)
     precision: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # op -> 16-bit dtype (plan/precision.py)
+    request: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # the options as asked (partitioner/options.py)
     source: str = dataclasses.field(default="<plan>", compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -118,6 +119,7 @@ class Plan:
         object.__setattr__(self, "probe", _freeze(dict(self.probe)))
         object.__setattr__(self, "fallbacks", tuple(self.fallbacks))
         object.__setattr__(self, "precision", _freeze(dict(self.precision)))
+        object.__setattr__(self, "request", _freeze(dict(self.request)))
         object.__setattr__(self, "param_names",
                            MappingProxyType({op: tuple(names) for op, names in self.param_names.items()}))
         unknown = [e for e in self.edges if e[0] not in self.placement or e[1] not in self.placement]
@@ -177,6 +179,8 @@ class Plan:
             out["fallbacks"] = [f.to_dict() for f in self.fallbacks]
         if self.precision:
             out["precision"] = _plain(self.precision)
+        if self.request:
+            out["request"] = _plain(self.request)
         return _plain(out)
 
     def to_json(self) -> str:

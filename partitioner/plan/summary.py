@@ -100,6 +100,20 @@ def proof_text(s: Any, took: str = "") -> str:
     return "".join(parts)
 
 
+def asked_text(plan: Any) -> str:
+    """What the plan was asked beyond the defaults (its ``request``): ``memory cuda:0=2GB, training True``.
+
+    Example:
+        >>> asked_text(plan)                               # doctest: +SKIP
+        'devices h200-host, memory cuda:0=2GB'
+    """
+    from partitioner.options import PlanOptions
+
+    if not plan.request:
+        return "not recorded (a plan made before plans recorded their request)"
+    return PlanOptions.from_record(plan.request).describe()
+
+
 def costs_text(plan: Any, shown: int = 3) -> str:
     """Which cost model priced the plan: ``analytic (roofline of the profile)``, or for a measured
     one ``profiled (costs.json): cpu 150 ops measured, 12 priced analytically (a, b, c, ...)``.

@@ -28,7 +28,7 @@ from cost_models.units import format_bytes, format_seconds
 from partitioner.report.layout import GraphLayout, graph_layout
 from partitioner.report.pipeline import pipeline_html
 from partitioner.files import refuse_overwrite, write_atomic
-from partitioner.plan.summary import costs_text, proof_text
+from partitioner.plan.summary import asked_text, costs_text, proof_text
 from partitioner.plan.values import SolverInfo
 from partitioner.report.svg import ZOOM_SCRIPT, device_colours, gantt_svg, graph_svg, memory_svg
 from partitioner.report.timeline import timeline
@@ -198,6 +198,8 @@ def _solver(plan: Plan) -> str:
     if s.note:
         rows.append(("note", _e(s.note)))
     rows.append(("cost model", _e(costs_text(plan))))
+    if plan.request:
+        rows.append(("asked", _e(asked_text(plan))))
     return _kv(rows)
 
 
