@@ -64,6 +64,8 @@ class Hardware:
         "a built-in profile name, a TOML path or a DeviceSet; 'detect' (this machine) or 'detect:NAME' caps each "
         "accelerator at the memory free now"))
     memory: Any = _field(None, flag="--memory", doc="caps below the profile, e.g. {'cuda:0': '2GB'}")
+    detect_margin: Any = _field(0.05, flag="--detect-margin", doc=(
+        "with devices 'detect[:NAME]': memory left free on each accelerator, a share (0.05, '5%') or a size ('2GiB')"))
 
 
 @dataclasses.dataclass(frozen=True)

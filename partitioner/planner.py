@@ -247,7 +247,7 @@ def _capture(model_or_graph: Any, example_inputs: Any, source: Source,
 
 def _profile(hardware: Hardware) -> DeviceSet:
     """The device set of the request: the profile (``detect[:NAME]`` reads the free memory now), capped."""
-    profile = profile_for(hardware.devices)
+    profile = profile_for(hardware.devices, margin=hardware.detect_margin)
     return profile.with_memory(hardware.memory) if hardware.memory else profile
 
 

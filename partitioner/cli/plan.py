@@ -83,7 +83,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         raise HetpartError(f"--format {args.format} writes a file: give it with -o FILE")
     base, model = _like(args)
     request = base.replace(**_asked(args, base is not None))  # bad values and combinations fail here
-    profile = profile_for(request.hardware.devices, margin=args.detect_margin)  # fails before the model is captured
+    profile = profile_for(request.hardware.devices, margin=request.hardware.detect_margin)  # before the capture
     if profile.probe is not None:
         print("\n".join(profile.notes[-1 - len(profile.probe.notes):]), file=sys.stderr)
     if request.precision is not None:  # a bad --precision fails before the capture too
