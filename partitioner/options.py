@@ -303,6 +303,29 @@ def check_limits(time_limit: Any, gap: Any, names: tuple[str, str] = ("time_limi
                            f"up to but not including 1, e.g. {names[1]} 0.01")
 
 
+def check_fractions(fractions: Any) -> tuple[float, ...]:
+    """The fallback fractions as floats, each in (0, 1), no repeats; else a HetpartError.
+
+    Example:
+        >>> check_fractions([0.75, 0.5])
+        (0.75, 0.5)
+    """
+    if fractions is None:
+        return ()
+    if isinstance(fractions, (str, bytes)) or not isinstance(fractions, Sequence):
+        raise HetpartError(f"fallbacks {fractions!r}: expected a list of fractions, e.g. fallbacks=[0.75, 0.5]")
+    out = []
+    for f in fractions:
+        ok = isinstance(f, (int, float)) and not isinstance(f, bool) and 0 < f < 1
+        if not ok:
+            raise HetpartError(f"fallback fraction {f!r} is outside (0, 1): each fallback plan gets that share of "
+                               f"the primary plan's accelerator memory, e.g. fallbacks=[0.75, 0.5]")
+        if float(f) in out:
+            raise HetpartError(f"fallback fraction {f!r} is given twice; list each level once")
+        out.append(float(f))
+    return tuple(out)
+
+
 def objective_of(value: Any) -> Any:
     """The :class:`~partitioner.solvers.problem.Objective` named by ``value``; else a HetpartError."""
     from partitioner.solvers.problem import Objective
@@ -318,7 +341,6 @@ def objective_of(value: Any) -> Any:
 def _validate(opts: PlanOptions) -> None:
     """Every check that needs no model and no profile (see the module docstring)."""
     from cost_models.training import parse_optimizer
-    from partitioner.plan.live import check_fractions
 
     hw, search, cons, train, pipe, src = (opts.hardware, opts.search, opts.constraints, opts.train, opts.pipeline,
                                          opts.source)
@@ -459,5 +481,5 @@ def options_table() -> str:
     return "\n".join(rows)
 
 
-__all__ = ["FIELDS", "MAX_TIME_LIMIT", "META", "PlanOptions", "UnknownOption", "check_limits", "describe_options",
+__all__ = ["FIELDS", "MAX_TIME_LIMIT", "META", "PlanOptions", "UnknownOption", "check_fractions", "check_limits", "describe_options",
            "objective_of", "options_table"]

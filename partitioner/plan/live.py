@@ -20,11 +20,12 @@ of the primary plan's capacity; a plan *needs* on each device the bytes its ``me
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from cost_models.units import format_bytes
 from partitioner.errors import HetpartError, NoPlanFits
+from partitioner.options import check_fractions
 
 if TYPE_CHECKING:
     from partitioner.plan.reader import FieldReader
@@ -47,29 +48,6 @@ class FallbackPlan:
 
     def to_dict(self) -> dict[str, Any]:
         return {"fraction": self.fraction, "plan": self.plan.to_dict()}
-
-
-def check_fractions(fractions: Any) -> tuple[float, ...]:
-    """The fallback fractions as floats, each in (0, 1), no repeats; else a HetpartError.
-
-    Example:
-        >>> check_fractions([0.75, 0.5])
-        (0.75, 0.5)
-    """
-    if fractions is None:
-        return ()
-    if isinstance(fractions, (str, bytes)) or not isinstance(fractions, Sequence):
-        raise HetpartError(f"fallbacks {fractions!r}: expected a list of fractions, e.g. fallbacks=[0.75, 0.5]")
-    out = []
-    for f in fractions:
-        ok = isinstance(f, (int, float)) and not isinstance(f, bool) and 0 < f < 1
-        if not ok:
-            raise HetpartError(f"fallback fraction {f!r} is outside (0, 1): each fallback plan gets that share of "
-                               f"the primary plan's accelerator memory, e.g. fallbacks=[0.75, 0.5]")
-        if float(f) in out:
-            raise HetpartError(f"fallback fraction {f!r} is given twice; list each level once")
-        out.append(float(f))
-    return tuple(out)
 
 
 def plan_needs(plan: Plan) -> dict[str, int]:
