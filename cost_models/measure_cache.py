@@ -108,6 +108,7 @@ class MeasurementCache:
         for key in self._entries:
             self._index(key)
         self._stale: set[str] = set()   # keys looked up that only another torch version / thread count has
+        self._dropped: set[str] = set()  # keys the file held that could not be trusted (not merged back on save)
         self.dirty = False
 
     # -- file -----------------------------------------------------------------------------------
@@ -148,6 +149,7 @@ class MeasurementCache:
             else:
                 entries[key] = entry
         cache = cls(path, entries)
+        cache._dropped = {key for key in data["entries"] if key not in entries}
         if dropped:
             log.warning("%s: %d measurement cache entries dropped, to be measured again: %s%s", path, len(dropped),
                         "; ".join(dropped[:3]), "; ..." if len(dropped) > 3 else "")
@@ -155,7 +157,11 @@ class MeasurementCache:
         return cache
 
     def save(self) -> Path | None:
-        """Write the cache atomically (nothing when it is in memory only or unchanged)."""
+        """Write the cache atomically (nothing when it is in memory only or unchanged).
+
+        Entries another process saved to the file since it was loaded are kept (merged in; this
+        cache's entries win for the same key), so two profiles run at once lose nothing.
+        """
         if self.path is None or not self.dirty:
             return None
         # A link (a cache kept elsewhere, shared) is written through: its target is replaced
@@ -166,6 +172,10 @@ class MeasurementCache:
         except OSError as err:
             raise HetpartError(f"cannot write the measurement cache {self.path}: {err.strerror or err}; set "
                                f"HETPART_CACHE to a file in a writable folder") from None
+        for key, entry in _trusted_entries(target).items():
+            if key not in self._entries and key not in self._dropped:
+                self._entries[key] = entry
+                self._index(key)
         data: dict[str, Any] = {"format": FORMAT, "version": VERSION, "entries": {
             key: {"samples": list(e.samples), "unsupported": e.unsupported, "load": e.load, "busy": e.busy}
             for key, e in sorted(self._entries.items())
@@ -227,6 +237,24 @@ class MeasurementCache:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+def _trusted_entries(path: Path) -> dict[str, CacheEntry]:
+    """The entries of the cache file at ``path`` that can be trusted; none when it is absent or is not
+    a cache of this version (what :meth:`MeasurementCache.save` merges in before it writes)."""
+    try:
+        data = json.loads(read_text(path, what="measurement cache", max_bytes=MAX_CACHE_BYTES))
+    except (FileNotFoundError, HetpartError, json.JSONDecodeError):
+        return {}
+    if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("version") != VERSION \
+            or not isinstance(data.get("entries"), dict):
+        return {}
+    out = {}
+    for key, raw in data["entries"].items():
+        entry, _ = _entry(key, raw)
+        if entry is not None:
+            out[key] = entry
+    return out
 
 
 def _entry(key: str, raw: Any) -> tuple[CacheEntry | None, str]:

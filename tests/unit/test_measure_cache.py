@@ -194,3 +194,15 @@ def test_the_meter_counts_other_processes_and_not_this_one(mlp, tmp_path: Path) 
             p.wait()
     recorded = [e for e in entries(path).values() if e["samples"]]
     assert recorded and all(e["busy"] and e["load"] > 0.4 for e in recorded)
+
+
+def test_two_profiles_saving_the_same_cache_keep_each_others_entries(tmp_path: Path) -> None:
+    path, env = tmp_path / "m.json", environment("cpu")
+    one, other = MeasurementCache.load(path), MeasurementCache.load(path)   # two processes, started together
+    one.put(env, "forward", "aten.relu.default(f32[4])", [1e-6, 2e-6, 3e-6])
+    other.put(env, "forward", "aten.mm.default(f32[4,4])", [4e-6, 5e-6, 6e-6])
+    one.save()
+    other.save()
+    merged = MeasurementCache.load(path)
+    assert merged.get(env, "forward", "aten.relu.default(f32[4])").samples == (1e-6, 2e-6, 3e-6)
+    assert merged.get(env, "forward", "aten.mm.default(f32[4,4])").samples == (4e-6, 5e-6, 6e-6)
