@@ -81,7 +81,8 @@ class CostTable:
     def __post_init__(self) -> None:
         for name in ("bind", "signatures", "unsupported", "optimizer", "times"):
             object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name))))
-        object.__setattr__(self, "busy", MappingProxyType({d: tuple(sorted(ops)) for d, ops in self.busy.items() if ops}))
+        busy = {d: tuple(sorted(ops)) for d, ops in self.busy.items() if ops}
+        object.__setattr__(self, "busy", MappingProxyType(busy))
         object.__setattr__(self, "copies", tuple(self.copies))
 
     def seconds(self, op: str, physical: str, field: str) -> float | None:

@@ -33,9 +33,10 @@ The load: a :class:`~cost_models.machine_load.Meter` (default
 threads left out) reads how busy the machine was over the samples of each flush, and the cache
 records it with them. An entry measured while busy is measured again when the warm-up pass finds
 the machine not busy (a warm-up too short to tell is waited out to :data:`DECIDE_S`, only when some
-entry of the graph was measured while busy); while it is still busy the entry is reused, and the ops priced from such
-entries are listed in :attr:`DeviceMeasurements.busy` (the plan's summary says how many), with a
-warning. Busy samples never replace quiet ones (:meth:`~cost_models.measure_cache.MeasurementCache.put`).
+entry of the graph was measured while busy); while it is still busy the entry is reused, and the
+ops priced from such entries are listed in :attr:`DeviceMeasurements.busy` (the plan's summary
+says how many), with a warning. Busy samples never replace quiet ones
+(:meth:`~cost_models.measure_cache.MeasurementCache.put`).
 """
 
 from __future__ import annotations
@@ -250,7 +251,9 @@ class _Run:
 
     def _usable(self, entry: CacheEntry | None) -> bool:
         """An entry with ``min_repeats`` samples, measured while quiet or the machine is busy now too."""
-        return entry is not None and len(entry.samples) >= self.options.min_repeats and (not entry.busy or self.busy_now)
+        if entry is None or len(entry.samples) < self.options.min_repeats:
+            return False
+        return not entry.busy or self.busy_now
 
     def _count(self, wanted: int, one_pass_s: float) -> int:
         """Timed passes to run once one took ``one_pass_s``: fewer when slow, never below min_repeats."""

@@ -151,8 +151,9 @@ class MeasurementCache:
         cache = cls(path, entries)
         cache._dropped = {key for key in data["entries"] if key not in entries}
         if dropped:
-            log.warning("%s: %d measurement cache entries dropped, to be measured again: %s%s", path, len(dropped),
-                        "; ".join(dropped[:3]), "; ..." if len(dropped) > 3 else "")
+            log.warning("%s: %d untrusted measurement cache %s dropped, to be measured again: %s%s", path,
+                        len(dropped), "entry" if len(dropped) == 1 else "entries", "; ".join(dropped[:3]),
+                        "; ..." if len(dropped) > 3 else "")
             cache.dirty = True   # the next save leaves them out
         return cache
 
@@ -239,6 +240,10 @@ class MeasurementCache:
         return len(self._entries)
 
 
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _trusted_entries(path: Path) -> dict[str, CacheEntry]:
     """The entries of the cache file at ``path`` that can be trusted; none when it is absent or is not
     a cache of this version (what :meth:`MeasurementCache.save` merges in before it writes)."""
@@ -266,12 +271,11 @@ def _entry(key: str, raw: Any) -> tuple[CacheEntry | None, str]:
         return None, "not an object"
     samples, unsupported = raw.get("samples", []), raw.get("unsupported")
     busy, load = raw.get("busy", False), raw.get("load")
-    if not isinstance(samples, list) or not all(isinstance(s, (int, float)) and not isinstance(s, bool) for s in samples):
+    if not isinstance(samples, list) or not all(_number(s) for s in samples):
         return None, "samples are not a list of numbers"
     if unsupported is not None and not isinstance(unsupported, str):
         return None, "unsupported is not a reason"
-    if not isinstance(busy, bool) or not (load is None or (isinstance(load, (int, float)) and not isinstance(load, bool)
-                                                             and math.isfinite(load) and load >= 0)):
+    if not isinstance(busy, bool) or not (load is None or (_number(load) and math.isfinite(load) and load >= 0)):
         return None, "its load is not a number of CPUs"
     # a CPU time brackets a call, never 0; a backward share may be 0 (an op without autograd nodes),
     # and so may a GPU op that launches no kernel (its events are back to back)

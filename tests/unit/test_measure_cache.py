@@ -54,7 +54,8 @@ def test_an_entry_out_of_range_is_dropped_with_a_log_line_and_measured_again(
     path.write_text(json.dumps(data))          # json writes inf and nan as Infinity and NaN, and reads them back
     with caplog.at_level(logging.WARNING, logger="cost_models.measure_cache"):
         cache = MeasurementCache.load(path)
-    assert "1 measurement cache entries dropped" in caplog.text and poisoned in caplog.text
+    assert "1 untrusted measurement cache entry dropped, to be measured again" in caplog.text
+    assert poisoned in caplog.text
     assert cache.get(environment("cpu"), "forward", poisoned.split("|", 4)[4]) is None
     assert cache.get(environment("cpu"), "forward", kept.split("|", 4)[4]) is not None
     again = measure_ops(graph.source.module(), inputs, "cpu", options=FAST, cache=cache, meter=QUIET)
@@ -110,10 +111,12 @@ def test_a_cache_that_cannot_be_written_loses_no_measurement(mlp, tmp_path: Path
 # -- how busy the machine was -----------------------------------------------------------------
 
 
-def test_an_entry_measured_while_busy_says_so_and_is_measured_again_when_quiet(mlp, tmp_path: Path) -> None:  # noqa: ANN001
+def test_an_entry_measured_while_busy_says_so_and_is_measured_again_when_quiet(
+        mlp, tmp_path: Path) -> None:  # noqa: ANN001
     graph, inputs = mlp
     path = tmp_path / "m.json"
-    busy = measure_ops(graph.source.module(), inputs, "cpu", options=FAST, cache=MeasurementCache.load(path), meter=BUSY)
+    busy = measure_ops(graph.source.module(), inputs, "cpu", options=FAST, cache=MeasurementCache.load(path),
+                       meter=BUSY)
     assert busy.busy == set(busy.ops)
     counts = {k: len(e["samples"]) for k, e in entries(path).items()}
     assert all(e["busy"] and e["load"] == pytest.approx(1.8) for e in entries(path).values() if e["samples"])
