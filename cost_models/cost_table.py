@@ -37,6 +37,7 @@ from types import MappingProxyType
 from typing import Any, NoReturn
 
 from cost_models.copies import CopyTime
+from cost_models.measure_cache import MAX_SAMPLE_S
 from partitioner.errors import HetpartError
 from partitioner.files import read_text, refuse_overwrite, write_atomic
 
@@ -151,7 +152,7 @@ class CostTable:
         for op, entry in ops.items():
             e = r.mapping(entry, f"ops.{op}")
             signatures[op] = r.string(e.get("signature"), f"ops.{op}.signature")
-            times[op] = {dev: {f: r.seconds(v, f"ops.{op}.times.{dev}.{f}") for f, v in r.mapping(t, f"ops.{op}.times.{dev}").items()
+            times[op] = {dev: {f: r.time(v, f"ops.{op}.times.{dev}.{f}") for f, v in r.mapping(t, f"ops.{op}.times.{dev}").items()
                                if r.field(f, f"ops.{op}.times.{dev}")}
                          for dev, t in r.mapping(e.get("times"), f"ops.{op}.times").items()}
         copies = []
@@ -159,7 +160,7 @@ class CostTable:
             c = r.mapping(c, f"copies[{i}]")
             copies.append(CopyTime(r.string(c.get("from"), f"copies[{i}].from"), r.string(c.get("to"), f"copies[{i}].to"),
                                    bool(c.get("pinned")), int(r.seconds(c.get("bytes"), f"copies[{i}].bytes") or 0),
-                                   r.seconds(c.get("seconds"), f"copies[{i}].seconds") or 0.0))
+                                   r.time(c.get("seconds"), f"copies[{i}].seconds") or 0.0))
         threads = top["threads"]
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
             r.fail("threads", f"expected a thread count, got {threads!r}")
@@ -207,6 +208,14 @@ class _Reader:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
             self.fail(path, f"expected a non-negative number or null, got {value!r}")
         return float(value)
+
+    def time(self, value: Any, path: str) -> float | None:
+        """A measured time: a non-negative number of at most MAX_SAMPLE_S (what a profile can measure), or null."""
+        seconds = self.seconds(value, path)
+        if seconds is not None and seconds > MAX_SAMPLE_S:
+            self.fail(path, f"{seconds!r} s is longer than any op or copy `hetpart profile` measures "
+                            f"({MAX_SAMPLE_S:g} s at most): re-run `hetpart profile`")
+        return seconds
 
     def field(self, name: str, path: str) -> bool:
         if name not in TIME_FIELDS:
