@@ -14,7 +14,8 @@ affinity mask::
 machine is other work too). This process's own threads are never counted (torch's intra-op threads
 measuring are not "other work": a load average counts them). Each counter is read to the tick, so
 ``resolution_s`` is ``(cpus + 2)`` ticks: a span too short to tell (a few tens of milliseconds) is
-not busy, and neither is a machine without ``/proc`` (``others_s`` is None there: unknown).
+not busy, and neither is a machine without ``/proc`` (``others_s`` is None there: unknown). The
+load is the host CPUs': another process's kernels on a shared GPU are not seen.
 
 Why: times measured while other processes share the cores are too high (5x to 15x seen for whole
 models after a busy hour). :mod:`cost_models.measure_cache` records each entry's load, so that an
