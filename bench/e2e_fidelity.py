@@ -33,6 +33,7 @@ import torch
 import models
 from cost_models.allocator import keep_freed_memory
 from cost_models.calibrate import calibrate
+from cost_models.machine_load import LoadMeter
 from cost_models.measure import MeasureOptions
 from cost_models.measure_cache import MeasurementCache
 from cost_models.profiled import ProfiledCosts
@@ -200,6 +201,7 @@ def two_device_check(model: str, profile: DeviceSet, args: object) -> None:
 def run(args: object) -> int:
     """The end-to-end section: calibrate, the model rows, the targets, the two-device check."""
     print(f"end-to-end on this CPU: torch {torch.__version__}, {torch.get_num_threads()} threads; {load_note()}")
+    whole_run = LoadMeter()
     # the state the profiler measures in, and the one a steady training loop should run in
     print(f"allocator: {keep_freed_memory().describe()}")
     profile = local_profile(args)
@@ -212,5 +214,5 @@ def run(args: object) -> int:
     ok = summarize(rows)
     if args.two_device:
         two_device_check(args.two_device, profile, args)
-    print(f"\nat the end: {load_note()}")
+    print(f"\nover the run: {load_note(whole_run)}")
     return 0 if ok else 1

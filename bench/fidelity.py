@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves
 
+from cost_models.machine_load import LoadMeter
 from cost_models.measure import MeasureOptions, make_optimizer, measure_ops
 from cost_models.measure_cache import MeasurementCache
 
@@ -130,8 +131,21 @@ def kendall_tau(a: Sequence[float], b: Sequence[float]) -> float:
     return (concordant - discordant) / max(concordant + discordant, 1)
 
 
-def load_note() -> str:
-    """``load 0.3 on 2 cores: quiet`` or ``load 5.1 on 2 cores: LOADED — timings not meaningful``."""
-    load, cores = os.getloadavg()[0], os.cpu_count() or 1
-    state = "quiet" if load < 0.5 * cores else "LOADED — other processes share the cores: timings are not meaningful"
-    return f"load average {load:.1f} on {cores} cores: {state}"
+def load_note(since: LoadMeter | None = None) -> str:
+    """``other processes used 0.03 of 2 CPUs over 1 s (this process not counted): quiet``, or ``...: LOADED``.
+
+    The CPU time of *other* processes (``cost_models.machine_load``): this process's own threads, which
+    are busy measuring, are not counted, as a load average would count them. ``since``: over the span
+    since that meter started (the whole run); without it, over the next second, this process idle.
+    """
+    meter = since if since is not None else LoadMeter()
+    if since is None:
+        time.sleep(1.0)
+    reading = meter.reading()
+    if reading.load is None:   # no /proc here: the load average, which counts this process too
+        load, cores = os.getloadavg()[0], os.cpu_count() or 1
+        state = "quiet" if load < 0.5 * cores else "LOADED — timings are not meaningful"
+        return f"load average {load:.1f} on {cores} cores (this process included): {state}"
+    state = ("LOADED — other processes share the cores: timings are not meaningful" if reading.busy
+             else "quiet" if reading.quiet else "too short to tell")
+    return f"{reading.describe()} (this process not counted): {state}"

@@ -44,7 +44,7 @@ from typing import Any
 
 from cost_models.profiles import DeviceSet, Link, builtin_profiles, load_profile
 from cost_models.units import parse_bandwidth, parse_seconds
-from partitioner.errors import ProfileError
+from partitioner.errors import HetpartError, ProfileError
 
 __all__ = ["Host", "Network", "Cluster", "is_cluster", "cluster_from_dict", "load_cluster"]
 
@@ -168,17 +168,20 @@ def load_cluster(name_or_path: str | Path) -> Cluster:
     """
     import tomllib
 
-    from cost_models.profiles import builtin_profile_path
+    from cost_models.profiles import MAX_PROFILE_BYTES, builtin_profile_path
+    from partitioner.files import read_text  # partitioner imports this module: a late import
 
     spec = str(name_or_path)
     path = builtin_profile_path(spec) if spec in builtin_profiles() else Path(spec)
     source = f"builtin:{spec}" if spec in builtin_profiles() else spec
-    if not path.is_file():
+    if not path.exists():
         raise ProfileError(f"cluster profile {spec!r} does not exist: give a built-in name or a TOML path")
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
+    try:   # a regular file of bounded size: a FIFO or a device is refused before it is read
+        data = tomllib.loads(read_text(path, what="cluster profile", max_bytes=MAX_PROFILE_BYTES))
+    except (OSError, tomllib.TOMLDecodeError) as err:
         raise ProfileError(f"{source}: cannot read the cluster profile: {err}") from None
+    except HetpartError as err:
+        raise ProfileError(str(err)) from None
     if not is_cluster(data):
         raise ProfileError(f"{source}: not a cluster profile (no [[hosts]]); a cluster lists its hosts, "
                            f"e.g. [[hosts]] profile = \"h200-host\"")

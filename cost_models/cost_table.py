@@ -16,10 +16,14 @@ The file::
                                           "backward_s": 4.4e-3}}}},
      "unsupported": {"my_op": {"cpu": "NotImplementedError: ..."}},
      "optimizer": {"cpu": {"adam": 8.7e-09}},                # step seconds per trainable byte
-     "copies": [{"from": "cpu", "to": "cuda:0", "pinned": true, "bytes": 4096, "seconds": 1.7e-05}]}
+     "copies": [{"from": "cpu", "to": "cuda:0", "pinned": true, "bytes": 4096, "seconds": 1.7e-05}],
+     "busy": {"cpu": ["linear", "relu"]}}                    # optional: ops measured while the machine was busy
 
 Times are keyed by physical device; ``bind`` says which logical devices of a profile they stand
-for. A ``null`` time was not measured (an inference-only profile has no backward).
+for. A ``null`` time was not measured (an inference-only profile has no backward). ``busy`` lists,
+per physical device, the ops whose times were measured while other processes shared the CPUs
+(:mod:`cost_models.machine_load`); the plans priced from them say so. The file is read only when it
+is a regular file of at most :data:`MAX_COSTS_BYTES` (:func:`partitioner.files.read_text`).
 """
 
 from __future__ import annotations
@@ -33,16 +37,19 @@ from types import MappingProxyType
 from typing import Any, NoReturn
 
 from cost_models.copies import CopyTime
+from cost_models.measure_cache import MAX_SAMPLE_S
 from partitioner.errors import HetpartError
-from partitioner.files import refuse_overwrite, write_atomic
+from partitioner.files import read_text, refuse_overwrite, write_atomic
 
-__all__ = ["CostTable", "CostsFileError", "FORMAT", "VERSION"]
+__all__ = ["CostTable", "CostsFileError", "FORMAT", "VERSION", "MAX_COSTS_BYTES"]
 
 FORMAT = "hetpart-costs"
 VERSION = 1
 TIME_FIELDS = ("forward_s", "train_forward_s", "backward_s")
 _KEYS = ("format", "version", "model", "fingerprint", "torch", "threads", "bind", "ops", "unsupported",
          "optimizer", "copies")
+_OPTIONAL = ("busy",)
+MAX_COSTS_BYTES = 1 << 29  # 512 MiB: a model of a million ops; a larger file is not a costs file
 
 
 class CostsFileError(HetpartError, ValueError):
@@ -69,11 +76,14 @@ class CostTable:
     unsupported: Mapping[str, Mapping[str, str]] = dataclasses.field(default_factory=dict)  # op -> physical -> why
     optimizer: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)  # physical -> opt -> s/byte
     copies: tuple[CopyTime, ...] = ()
+    busy: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)  # physical -> ops measured busy
     source: str = dataclasses.field(default="<costs>", compare=False)
 
     def __post_init__(self) -> None:
         for name in ("bind", "signatures", "unsupported", "optimizer", "times"):
             object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name))))
+        busy = {d: tuple(sorted(ops)) for d, ops in self.busy.items() if ops}
+        object.__setattr__(self, "busy", MappingProxyType(busy))
         object.__setattr__(self, "copies", tuple(self.copies))
 
     def seconds(self, op: str, physical: str, field: str) -> float | None:
@@ -94,6 +104,7 @@ class CostTable:
             "optimizer": {d: dict(v) for d, v in self.optimizer.items()},
             "copies": [{"from": c.src, "to": c.dst, "pinned": c.pinned, "bytes": c.nbytes, "seconds": c.seconds}
                        for c in self.copies],
+            **({"busy": {d: list(ops) for d, ops in self.busy.items()}} if self.busy else {}),
         }
 
     def save(self, path: str | os.PathLike[str], *, force: bool = False) -> Path:
@@ -112,11 +123,9 @@ class CostTable:
         """
         path = Path(path)
         try:
-            text = path.read_text(encoding="utf-8")
+            text = read_text(path, what="costs file", max_bytes=MAX_COSTS_BYTES)
         except FileNotFoundError:
             raise HetpartError(f"{path}: no such costs file; make one with `hetpart profile MODEL -o {path}`") from None
-        except (OSError, UnicodeDecodeError) as err:
-            raise HetpartError(f"{path}: cannot read the costs file: {err}") from None
         try:
             data = json.loads(text)
         except json.JSONDecodeError as err:
@@ -132,9 +141,9 @@ class CostTable:
             r.fail("format", f"expected {FORMAT!r}: this is not a file `hetpart profile` wrote")
         if top.get("version") != VERSION:
             r.fail("version", f"{top.get('version')!r}: this hetpart reads version {VERSION}; re-run `hetpart profile`")
-        unknown = [k for k in top if k not in _KEYS]
+        unknown = [k for k in top if k not in _KEYS and k not in _OPTIONAL]
         if unknown:
-            r.fail(unknown[0], f"unknown field; the fields are {', '.join(_KEYS)}")
+            r.fail(unknown[0], f"unknown field; the fields are {', '.join(_KEYS + _OPTIONAL)}")
         for key in _KEYS:
             if key not in top:
                 r.fail(key, "missing")
@@ -143,7 +152,7 @@ class CostTable:
         for op, entry in ops.items():
             e = r.mapping(entry, f"ops.{op}")
             signatures[op] = r.string(e.get("signature"), f"ops.{op}.signature")
-            times[op] = {dev: {f: r.seconds(v, f"ops.{op}.times.{dev}.{f}") for f, v in r.mapping(t, f"ops.{op}.times.{dev}").items()
+            times[op] = {dev: {f: r.time(v, f"ops.{op}.times.{dev}.{f}") for f, v in r.mapping(t, f"ops.{op}.times.{dev}").items()
                                if r.field(f, f"ops.{op}.times.{dev}")}
                          for dev, t in r.mapping(e.get("times"), f"ops.{op}.times").items()}
         copies = []
@@ -151,7 +160,7 @@ class CostTable:
             c = r.mapping(c, f"copies[{i}]")
             copies.append(CopyTime(r.string(c.get("from"), f"copies[{i}].from"), r.string(c.get("to"), f"copies[{i}].to"),
                                    bool(c.get("pinned")), int(r.seconds(c.get("bytes"), f"copies[{i}].bytes") or 0),
-                                   r.seconds(c.get("seconds"), f"copies[{i}].seconds") or 0.0))
+                                   r.time(c.get("seconds"), f"copies[{i}].seconds") or 0.0))
         threads = top["threads"]
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
             r.fail("threads", f"expected a thread count, got {threads!r}")
@@ -164,7 +173,10 @@ class CostTable:
                          for op, v in r.mapping(top["unsupported"], "unsupported").items()},
             optimizer={d: {o: r.seconds(s, f"optimizer.{d}.{o}") or 0.0 for o, s in r.mapping(v, f"optimizer.{d}").items()}
                        for d, v in r.mapping(top["optimizer"], "optimizer").items()},
-            copies=tuple(copies), source=source,
+            copies=tuple(copies),
+            busy={d: tuple(r.string(op, f"busy.{d}[{i}]") for i, op in enumerate(r.array(v, f"busy.{d}")))
+                  for d, v in r.mapping(top.get("busy", {}), "busy").items()},
+            source=source,
         )
 
 
@@ -180,6 +192,11 @@ class _Reader:
             self.fail(path or "the file", f"expected an object, got {type(value).__name__}")
         return value
 
+    def array(self, value: Any, path: str) -> list[Any]:
+        if not isinstance(value, list):
+            self.fail(path, f"expected a list, got {type(value).__name__}")
+        return value
+
     def string(self, value: Any, path: str) -> str:
         if not isinstance(value, str):
             self.fail(path, f"expected a string, got {value!r}")
@@ -191,6 +208,14 @@ class _Reader:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
             self.fail(path, f"expected a non-negative number or null, got {value!r}")
         return float(value)
+
+    def time(self, value: Any, path: str) -> float | None:
+        """A measured time: a non-negative number of at most MAX_SAMPLE_S (what a profile can measure), or null."""
+        seconds = self.seconds(value, path)
+        if seconds is not None and seconds > MAX_SAMPLE_S:
+            self.fail(path, f"{seconds!r} s is longer than any op or copy `hetpart profile` measures "
+                            f"({MAX_SAMPLE_S:g} s at most): re-run `hetpart profile`")
+        return seconds
 
     def field(self, name: str, path: str) -> bool:
         if name not in TIME_FIELDS:

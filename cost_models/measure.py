@@ -27,6 +27,16 @@ error) and the pass goes on with its output computed on the CPU, or zeros of its
 instead of aborting. ``KeyboardInterrupt`` stops the measuring: what was measured so far is put in
 the cache (saved atomically) and returned with ``interrupted=True``. Threads: ``threads`` fixes
 torch's intra-op thread count while measuring; it is part of every cache key.
+
+The load: a :class:`~cost_models.machine_load.Meter` (default
+:class:`~cost_models.machine_load.LoadMeter`: other processes' CPU time, this process's own
+threads left out) reads how busy the machine was over the samples of each flush, and the cache
+records it with them. An entry measured while busy is measured again when the warm-up pass finds
+the machine not busy (a warm-up too short to tell is waited out to :data:`DECIDE_S`, only when some
+entry of the graph was measured while busy); while it is still busy the entry is reused, and the
+ops priced from such entries are listed in :attr:`DeviceMeasurements.busy` (the plan's summary
+says how many), with a warning. Busy samples never replace quiet ones
+(:meth:`~cost_models.measure_cache.MeasurementCache.put`).
 """
 
 from __future__ import annotations
@@ -44,10 +54,12 @@ import torch.fx
 from torch.utils._pytree import tree_leaves, tree_map
 
 from cost_models.allocator import keep_freed_memory
-from cost_models.measure_cache import MeasurementCache
+from cost_models.machine_load import LoadMeter, LoadReading, Meter
+from cost_models.measure_cache import CacheEntry, MeasurementCache
 from cost_models.signature import Environment, environment
 from cost_models.timed_pass import Clock, PassStopped, TimedPass, backward_timing
 from cost_models.training import parse_optimizer
+from partitioner.errors import HetpartError
 
 __all__ = ["MeasureOptions", "OpTimes", "DeviceMeasurements", "measure_ops", "make_optimizer", "ProgressFn"]
 
@@ -56,6 +68,9 @@ log = logging.getLogger(__name__)
 #: ``progress(done, total, what)``: called after each pass (``what`` names the device and phase).
 ProgressFn = Callable[[int, int, str], None]
 _SAVE_EVERY_S = 5.0
+#: The shortest span that decides whether the machine is busy now, when an entry measured while busy
+#: could be reused: on 2 CPUs, counters of 10 ms ticks tell 0.6 CPUs of other work from none in it.
+DECIDE_S = 0.25
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +109,8 @@ class DeviceMeasurements:
     cached: int = 0                             # (kind, signature) answered by the cache alone
     stale: int = 0                              # lookups that found only another torch version / thread count
     interrupted: bool = False
+    busy: set[str] = dataclasses.field(default_factory=set)  # ops whose times were measured while busy
+    load: LoadReading | None = None             # the load over the last samples this run took (None: none taken)
 
 
 def make_optimizer(name: str, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
@@ -122,11 +139,13 @@ def measure_ops(
     options: MeasureOptions = MeasureOptions(),
     cache: MeasurementCache | None = None,
     progress: ProgressFn | None = None,
+    meter: Meter | None = None,
 ) -> DeviceMeasurements:
     """Time every call node of ``gm`` run on ``args`` on ``device`` (see the module docstring).
 
     ``gm`` is not modified: it is copied to the device (always copied for training passes,
-    whose optimizer step changes the weights).
+    whose optimizer step changes the weights). ``meter`` reads the machine's load (default: a
+    :class:`~cost_models.machine_load.LoadMeter`).
 
     Example:
         >>> m = measure_ops(program.module(), inputs, "cpu")        # doctest: +SKIP
@@ -138,7 +157,7 @@ def measure_ops(
     keep_freed_memory()   # times of a loop whose freed pages are reused, not faulted in again
     with _threads(options.threads):
         env = environment(str(dev))
-        run = _Run(gm, args, dev, env, options, cache, progress)
+        run = _Run(gm, args, dev, env, options, cache, progress, meter if meter is not None else LoadMeter())
         try:
             run.measure()
         except KeyboardInterrupt:
@@ -146,8 +165,21 @@ def measure_ops(
             log.warning("measuring on %s interrupted: keeping %d measured samples", dev, run.kept)
         finally:
             run.flush()
-            cache.save()
+            _save(cache)
+    if run.result.busy:
+        load = run.result.load.describe() if run.result.load is not None else "the machine was busy"
+        log.warning("%d of %d ops on %s were measured while other processes shared the CPUs (%s): their times may "
+                    "be too high; they are measured again when the machine is quiet", len(run.result.busy),
+                    len(run.result.ops), dev, load)
     return run.result
+
+
+def _save(cache: MeasurementCache) -> None:
+    """Save the cache; a cache that cannot be written loses no measurement of this run, only the keeping."""
+    try:
+        cache.save()
+    except HetpartError as err:
+        log.warning("the measurements are used but not kept: %s", err)
 
 
 @contextlib.contextmanager
@@ -165,9 +197,11 @@ class _Run:
     """The state of measuring one graph on one device: samples per signature, flushed to the cache."""
 
     def __init__(self, gm: torch.fx.GraphModule, args: tuple, dev: torch.device, env: Environment,
-                 options: MeasureOptions, cache: MeasurementCache, progress: ProgressFn | None) -> None:
+                 options: MeasureOptions, cache: MeasurementCache, progress: ProgressFn | None,
+                 meter: Meter) -> None:
         self.gm, self.args, self.dev, self.env = gm, args, dev, env
-        self.options, self.cache, self.progress = options, cache, progress
+        self.options, self.cache, self.progress, self.meter = options, cache, progress, meter
+        self.busy_now = False   # whether the warm-up found the machine busy (then busy entries are reused)
         self.clock = Clock(dev)
         self.failed: dict[str, str] = {}
         self.signatures: dict[str, str] = {}
@@ -185,7 +219,11 @@ class _Run:
         args = _args_on(self.args, self.dev)
         kinds: tuple[str, ...] = ("forward",)
         with torch.inference_mode():
+            self.meter.restart()
             self._passes(module, args, self.options.warmup, "warm-up", timed=False)
+            self.busy_now = self._busy_now(kinds=("forward", "train_forward", "backward")
+                                           if self.options.training else ("forward",))
+            self.meter.restart()   # the first samples' span begins here
             if self._missing("forward"):
                 self._passes(module, args, self.options.repeats, "forward", timed=True)
         if self.options.training:
@@ -193,10 +231,29 @@ class _Run:
             self._training(_on_device(self.gm, self.dev, copy_always=True), args)
         self._collect(kinds)
 
+    def _busy_now(self, kinds: tuple[str, ...]) -> bool:
+        """Whether the machine is busy now, over the warm-up (waited out to :data:`DECIDE_S` when that
+        is too short to tell); asked only when some entry of the graph was measured while busy."""
+        looked_up = (self.cache.get(self.env, kind, sig) for kind in kinds for sig in set(self.signatures.values()))
+        if not any(e is not None and e.busy for e in looked_up):
+            return False
+        reading = self.meter.reading()
+        if not (reading.busy or reading.quiet) and reading.wall_s < DECIDE_S:
+            time.sleep(DECIDE_S - reading.wall_s)   # this process idle: what is counted is other processes' work
+            reading = self.meter.reading()
+        return reading.busy
+
     def _missing(self, kind: str) -> bool:
-        """Whether some op's signature lacks ``min_repeats`` samples of ``kind`` in the cache."""
+        """Whether some op's signature lacks ``min_repeats`` samples of ``kind`` in the cache, or has
+        only samples measured while busy when the machine is not busy now."""
         entries = [self.cache.get(self.env, kind, sig) for op, sig in self.signatures.items() if op not in self.failed]
-        return any(e is None or len(e.samples) < self.options.min_repeats for e in entries)
+        return any(not self._usable(e) for e in entries)
+
+    def _usable(self, entry: CacheEntry | None) -> bool:
+        """An entry with ``min_repeats`` samples, measured while quiet or the machine is busy now too."""
+        if entry is None or len(entry.samples) < self.options.min_repeats:
+            return False
+        return not entry.busy or self.busy_now
 
     def _count(self, wanted: int, one_pass_s: float) -> int:
         """Timed passes to run once one took ``one_pass_s``: fewer when slow, never below min_repeats."""
@@ -227,8 +284,7 @@ class _Run:
         nbytes = sum(p.numel() * p.element_size() for p in params)
         name = parse_optimizer(self.options.optimizer).value
         opt_sig = f"optimizer.{name}(params={len(params)}, bytes={nbytes})"
-        opt_entry = self.cache.get(self.env, "optimizer", opt_sig)
-        complete = opt_entry is not None and len(opt_entry.samples) >= self.options.min_repeats
+        complete = self._usable(self.cache.get(self.env, "optimizer", opt_sig))
         if complete and not (self._missing("train_forward") or self._missing("backward")):
             self._optimizer_rate(name, opt_sig, nbytes)
             return
@@ -269,7 +325,8 @@ class _Run:
             done += 1
             self._report(done, total, f"{self.dev} training")
         if opt_samples:
-            self.cache.put(self.env, "optimizer", opt_sig, opt_samples)
+            reading = self.meter.reading()   # flushed below: the same span as the training samples
+            self.cache.put(self.env, "optimizer", opt_sig, opt_samples, busy=reading.busy, load=reading.load)
         self._optimizer_rate(name, opt_sig, nbytes)
 
     def _optimizer_rate(self, name: str, signature: str, nbytes: int) -> None:
@@ -287,15 +344,19 @@ class _Run:
                 self.pending.setdefault((kind, sig), []).append(s)
         if time.perf_counter() - self.last_save > _SAVE_EVERY_S:
             self.flush()
-            self.cache.save()
+            _save(self.cache)
 
     def flush(self) -> None:
-        """Move pending samples (and failures) into the cache."""
-        for (kind, sig), samples in self.pending.items():
-            self.sampled.add((kind, sig))
-            self.cache.put(self.env, kind, sig, samples)
-            self.kept += len(samples)
-        self.pending.clear()
+        """Move pending samples (and failures) into the cache, with the load over the span they were taken in."""
+        if self.pending:
+            reading = self.meter.reading()
+            self.result.load = reading
+            for (kind, sig), samples in self.pending.items():
+                self.sampled.add((kind, sig))
+                self.cache.put(self.env, kind, sig, samples, busy=reading.busy, load=reading.load)
+                self.kept += len(samples)
+            self.pending.clear()
+            self.meter.restart()
         for op, reason in self.failed.items():
             if op in self.signatures:
                 self.cache.put(self.env, "forward", self.signatures[op], unsupported=reason)
@@ -313,6 +374,8 @@ class _Run:
                     setattr(times, field[kind], entry.seconds)
                     if (kind, sig) not in self.sampled:
                         from_cache.add((kind, sig))
+                    if entry.busy:
+                        self.result.busy.add(op)
             self.result.ops[op] = times
         self.result.cached = len(from_cache)
         self.result.stale = self.cache.stale - self.stale_before

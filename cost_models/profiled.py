@@ -7,9 +7,9 @@ backward (training), a copy between two devices (interpolated between measured s
 optimizer step (measured seconds per trainable byte) — and from the analytic model for whatever
 was not measured (a device not present here, an op that is new, a training plan on an
 inference-only profile). :meth:`ProfiledCosts.record` says, per device, how many ops were priced
-from measurements and which fell back; an op that failed on a device when measured is
-unsupported there (:meth:`ProfiledCosts.unsupported` gives the reason and the problem never places
-it there).
+from measurements, how many of those were measured while the machine was busy, and which fell
+back; an op that failed on a device when measured is unsupported there
+(:meth:`ProfiledCosts.unsupported` gives the reason and the problem never places it there).
 
 :func:`resolve_costs` turns ``partition(..., costs=...)`` into a model: ``"analytic"``,
 ``"profiled"`` (measure the model now, through the local measurement cache), a costs file path,
@@ -111,6 +111,11 @@ class ProfiledCosts(CostModel):
     def record(self) -> dict[str, Any]:
         out: dict[str, Any] = {"model": self.name, "source": self.source,
                                "measured": {d: len(ops) for d, ops in sorted(self._measured.items())}}
+        busy = {d: len(ops & set(self.table.busy.get(self.table.bind.get(d, ""), ())))
+                for d, ops in sorted(self._measured.items())}
+        busy = {d: n for d, n in busy.items() if n}
+        if busy:
+            out["busy"] = busy
         fell_back = {d: tuple(sorted(ops)) for d, ops in sorted(self._fell_back.items()) if ops}
         if fell_back:
             out["fell_back"] = fell_back

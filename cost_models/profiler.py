@@ -26,6 +26,7 @@ from torch.utils._pytree import tree_leaves
 
 from cost_models.copies import measure_copies, representative_sizes
 from cost_models.cost_table import CostTable
+from cost_models.machine_load import Meter
 from cost_models.measure import MeasureOptions, ProgressFn, measure_ops
 from cost_models.measure_cache import MeasurementCache
 from cost_models.profiles import DeviceSet
@@ -112,9 +113,12 @@ def profile_graph(
     cache: MeasurementCache | None = None,
     progress: ProgressFn | None = None,
     model_name: str | None = None,
+    meter: Meter | None = None,
 ) -> Profile:
     """Measure every op of ``graph`` on each device of ``devices`` present here (or bound), and
-    the copies between them (see the module docstring).
+    the copies between them (see the module docstring). ``meter`` reads the machine's load while
+    measuring (default :class:`~cost_models.machine_load.LoadMeter`); the table lists the ops
+    measured while it was busy (:attr:`CostTable.busy <cost_models.cost_table.CostTable.busy>`).
 
     Example:
         >>> module, inputs = models.get("gpt", "tiny")
@@ -132,10 +136,12 @@ def profile_graph(
     times: dict[str, dict[str, dict[str, float | None]]] = {}
     unsupported: dict[str, dict[str, str]] = {}
     optimizer: dict[str, dict[str, float]] = {}
+    busy: dict[str, set[str]] = {}
     interrupted, passes, cached, stale = False, 0, 0, 0
     for physical in dict.fromkeys(binding.values()):
-        measured = measure_ops(gm, args, physical, options=options, cache=cache, progress=progress)
+        measured = measure_ops(gm, args, physical, options=options, cache=cache, progress=progress, meter=meter)
         passes, cached, stale = passes + measured.passes, cached + measured.cached, stale + measured.stale
+        busy[physical] = {op for op in measured.busy if op in graph.ops}
         for op, t in measured.ops.items():
             if op not in graph.ops:
                 continue   # export's guard module and other nodes that are not ops of the graph
@@ -163,7 +169,7 @@ def profile_graph(
     table = CostTable(
         model=model_name or graph.name, fingerprint=graph.fingerprint(), torch=torch.__version__,
         threads=env_threads, bind=binding, signatures=signatures, times=times, unsupported=unsupported,
-        optimizer=optimizer, copies=copies,
+        optimizer=optimizer, copies=copies, busy=busy,
     )
     return Profile(table, interrupted, cached, stale, passes)
 

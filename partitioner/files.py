@@ -2,8 +2,9 @@
 work, refuse to overwrite without ``force``, never replace what is not a regular file, and replace
 files atomically.
 
-Inputs are read with :func:`read_text`: a regular file of bounded size (a FIFO would block,
-a device or a huge file exhaust memory).
+Inputs are read with :func:`open_input` (or :func:`read_bytes`, :func:`read_text` on top of it): a
+regular file of bounded size, checked before and after it is opened without blocking (a FIFO would
+block, a device or a huge file exhaust memory).
 
 In: a target path and its bytes. Out: the file, either as it was or whole: a temporary file made
 with :func:`tempfile.mkstemp` beside the target (a unique name, so no file of the user's is
@@ -31,10 +32,12 @@ import tempfile
 import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import BinaryIO
 
 from partitioner.errors import HetpartError
 
-__all__ = ["check_output", "read_text", "refuse_overwrite", "write_atomic", "write_folder"]
+__all__ = ["check_output", "open_input", "read_bytes", "read_text", "refuse_overwrite", "write_atomic",
+           "write_folder"]
 
 
 def check_output(path: str | os.PathLike[str], *, force: bool, replace_special: bool = False,
@@ -129,9 +132,71 @@ def write_atomic(path: str | os.PathLike[str], data: bytes, *, replace_special: 
     return path
 
 
+def open_input(path: str | os.PathLike[str], *, what: str, max_bytes: int) -> BinaryIO:
+    """Open an input file (a plan, a profile, a costs file, a cache, an ``--input`` array, a
+    model) for reading in binary, once it is known to be a regular file of at most ``max_bytes``.
+
+    A link is followed (a link to a plan file is a plan file). The path is checked with
+    :func:`os.stat` before it is opened, then opened with ``O_NONBLOCK`` (opening a FIFO blocks
+    until a writer comes; so the open returns at once) and checked again on the open descriptor
+    (nothing swapped in between): a FIFO would block the reader, a device such as ``/dev/zero`` or
+    a huge file would read until memory runs out.
+
+    Raises:
+        FileNotFoundError: the file does not exist (the caller says what to do then).
+        HetpartError: it is not a regular file, it is larger than ``max_bytes``, or it cannot be
+            opened; the message names the path and the fix.
+
+    Example:
+        >>> with open_input("x.npy", what="--input file", max_bytes=2**34) as f:   # doctest: +SKIP
+        ...     f.read(6)
+        b'\\x93NUMPY'
+    """
+    path = Path(path)
+    try:
+        _check_regular(path, os.stat(path), what, max_bytes)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise
+    except OSError as err:
+        raise HetpartError(f"{path}: cannot read the {what}: {err.strerror or err}") from None
+    try:
+        _check_regular(path, os.fstat(fd), what, max_bytes)
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_bytes(path: str | os.PathLike[str], *, what: str, max_bytes: int) -> bytes:
+    """The bytes of an input file that is a regular file of at most ``max_bytes`` (see :func:`open_input`).
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+        HetpartError: it is not a regular file, it is (or grew) larger than ``max_bytes``, or it
+            cannot be read.
+
+    Example:
+        >>> read_bytes("model.onnx", what="ONNX model", max_bytes=2**31)[:2]   # doctest: +SKIP
+        b'\\x08\\x07'
+    """
+    with open_input(path, what=what, max_bytes=max_bytes) as f:
+        try:
+            data = f.read(max_bytes + 1)
+        except OSError as err:
+            raise HetpartError(f"{path}: cannot read the {what}: {err.strerror or err}") from None
+    if len(data) > max_bytes:
+        raise HetpartError(f"{path} grew past the {max_bytes:,} bytes a {what} may be while it was read: "
+                           f"give a file nothing else writes")
+    return data
+
+
 def read_text(path: str | os.PathLike[str], *, what: str, max_bytes: int) -> str:
     """The UTF-8 text of an input file (a plan, a profile) that is a regular file of at most
-    ``max_bytes``: a FIFO would block the reader, a device or a huge file would exhaust memory.
+    ``max_bytes``: a FIFO would block the reader, a device or a huge file would exhaust memory
+    (see :func:`open_input`).
 
     Raises:
         FileNotFoundError: the file does not exist (the caller says what to do then).
@@ -141,21 +206,22 @@ def read_text(path: str | os.PathLike[str], *, what: str, max_bytes: int) -> str
         >>> read_text("plan.json", what="plan file", max_bytes=2**29)[:1]   # doctest: +SKIP
         '{'
     """
-    path = Path(path)
-    st = os.stat(path)  # follows links: a link to a plan file is a plan file
-    if not stat.S_ISREG(st.st_mode):
-        raise HetpartError(f"{path} is {_kind(st.st_mode)}, not a regular file: give the {what} itself")
-    if st.st_size > max_bytes:
-        raise HetpartError(f"{path} is {st.st_size:,} bytes, over the {max_bytes:,} a {what} may be: it is not "
-                           f"a {what}, or give a smaller one")
+    data = read_bytes(path, what=what, max_bytes=max_bytes)
     try:
-        with open(path, encoding="utf-8") as f:
-            return f.read(max_bytes + 1)
+        return data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise HetpartError(f"{path}: cannot read the {what}: it is not UTF-8 text ({err.reason} at byte "
                            f"{err.start})") from None
-    except OSError as err:
-        raise HetpartError(f"{path}: cannot read the {what}: {err.strerror or err}") from None
+
+
+def _check_regular(path: Path, st: os.stat_result, what: str, max_bytes: int) -> None:
+    """Refuse what is not a regular file of at most ``max_bytes``: one line naming the path and the fix."""
+    if not stat.S_ISREG(st.st_mode):
+        raise HetpartError(f"{path} is {_kind(st.st_mode)}, not a regular file: give the {what} itself "
+                           f"(a FIFO or a device cannot be read as one)")
+    if st.st_size > max_bytes:
+        raise HetpartError(f"{path} is {st.st_size:,} bytes, over the {max_bytes:,} a {what} may be: it is not "
+                           f"a {what}, or give a smaller one")
 
 
 # --------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -180,19 +181,35 @@ def add_inputs(sub: argparse.ArgumentParser) -> None:
 
 
 def read_inputs(items: list[str]) -> dict[str, object]:
-    """``--input`` flags as ``{name: numpy array}``; an unreadable file is an error naming it."""
+    """``--input`` flags as ``{name: numpy array}``; an unreadable file is an error naming it.
+
+    Each file must be a regular file (a FIFO would block, ``/dev/zero`` read until memory runs out)
+    no larger than this machine's memory (:func:`partitioner.files.open_input`)."""
     import numpy as np
+
+    from partitioner.files import open_input
 
     out: dict[str, object] = {}
     for name, file in pairs(items, "--input", "x=x.npy").items():
         try:
-            out[name] = np.load(file, allow_pickle=False)
+            with open_input(file, what=f"--input {name} array (.npy)", max_bytes=_memory_bytes()) as f:
+                out[name] = np.load(f, allow_pickle=False)
         except FileNotFoundError:
             raise HetpartError(f"--input {name}={file}: no such file") from None
-        except (OSError, ValueError) as err:
+        except HetpartError as err:
+            raise HetpartError(f"--input {name}={file}: {err}") from None
+        except (OSError, ValueError, EOFError) as err:
             raise HetpartError(f"--input {name}={file}: not a numpy .npy file ({err}); save it with "
                                f"numpy.save") from None
     return out
+
+
+def _memory_bytes() -> int:
+    """This machine's memory: no array of a file larger than it can be loaded."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return 1 << 40
 
 
 def progress_bar(stream=None):  # noqa: ANN001, ANN201 - a text stream; returns a measure.ProgressFn

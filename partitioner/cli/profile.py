@@ -75,6 +75,10 @@ def _cmd_profile(args: argparse.Namespace) -> int:
             print("  slowest: " + ", ".join(f"{op} {format_seconds(measured[op])}" for op in slowest))
         for op, why in failed.items():
             print(f"  unsupported on {physical}: {op}: {why}")
+        busy = table.busy.get(physical, ())
+        if busy:
+            print(f"  {len(busy)} of {len(measured)} ops measured while other processes shared the CPUs: their "
+                  f"times may be too high; profile again when the machine is quiet")
     unmeasured = [d for d in devices.names() if d not in table.bind]
     if unmeasured:
         print(f"not measured (not present here; bind with --bind DEVICE=cpu): {', '.join(unmeasured)}")

@@ -24,9 +24,11 @@ import onnx.defs
 from google.protobuf.message import DecodeError
 from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
-from partitioner.errors import InputShapeError, OnnxError
+from partitioner.errors import HetpartError, InputShapeError, OnnxError
+from partitioner.files import read_bytes
 
 #: domains onnxruntime implements beyond onnx's own (contrib and internal ops)
+MAX_ONNX_BYTES = 1 << 31  # protobuf cannot hold a larger message: the weights of a larger model are external data
 ORT_DOMAINS = frozenset({"com.microsoft", "com.microsoft.nchwc", "com.ms.internal.nhwc", "com.microsoft.dml"})
 
 
@@ -81,10 +83,13 @@ def load_onnx(source: str | os.PathLike[str] | onnx.ModelProto,
 
 
 def _read(path: Path) -> onnx.ModelProto:
-    if not path.is_file():
-        raise OnnxError(f"{path}: no such ONNX file; give the path of a .onnx model")
     try:
-        return onnx.load(str(path), load_external_data=False)
+        data = read_bytes(path, what="ONNX model", max_bytes=MAX_ONNX_BYTES)   # a regular file, not a FIFO
+        return onnx.load_from_string(data)   # external data stays on disk, checked below
+    except FileNotFoundError:
+        raise OnnxError(f"{path}: no such ONNX file; give the path of a .onnx model") from None
+    except HetpartError as exc:
+        raise OnnxError(str(exc)) from None
     except DecodeError as exc:
         raise OnnxError(f"{path}: not a readable ONNX model ({exc}): the file is truncated or corrupt; "
                         "copy or export it again") from None

@@ -29,7 +29,8 @@ The file (``format_version`` 1) holds these top-level keys, in this order::
     baselines       {name: {"total_s", "feasible", "note"}}
     constraints     optional {"pins", "memory_caps", "streaming", "align_modules"}
     costs           optional {"model": "analytic" | "profiled", "source": costs file,
-                     "measured": {device: ops measured}, "fell_back": {device: [ops priced analytically]},
+                     "measured": {device: ops measured}, "busy": {device: of those, ops measured while
+                     the machine was busy}, "fell_back": {device: [ops priced analytically]},
                      "unsupported": {op: {device: why it failed when measured}}}; absent = analytic
     pipeline        optional {"micro_batches", "schedule", "world_size", "stages": [...], ...}:
                     pipeline stages, their ranks and hosts (see partitioner.plan.pipeline)

@@ -120,12 +120,14 @@ def _read_costs(r: FieldReader, value: Any) -> dict[str, Any]:
     c = r.mapping(value, "costs")
     if not c:
         return {}
-    c = r.keys(c, "costs", ("model",), ("source", "measured", "fell_back", "unsupported"))
+    c = r.keys(c, "costs", ("model",), ("source", "measured", "busy", "fell_back", "unsupported"))
     out: dict[str, Any] = {"model": r.string(c["model"], "costs.model")}
     if "source" in c:
         out["source"] = r.string(c["source"], "costs.source")
     if "measured" in c:
         out["measured"] = r.string_map(c["measured"], "costs.measured", r.count)
+    if "busy" in c:
+        out["busy"] = r.string_map(c["busy"], "costs.busy", r.count)
     if "fell_back" in c:
         out["fell_back"] = r.string_map(c["fell_back"], "costs.fell_back", r.string_list)
     if "unsupported" in c:

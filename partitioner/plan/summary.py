@@ -137,6 +137,10 @@ def costs_text(plan: Any, shown: int = 3) -> str:
             more = ", ..." if len(analytic) > shown else ""
             text += f", {len(analytic)} priced analytically ({', '.join(analytic[:shown])}{more})"
         parts.append(text)
+    busy = sum(costs.get("busy", {}).values())
+    if busy:
+        parts.append(f"{busy} of {sum(measured.values())} ops measured while the machine was busy (their times may be "
+                     f"too high: profile again when it is quiet)")
     unsupported = costs.get("unsupported", {})
     if unsupported:
         parts.append(f"{len(unsupported)} ops failed on a device when measured and are not placed there")

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
 import models
+from cost_models.machine_load import LoadReading
 from cost_models.measure import MeasureOptions, measure_ops
 from cost_models.measure_cache import MeasurementCache
 from cost_models.signature import Environment, environment
@@ -17,6 +19,26 @@ from partitioner.errors import HetpartError
 from partitioner.ir import OpClass
 
 FAST = MeasureOptions(repeats=2, min_repeats=2, budget_s=2.0)
+
+
+class FixedLoad:
+    """A machine of 2 CPUs on which other processes do ``load`` CPUs' worth of work, however long
+    the span: what the measuring code reads, so that a test of the cache does not depend on what
+    else runs on the machine (cost_models.machine_load reads the real one)."""
+
+    def __init__(self, load: float) -> None:
+        self.load = load
+        self.restart()
+
+    def restart(self) -> None:
+        self.started = time.perf_counter()
+
+    def reading(self) -> LoadReading:
+        wall = max(time.perf_counter() - self.started, 1e-3)
+        return LoadReading(self.load * wall, 0.0, wall, 2)
+
+
+QUIET, BUSY = FixedLoad(0.0), FixedLoad(1.8)
 
 
 @torch.library.custom_op("hetpart_test::accel_only", mutates_args=())
@@ -50,13 +72,13 @@ def mlp():  # noqa: ANN201
 def test_every_op_is_timed_and_a_second_run_comes_from_the_cache(mlp, tmp_path: Path) -> None:  # noqa: ANN001
     graph, inputs = mlp
     cache = MeasurementCache.load(tmp_path / "m.json")
-    first = measure_ops(graph.source.module(), inputs, "cpu", options=FAST, cache=cache)
+    first = measure_ops(graph.source.module(), inputs, "cpu", options=FAST, cache=cache, meter=QUIET)
     assert first.passes == FAST.repeats and not first.unsupported and first.cached == 0
     for op in graph:
         assert first.ops[op.name].forward_s > 0, op.name
     assert (tmp_path / "m.json").exists()
     again = measure_ops(graph.source.module(), inputs, "cpu", options=FAST,
-                        cache=MeasurementCache.load(tmp_path / "m.json"))
+                        cache=MeasurementCache.load(tmp_path / "m.json"), meter=QUIET)
     assert again.passes == 0                                           # nothing measured a second time
     assert again.cached == len({t.signature for t in first.ops.values()})
     assert {op: t.forward_s for op, t in again.ops.items()} == {op: t.forward_s for op, t in first.ops.items()}
@@ -111,12 +133,13 @@ def test_an_interrupted_measurement_keeps_what_it_measured(mlp, tmp_path: Path) 
 
     options = MeasureOptions(repeats=5, min_repeats=3, budget_s=2.0)
     cut = measure_ops(graph.source.module(), inputs, "cpu", options=options,
-                      cache=MeasurementCache.load(tmp_path / "m.json"), progress=interrupt_after_two_passes)
+                      cache=MeasurementCache.load(tmp_path / "m.json"), progress=interrupt_after_two_passes,
+                      meter=QUIET)
     assert cut.interrupted and cut.passes == 2
     entries = json.loads((tmp_path / "m.json").read_text())["entries"]
     assert entries and all(len(e["samples"]) >= 2 for e in entries.values())   # both passes kept, on disk
     resumed = measure_ops(graph.source.module(), inputs, "cpu", options=options,
-                          cache=MeasurementCache.load(tmp_path / "m.json"))
+                          cache=MeasurementCache.load(tmp_path / "m.json"), meter=QUIET)
     assert not resumed.interrupted and all(t.forward_s > 0 for t in resumed.ops.values())
 
 

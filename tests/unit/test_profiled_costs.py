@@ -120,3 +120,13 @@ def test_bad_costs_input_is_one_error_naming_the_fix(gpt, tmp_path: Path) -> Non
         partition(graph, None, "cpu", costs=str(broken))
     with pytest.raises(HetpartError, match="no such costs file"):
         partition(graph, None, "cpu", costs=str(tmp_path / "missing.json"))
+
+
+def test_a_costs_file_time_longer_than_any_measurement_is_refused(gpt, tmp_path: Path) -> None:  # noqa: ANN001
+    module, inputs, graph, table, path = gpt
+    data = json.loads(path.read_text())
+    data["ops"]["linear"]["times"]["cpu"]["forward_s"] = 3600.0
+    broken = tmp_path / "hour.json"
+    broken.write_text(json.dumps(data))
+    with pytest.raises(CostsFileError, match=r"ops\.linear\.times\.cpu\.forward_s: 3600.0 s is longer than any op"):
+        partition(graph, None, "cpu", costs=str(broken))
