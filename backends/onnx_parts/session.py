@@ -27,7 +27,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from backends.onnx_parts.manifest import MANIFEST, Manifest
+from backends.onnx_parts.folder import read_manifest
+from backends.onnx_parts.manifest import Manifest
 from backends.onnx_parts.providers import Provider, bind_providers, session_options
 from partitioner.errors import OnnxError
 
@@ -144,7 +145,8 @@ def load_parts(folder: str | os.PathLike[str], device_map: Mapping[str, str] | N
     """Open a parts folder written by ``plan.emit_onnx`` / ``hetpart emit``, one session per part.
 
     Raises:
-        OnnxError: the folder, its manifest or a part file is missing or broken, or a device's
+        OnnxError: the folder, its manifest or a part file is missing or broken, a part's file or data
+            file is a link or differs from the one the manifest recorded (its sha256), or a device's
             provider is not installed; the message names it and the fix.
 
     Example:
@@ -153,16 +155,10 @@ def load_parts(folder: str | os.PathLike[str], device_map: Mapping[str, str] | N
         ['output']
     """
     folder = Path(folder)
-    path = folder / MANIFEST
-    if not path.is_file():
-        raise OnnxError(f"{folder}: no {MANIFEST} here: give a folder written by `hetpart emit MODEL.onnx "
-                        "--plan PLAN -o DIR`")
-    manifest = Manifest.from_json(path.read_text(encoding="utf-8"), str(path))
-    files = [folder / p.file for p in manifest.parts]
-    absent = [f for f in files if not f.is_file()]
-    if absent:
-        raise OnnxError(f"{folder}: part file {absent[0].name!r} is missing: write the parts again")
-    return PartitionedSession(manifest, [str(f) for f in files], device_map, where=str(folder))
+    manifest = read_manifest(folder)  # every part's files are the ones it recorded
+    session = PartitionedSession(manifest, [str(folder / p.file) for p in manifest.parts], device_map, where=str(folder))
+    log.debug("opened %d parts of %s from %s", len(manifest.parts), manifest.name, folder)
+    return session
 
 
 def _session(model: bytes | str, provider: Provider, where: str) -> ort.InferenceSession:
