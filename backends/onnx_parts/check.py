@@ -23,6 +23,7 @@ import torch
 
 from backends.compare import EXACT, CheckReport, TensorError, compare, interleaved_medians
 from backends.onnx_parts.emit import build_parts
+from backends.onnx_parts.external import external_tensor
 from backends.onnx_parts.providers import CPU, session_options
 from partitioner.errors import HetpartError, OnnxError
 
@@ -60,10 +61,18 @@ def check_parts(plan: Any, model: str | os.PathLike[str] | onnx.ModelProto, inpu
 def whole_session(model: str | os.PathLike[str] | onnx.ModelProto) -> ort.InferenceSession:
     """One CPU-provider session of the whole model, with the part sessions' options.
 
+    Raises:
+        OnnxError: onnxruntime cannot load the model, or a ``ModelProto`` keeps a tensor's data in an
+            external file (give its path: it is read from the model's folder, never the current one).
+
     Example:
         >>> whole_session("model.onnx").get_inputs()[0].name  # doctest: +SKIP
         'input'
     """
+    if isinstance(model, onnx.ModelProto) and (tensor := external_tensor(model)) is not None:
+        # onnxruntime would read it relative to the current folder: a file planted there changes the result
+        raise OnnxError(f"tensor {tensor.name or '<unnamed>'!r} keeps its data in an external file, and a model "
+                        "given in memory has no folder to read it from: pass the model's path")
     source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
     try:
         return ort.InferenceSession(source, session_options(), providers=[CPU])
