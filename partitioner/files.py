@@ -283,7 +283,11 @@ def check_folder(folder: str | os.PathLike[str], *, force: bool, kind: FolderKin
         hint = (f"write to {os.path.realpath(whole)} itself, or remove the link first"
                 if stat.S_ISLNK(st.st_mode) else "remove it first or choose another name")
         raise HetpartError(f"{folder} is {_kind(st.st_mode)}, not a folder of {kind.what}: {hint}")
-    foreign = foreign_entries(whole, kind)
+    try:
+        foreign = foreign_entries(whole, kind)
+    except OSError as err:
+        raise HetpartError(f"cannot read {folder} to see what it holds: {err.strerror or err}; give a new "
+                           f"folder (e.g. {kind.example})") from None
     if foreign:
         shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
         raise HetpartError(f"{folder} holds {shown}: hetpart replaces only a folder holding nothing but {kind.what}; "

@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -187,6 +187,19 @@ class _Reader(FieldReader):
 
     def fail(self, path: str, message: str) -> NoReturn:
         raise OnnxError(f"{self.source}: {path}: {message}" if path else f"{self.source}: {message}")
+
+    def keys(self, value: Any, path: str, required: Sequence[str], optional: Sequence[str] = ()) -> Mapping[str, Any]:
+        """FieldReader.keys, its top-level messages naming a parts manifest (not a plan)."""
+        if not path:
+            value = self.mapping(value, path)
+            missing = [k for k in required if k not in value]
+            if missing:
+                self.fail(missing[0], f"missing; a parts manifest needs {', '.join(required)}: write the parts again")
+            unknown = [k for k in value if k not in (*required, *optional)]
+            if unknown:
+                self.fail("", f"unknown top-level key {unknown[0]!r}; the keys of a format_version {FORMAT_VERSION} "
+                              f"parts manifest are: {', '.join((*required, *optional))}")
+        return super().keys(value, path, required, optional)
 
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "MANIFEST", "Manifest", "PartEntry"]
