@@ -95,10 +95,10 @@ def read_manifest(folder: Path) -> Manifest:
         >>> [p.device for p in read_manifest(Path("parts")).parts]    # doctest: +SKIP
         ['cpu', 'cuda:0']
     """
-    path = folder / MANIFEST
+    path, written_by = folder / MANIFEST, "give a folder written by `hetpart emit MODEL.onnx --plan PLAN -o DIR`"
     if not folder.is_dir():
-        raise OnnxError(f"{folder}: not a folder: give a folder written by `hetpart emit MODEL.onnx --plan PLAN -o DIR`")
-    _regular(path, f"{folder}: {MANIFEST}", f"give a folder written by `hetpart emit MODEL.onnx --plan PLAN -o DIR`")
+        raise OnnxError(f"{folder}: not a folder: {written_by}")
+    _regular(path, f"{folder}: {MANIFEST}", written_by)
     try:
         text = read_text(path, what="parts manifest", max_bytes=MAX_MANIFEST)
     except HetpartError as exc:

@@ -18,6 +18,7 @@ Example:
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import weakref
@@ -47,6 +48,7 @@ class Interruptible:
 
     def __init__(self) -> None:
         self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future] | None] | None = None
+        self._pid = 0  # the process the worker runs in (a forked child starts its own)
 
     def __call__(self, call: Callable[[ort.RunOptions], T]) -> T:
         """``call(options)`` with fresh run options; ``KeyboardInterrupt`` terminates it.
@@ -75,8 +77,8 @@ class Interruptible:
             raise
 
     def _worker(self) -> queue.SimpleQueue:
-        if self._jobs is None:
-            self._jobs = queue.SimpleQueue()
+        if self._jobs is None or self._pid != os.getpid():
+            self._jobs, self._pid = queue.SimpleQueue(), os.getpid()
             threading.Thread(target=_serve, args=(self._jobs,), name="hetpart-onnx-run", daemon=True).start()
             weakref.finalize(self, self._jobs.put, None)  # the worker ends with its owner
         return self._jobs

@@ -164,7 +164,8 @@ def load_parts(folder: str | os.PathLike[str], device_map: Mapping[str, str] | N
     """
     folder = Path(folder)
     manifest = read_manifest(folder)  # every part's files are the ones it recorded
-    session = PartitionedSession(manifest, [str(folder / p.file) for p in manifest.parts], device_map, where=str(folder))
+    files = [str(folder / p.file) for p in manifest.parts]
+    session = PartitionedSession(manifest, files, device_map, where=str(folder))
     log.debug("opened %d parts of %s from %s", len(manifest.parts), manifest.name, folder)
     return session
 

@@ -69,7 +69,8 @@ def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 
 
 def test_emit_force_refuses_the_models_own_folder_and_the_current_one_losing_nothing(
-        made: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+        made: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     work = tmp_path / "work"
     shutil.copytree(made["model"].parent, work)
     shutil.copy(made["plan_file"], work / "plan.json")
@@ -87,7 +88,8 @@ def test_emit_force_refuses_the_models_own_folder_and_the_current_one_losing_not
 
 
 def test_emit_force_replaces_a_parts_folder_but_not_from_inside_it(
-        made: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+        made: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     model, plan_file, parts = str(made["model"]), str(made["plan_file"]), tmp_path / "parts"
     assert cli(capsys, "emit", model, "--plan", plan_file, "-o", str(parts))[0] == 0
     (parts / "part_5.onnx").write_bytes(b"from an emit with more parts")
