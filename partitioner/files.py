@@ -229,12 +229,13 @@ class FolderKind:
     what: str                                  # what such a folder holds, in messages: "ONNX parts"
     owns: Callable[[str], bool]                # whether a file name is one hetpart writes into such a folder
     marker: Callable[[Path], bool] = lambda folder: True  # the folder says it is one (its manifest)
+    unmarked: str = "nothing saying hetpart wrote it"     # what a folder the marker refuses lacks, in messages
     example: str = "out"                       # a new folder's name, suggested in messages
 
 
 def foreign_entries(folder: Path, kind: FolderKind) -> list[str]:
     """The entries of an existing ``folder`` that are not :attr:`FolderKind.owns`'s regular files,
-    described for a message (``'model.onnx'``, ``'data/' (a folder)``); empty when replacing it loses
+    described for a message (``'model.onnx'``, ``'data' (a folder)``); empty when replacing it loses
     nothing but what hetpart wrote there. Nothing is followed: an entry that is a link is foreign.
 
     Example:
@@ -250,7 +251,8 @@ def foreign_entries(folder: Path, kind: FolderKind) -> list[str]:
         elif not kind.owns(name):
             foreign.append(repr(name))
     if names and not foreign and not kind.marker(folder):
-        foreign = [repr(name) for name, _ in names]
+        shown = ", ".join(repr(name) for name, _ in names[:3]) + (", ..." if len(names) > 3 else "")
+        foreign = [f"{shown} and {kind.unmarked}"]
     return foreign
 
 

@@ -55,7 +55,7 @@ def _is_parts_manifest(folder: Path) -> bool:
 
 #: a folder of ONNX parts: what ``emit_onnx(..., force=True)`` may replace (see the module docstring)
 PARTS = FolderKind(what="ONNX parts", owns=lambda name: name == MANIFEST or PART_FILE.fullmatch(name) is not None,
-                   marker=_is_parts_manifest, example="parts")
+                   marker=_is_parts_manifest, unmarked=f"no hetpart {MANIFEST}", example="parts")
 
 
 def file_digest(path: Path) -> str:

@@ -98,6 +98,15 @@ def test_emit_force_replaces_a_parts_folder_but_not_from_inside_it(
     assert sorted(os.listdir(tmp_path)) == ["parts"]  # nothing left beside
     assert sorted(os.listdir(parts)) == ["manifest.json", "part_0.onnx", "part_0.onnx.data", "part_1.onnx",
                                          "part_1.onnx.data"]
+    manifest = parts / "manifest.json"
+    manifest.write_text(manifest.read_text()[:100])  # cut off: it still says what wrote it, and the fix works
+    code, _, err = cli(capsys, "run", str(parts), "--random", "--bind", "cuda:0=cpu")
+    assert code == 2 and "cut off" in err and "--force" in err, err
+    assert cli(capsys, "emit", model, "--plan", plan_file, "-o", str(parts), "--force")[0] == 0
+    manifest.rename(tmp_path / "elsewhere.json")  # part files alone: nothing says hetpart wrote them
+    code, _, err = cli(capsys, "emit", model, "--plan", plan_file, "-o", str(parts), "--force")
+    assert code == 2 and "and no hetpart manifest.json" in err, err
+    (tmp_path / "elsewhere.json").rename(manifest)
     monkeypatch.chdir(parts)
     before = snapshot(tmp_path)
     code, _, err = cli(capsys, "emit", model, "--plan", plan_file, "-o", ".", "--force")

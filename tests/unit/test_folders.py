@@ -64,9 +64,9 @@ def test_force_refuses_a_folder_holding_anything_else_and_changes_nothing(tmp_pa
         write_folder(target, fill_with("b.part"), force=True, kind=KIND)
     message = str(err.value)
     assert "\n" not in message and str(target) in message and "give a new folder" in message
-    if intruder != "unmarked":
-        shown = {"model.onnx": "'model.onnx'", "link": "'a.part' (a symbolic link)", "sub": "'sub' (a folder)"}
-        assert f"holds {shown[intruder]}:" in message
+    shown = {"model.onnx": "'model.onnx'", "link": "'a.part' (a symbolic link)", "sub": "'sub' (a folder)",
+             "unmarked": "'a.part', 'stamp' and nothing saying hetpart wrote it"}
+    assert f"holds {shown[intruder]}:" in message
     assert snapshot(tmp_path) == before  # nothing deleted, nothing left beside
 
 
