@@ -17,6 +17,12 @@ writable, a target that is a folder, FIFO, device or symbolic link, or an existi
 ``force`` all fail at once. A target that exists and is not a regular file is replaced only with
 ``replace_special=True`` (the command line never passes it: remove such a target yourself).
 
+Folders (a folder of ONNX parts, of ``hetpart run`` outputs) are made whole by :func:`write_folder`:
+filled beside the target, then swapped in. ``force`` replaces an existing folder only when it is of
+the writer's :class:`FolderKind` (its manifest, and nothing but files hetpart writes there): a folder
+holding anything else (a model, a plan, a link, a sub-folder) is refused by :func:`check_folder`,
+naming what is there, and of a replaced folder only the files its kind owns are deleted.
+
 Example:
     >>> check_output(Path("report.html"), force=False)   # doctest: +SKIP
     Traceback (most recent call last):
@@ -25,6 +31,8 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 import shutil
 import stat
@@ -36,8 +44,10 @@ from typing import BinaryIO
 
 from partitioner.errors import HetpartError
 
-__all__ = ["check_output", "open_input", "read_bytes", "read_text", "refuse_overwrite", "write_atomic",
-           "write_folder"]
+log = logging.getLogger(__name__)
+
+__all__ = ["FolderKind", "check_folder", "check_output", "foreign_entries", "open_input", "read_bytes", "read_text",
+           "refuse_overwrite", "write_atomic", "write_folder"]
 
 
 def check_output(path: str | os.PathLike[str], *, force: bool, replace_special: bool = False,
@@ -273,40 +283,149 @@ def _umask() -> int:
     return mask
 
 
-def write_folder(folder: Path, fill: Callable[[Path], None], *, force: bool = False) -> Path:
-    """Make ``folder`` whole or not at all: ``fill`` writes into a temporary folder beside it, which is
-    then renamed to ``folder`` (an existing folder, with ``force``, is moved aside first, then removed).
+@dataclasses.dataclass(frozen=True)
+class FolderKind:
+    """What a folder hetpart writes whole holds, so that ``force`` replaces only such a folder.
 
-    Raises:
-        HetpartError: ``folder`` exists and ``force`` is false, it is not a folder, or it cannot be
-            written; nothing is left behind.
+    A folder is of this kind when it is empty, or when ``marker`` says so and every entry is a
+    regular file (never a link, a folder or a device) whose name ``owns`` accepts.
+    """
+
+    what: str                                  # what such a folder holds, in messages: "ONNX parts"
+    owns: Callable[[str], bool]                # whether a file name is one hetpart writes into such a folder
+    marker: Callable[[Path], bool] = lambda folder: True  # the folder says it is one (its manifest)
+    unmarked: str = "nothing saying hetpart wrote it"     # what a folder the marker refuses lacks, in messages
+    example: str = "out"                       # a new folder's name, suggested in messages
+
+
+def foreign_entries(folder: Path, kind: FolderKind) -> list[str]:
+    """The entries of an existing ``folder`` that are not :attr:`FolderKind.owns`'s regular files,
+    described for a message (``'model.onnx'``, ``'data' (a folder)``); empty when replacing it loses
+    nothing but what hetpart wrote there. Nothing is followed: an entry that is a link is foreign.
 
     Example:
-        >>> write_folder(Path("parts"), lambda tmp: (tmp / "a.txt").write_text("a"))   # doctest: +SKIP
+        >>> foreign_entries(Path("parts"), PARTS)       # doctest: +SKIP
+        ["'model.onnx'", "'plan.json'"]
+    """
+    foreign = []
+    with os.scandir(folder) as entries:
+        names = sorted((e.name, e.stat(follow_symlinks=False).st_mode) for e in entries)
+    for name, mode in names:
+        if not stat.S_ISREG(mode):
+            foreign.append(f"{name!r} ({_kind(mode)})")
+        elif not kind.owns(name):
+            foreign.append(repr(name))
+    if names and not foreign and not kind.marker(folder):
+        shown = ", ".join(repr(name) for name, _ in names[:3]) + (", ..." if len(names) > 3 else "")
+        foreign = [f"{shown} and {kind.unmarked}"]
+    return foreign
+
+
+def check_folder(folder: str | os.PathLike[str], *, force: bool, kind: FolderKind) -> Path:
+    """Raise unless :func:`write_folder` can make ``folder`` now: it is absent, or (with ``force``) a
+    folder of ``kind`` (see :class:`FolderKind`) that is not the folder this process runs in.
+
+    Raises:
+        HetpartError: ``{folder} holds 'model.onnx': hetpart replaces only ...``, ``{folder}
+            exists: pass --force to replace it``, ``{folder} is a symbolic link ...``, ...
+
+    Example:
+        >>> check_folder("parts", force=True, kind=PARTS)   # doctest: +SKIP
         PosixPath('parts')
     """
-    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
-        raise HetpartError(f"{folder} exists and is not a folder: give a folder path")
-    check_output(folder, force=force, replace_special=True)  # a folder is what it replaces
-    tmp = folder.with_name(f".{folder.name}.{uuid.uuid4().hex[:12]}.tmp")
+    if not str(os.fspath(folder)).strip():
+        raise HetpartError("the output folder is empty: give a folder name, e.g. parts")
+    folder = Path(folder)
+    whole = Path(os.path.abspath(folder))
+    if whole.parent == whole:
+        raise HetpartError(f"{folder} is the root folder: give a new folder to write, e.g. {whole / 'parts'}")
+    _check_folder(whole, whole.parent)
+    try:
+        st = os.lstat(whole)
+    except FileNotFoundError:
+        return folder
+    except OSError as err:
+        raise HetpartError(f"cannot write {folder}: {err.strerror or err}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        hint = (f"write to {os.path.realpath(whole)} itself, or remove the link first"
+                if stat.S_ISLNK(st.st_mode) else "remove it first or choose another name")
+        raise HetpartError(f"{folder} is {_kind(st.st_mode)}, not a folder of {kind.what}: {hint}")
+    try:
+        foreign = foreign_entries(whole, kind)
+    except OSError as err:
+        raise HetpartError(f"cannot read {folder} to see what it holds: {err.strerror or err}; give a new "
+                           f"folder (e.g. {kind.example})") from None
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise HetpartError(f"{folder} holds {shown}: hetpart replaces only a folder holding nothing but {kind.what}; "
+                           f"give a new folder (e.g. {folder / kind.example}) or move "
+                           f"{'it' if len(foreign) == 1 else 'them'} out first")
+    cwd = Path(os.getcwd())
+    if cwd == whole or whole in cwd.parents:
+        raise HetpartError(f"{folder} is the folder hetpart runs in (or holds it): run hetpart from another "
+                           f"folder, or give a new folder to write (e.g. {kind.example})")
+    if not force:
+        raise HetpartError(f"{folder} exists: pass --force to replace it")
+    return folder
+
+
+def write_folder(folder: str | os.PathLike[str], fill: Callable[[Path], None], *, force: bool = False,
+                 kind: FolderKind) -> Path:
+    """Make ``folder`` whole or not at all: ``fill`` writes into a temporary folder beside it, which then
+    takes its place. An existing folder is replaced only with ``force`` and only when it is a folder of
+    ``kind`` (:func:`check_folder`, run again after ``fill``): it is moved aside, the new one renamed into
+    place, and of the old one only the files ``kind`` owns are deleted (anything else that appeared
+    meanwhile stays, in the moved-aside folder, with a warning).
+
+    Raises:
+        HetpartError: ``folder`` exists and ``force`` is false, it is not a folder of ``kind``, or it
+            cannot be written; nothing is left behind and the old folder is as it was.
+
+    Example:
+        >>> write_folder(Path("parts"), lambda tmp: (tmp / "a.txt").write_text("a"), kind=PARTS)   # doctest: +SKIP
+        PosixPath('parts')
+    """
+    folder = check_folder(folder, force=force, kind=kind)
+    whole = Path(os.path.abspath(folder))
+    tmp = whole.with_name(f".{whole.name[:64]}.{uuid.uuid4().hex[:12]}.tmp")
+    old = None
     try:
         tmp.mkdir()
         fill(tmp)
-        old = None
-        if folder.exists():
-            old = folder.with_name(f".{folder.name}.{uuid.uuid4().hex[:12]}.old")
-            os.replace(folder, old)
-        os.replace(tmp, folder)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        check_folder(folder, force=force, kind=kind)  # nothing else appeared there meanwhile
+        if os.path.lexists(whole):
+            old = whole.with_name(f".{whole.name[:64]}.{uuid.uuid4().hex[:12]}.old")
+            os.replace(whole, old)
+        try:
+            os.replace(tmp, whole)
+        except OSError:
+            if old is not None:
+                os.replace(old, whole)  # put the old folder back
+                old = None
+            raise
     except OSError as err:
         raise HetpartError(f"cannot write {folder}: {err.strerror or err}; check that the parent folder "
                            "exists and is writable") from err
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    _fsync_folder(folder.parent)
+    if old is not None:
+        _remove_owned(old, kind)
+    _fsync_folder(whole.parent)
     return folder
+
+
+def _remove_owned(old: Path, kind: FolderKind) -> None:
+    """Delete the files ``kind`` owns in the moved-aside folder, then the folder if that empties it."""
+    with os.scandir(old) as entries:
+        owned = [e.name for e in entries if e.is_file(follow_symlinks=False) and kind.owns(e.name)]
+    for name in owned:
+        (old / name).unlink(missing_ok=True)
+    try:
+        old.rmdir()
+    except OSError:
+        log.warning("kept %s: files other than %s appeared in it while it was replaced; look at them, "
+                    "then remove it", old, kind.what)
 
 
 def _fsync_folder(folder: Path) -> None:

@@ -13,8 +13,11 @@ Modules:
 module         what it does
 =============  =====================================================================================
 ``parts``      :func:`split` the placement into parts, :func:`part_model` builds each part's model
-``manifest``   the ``manifest.json`` of a parts folder: run order, inputs and outputs, providers
+``manifest``   the ``manifest.json`` of a parts folder: run order, inputs and outputs, providers, digests
+``folder``     a parts folder on disk: what ``force`` may replace, each part's files checked (sha256, no links)
+``external``   tensors the model keeps in external files (``Constant`` values too), read into the parts
 ``providers``  which execution provider runs each device; the part sessions' options
+``interrupt``  runs that Ctrl-C stops (``RunOptions.terminate``)
 ``session``    :class:`PartitionedSession` (``run``) and :func:`load_parts` (open a written folder)
 ``emit``       :func:`build_parts` (in memory) and :func:`emit_onnx` (a folder; ``Plan.emit_onnx``)
 ``check``      :func:`check_parts`: the parts against one whole-model session

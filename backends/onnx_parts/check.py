@@ -12,6 +12,7 @@ indices for any table with two rows), booleans fair coins; seed 0. Nothing here 
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -23,10 +24,14 @@ import torch
 
 from backends.compare import EXACT, CheckReport, TensorError, compare, interleaved_medians
 from backends.onnx_parts.emit import build_parts
+from backends.onnx_parts.external import external_tensor
+from backends.onnx_parts.interrupt import Interruptible
 from backends.onnx_parts.providers import CPU, session_options
 from partitioner.errors import HetpartError, OnnxError
 
 __all__ = ["check_parts", "example_feeds", "whole_session"]
+
+log = logging.getLogger(__name__)
 
 
 def check_parts(plan: Any, model: str | os.PathLike[str] | onnx.ModelProto, inputs: Mapping[str, Any] | None = None,
@@ -37,6 +42,7 @@ def check_parts(plan: Any, model: str | os.PathLike[str] | onnx.ModelProto, inpu
     Raises:
         PlanMismatch: the model is not the one the plan was made for.
         OnnxError: a provider is missing, or a session fails; the message names the part.
+        KeyboardInterrupt: Ctrl-C: the running session (the whole model's or a part's) was stopped.
 
     Example:
         >>> report = check_parts(plan, "model.onnx", device_map={"cuda:0": "cpu"})   # doctest: +SKIP
@@ -46,12 +52,17 @@ def check_parts(plan: Any, model: str | os.PathLike[str] | onnx.ModelProto, inpu
     if repeat < 1:
         raise HetpartError(f"repeat must be at least 1, got {repeat}")
     parts = build_parts(plan, model, device_map, input_shapes=input_shapes)
-    whole = whole_session(model)
+    whole, interruptible = whole_session(model), Interruptible()  # Ctrl-C stops it, as it stops the parts
     feeds = dict(inputs) if inputs is not None else example_feeds(parts.manifest.inputs)
-    reference = dict(zip([o.name for o in whole.get_outputs()], whole.run(None, feeds)))
+
+    def run_whole() -> list[Any]:
+        return interruptible(lambda options: whole.run(None, feeds, options))
+
+    log.debug("running %d parts of %s beside the whole model", len(parts.manifest.parts), plan.model_name)
+    reference = dict(zip([o.name for o in whole.get_outputs()], run_whole()))
     got = parts.run(feeds)
     outputs = tuple(e for name in parts.output_names for e in _compare(name, got[name], reference[name]))
-    whole_s, parts_s = interleaved_medians([lambda: whole.run(None, feeds), lambda: parts.run(feeds)], repeat)
+    whole_s, parts_s = interleaved_medians([run_whole, lambda: parts.run(feeds)], repeat)
     return CheckReport(model_name=plan.model_name, binding=parts.binding(), training=False, repeat=repeat,
                        outputs=outputs, loss=None, grads=(), original_s=whole_s, emitted_s=parts_s,
                        passed=all(e.passed for e in outputs))
@@ -60,10 +71,18 @@ def check_parts(plan: Any, model: str | os.PathLike[str] | onnx.ModelProto, inpu
 def whole_session(model: str | os.PathLike[str] | onnx.ModelProto) -> ort.InferenceSession:
     """One CPU-provider session of the whole model, with the part sessions' options.
 
+    Raises:
+        OnnxError: onnxruntime cannot load the model, or a ``ModelProto`` keeps a tensor's data in an
+            external file (give its path: it is read from the model's folder, never the current one).
+
     Example:
         >>> whole_session("model.onnx").get_inputs()[0].name  # doctest: +SKIP
         'input'
     """
+    if isinstance(model, onnx.ModelProto) and (tensor := external_tensor(model)) is not None:
+        # onnxruntime would read it relative to the current folder: a file planted there changes the result
+        raise OnnxError(f"tensor {tensor.name or '<unnamed>'!r} keeps its data in an external file, and a model "
+                        "given in memory has no folder to read it from: pass the model's path")
     source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
     try:
         return ort.InferenceSession(source, session_options(), providers=[CPU])

@@ -9,13 +9,17 @@ In: a :class:`~partitioner.plan.Plan` made for an ONNX model (``capture == "onnx
 The model is imported again with the input shapes the plan records and checked against the plan's
 fingerprint, so parts are never cut from a model the plan was not made for. The folder appears
 whole or not at all: the parts are built in memory, written to a temporary folder beside the target
-and renamed into place (:func:`~partitioner.files.write_folder`); an existing folder is replaced only with ``force``. A part whose original
-initializers lived in external data files (or that is larger than :data:`EXTERNAL_ABOVE`) keeps its
-weights in ``part_K.onnx.data`` beside it.
+and swapped into place (:func:`~partitioner.files.write_folder`); an existing folder is replaced only
+with ``force``, and only when it is a parts folder (:data:`~backends.onnx_parts.folder.PARTS`: its
+manifest and parts, nothing else). A part whose original initializers lived in external data files
+(or that is larger than :data:`EXTERNAL_ABOVE`) keeps its weights in ``part_K.onnx.data`` beside it.
+The manifest records the sha256 of every file it writes, which
+:func:`~backends.onnx_parts.session.load_parts` checks.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Mapping, Sequence
@@ -25,11 +29,12 @@ from typing import Any
 import onnx
 from onnx.external_data_helper import uses_external_data
 
+from backends.onnx_parts.folder import PARTS, digests
 from backends.onnx_parts.manifest import Manifest, PartEntry
 from backends.onnx_parts.parts import Part, part_model, split
 from backends.onnx_parts.session import PartitionedSession
 from partitioner.errors import InputShapeError, OnnxError, PlanMismatch
-from partitioner.files import check_output, write_folder
+from partitioner.files import check_folder, write_folder
 from partitioner.frontends.onnx import OnnxSource, from_onnx, is_onnx_graph
 from partitioner.ir import OpGraph
 
@@ -107,7 +112,8 @@ def emit_onnx(plan: Any, model: str | os.PathLike[str] | onnx.ModelProto | OpGra
     """Write the plan's parts and their manifest into ``folder`` (see the module docstring).
 
     Raises:
-        HetpartError: ``folder`` exists and ``force`` is false, or it cannot be written.
+        HetpartError: ``folder`` exists and ``force`` is false, it holds anything but parts (a model, a
+            plan: it is never replaced), or it cannot be written.
         PlanMismatch: ``model`` is not the model the plan was made for.
 
     Example:
@@ -115,19 +121,22 @@ def emit_onnx(plan: Any, model: str | os.PathLike[str] | onnx.ModelProto | OpGra
         PosixPath('parts')
     """
     folder = Path(folder)
-    check_output(folder, force=force, replace_special=folder.is_dir() and not folder.is_symlink())  # before the work
+    check_folder(folder, force=force, kind=PARTS)  # before the work
     graph = graph_for(plan, model, input_shapes)
     parts, models, manifest = _parts(plan, graph)
     source = graph.source
 
     def fill(tmp: Path) -> None:
+        entries = []
         for entry, proto in zip(manifest.parts, models):
             external = _had_external_data(source, proto) or proto.ByteSize() > EXTERNAL_ABOVE
             onnx.save_model(proto, str(tmp / entry.file), save_as_external_data=external,
-                            all_tensors_to_one_file=True, location=f"{entry.file}.data", size_threshold=1024)
-        manifest.save(tmp)
+                            all_tensors_to_one_file=True, location=f"{entry.file}.data", size_threshold=1024,
+                            convert_attribute=external)
+            entries.append(dataclasses.replace(entry, files=digests(tmp, entry.file)))
+        dataclasses.replace(manifest, parts=tuple(entries)).save(tmp)
 
-    write_folder(folder, fill, force=force)
+    write_folder(folder, fill, force=force, kind=PARTS)
     log.info("wrote %d parts of %s to %s", len(parts), plan.model_name, folder)
     return folder
 
@@ -146,7 +155,7 @@ def _parts(plan: Any, graph: OpGraph) -> tuple[list[Part], list[onnx.ModelProto]
         inputs=tuple((t, graph.tensors[t].dtype, graph.tensors[t].shape) for t in graph.inputs),
         outputs=graph.outputs,
         parts=tuple(PartEntry(f"part_{p.index}.onnx", p.device, len(p.ops), p.inputs, p.outputs,
-                              any(_not_plain(types.get(t)) for t in (*p.inputs, *p.outputs)))
+                              python_io=any(_not_plain(types.get(t)) for t in (*p.inputs, *p.outputs)))
                     for p in parts),
     )
     manifest.check(f"parts of {plan.model_name}")

@@ -4,26 +4,32 @@ In: the parts of a plan (:mod:`backends.onnx_parts.parts`), or a ``manifest.json
 Out: a frozen :class:`Manifest`, its JSON, and the checks that make a hand-edited or cut-off
 manifest a one-line :class:`~partitioner.errors.OnnxError` naming the file and field.
 
-``manifest.json`` (``format_version`` 1)::
+``manifest.json`` (``format_version`` 2)::
 
     format          "hetpart-onnx-parts"
-    format_version  1
+    format_version  2
     model           {"name", "fingerprint": the OpGraph's, "plan_predicted_s": the plan's prediction}
     devices         {logical device: {"kind": "cpu" | "gpu" | "npu", "onnx_provider": name or null}}, every
                     device of the plan's profile (a binding may name any of them)
     inputs          [{"name", "dtype", "shape"}, ...]   the graph inputs, in the model's order
     outputs         [name, ...]                         the graph outputs, in the model's order
     parts           [{"file": "part_0.onnx", "device", "ops": count, "inputs": [...], "outputs": [...],
-                      "python_io": true when a value it reads or writes is not a plain tensor}, ...]
+                      "python_io": true when a value it reads or writes is not a plain tensor,
+                      "files": [{"name": "part_0.onnx", "sha256": hex}, {"name": "part_0.onnx.data", ...}]
+                      the part's file, then its external data files, each with its digest}, ...]
 
-Parts run in list order; each reads graph inputs and earlier parts' outputs.
+Parts run in list order; each reads graph inputs and earlier parts' outputs. Every field is
+required: a manifest missing one is refused, never read with a default. ``files`` binds the folder's
+files to the manifest (:mod:`backends.onnx_parts.folder` checks them before a session opens); a
+manifest built in memory (:func:`~backends.onnx_parts.emit.build_parts`) has none until written.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -31,7 +37,7 @@ from partitioner.errors import OnnxError
 from partitioner.plan.reader import FieldReader, ends_early
 
 FORMAT = "hetpart-onnx-parts"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
 
 
@@ -44,7 +50,9 @@ class PartEntry:
     ops: int
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
-    python_io: bool = False    # it reads or writes a sequence, optional, map or string: run it with numpy values
+    python_io: bool            # it reads or writes a sequence, optional, map or string: run it with numpy values
+    files: tuple[tuple[str, str], ...] = ()  # (file name, sha256 hex): the part's file, then its data files;
+                                             # empty only in memory, before the part is written
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +81,8 @@ class Manifest:
             "inputs": [{"name": n, "dtype": dtype, "shape": list(shape)} for n, dtype, shape in self.inputs],
             "outputs": list(self.outputs),
             "parts": [{"file": p.file, "device": p.device, "ops": p.ops, "inputs": list(p.inputs),
-                       "outputs": list(p.outputs), "python_io": p.python_io} for p in self.parts],
+                       "outputs": list(p.outputs), "python_io": p.python_io,
+                       "files": [{"name": n, "sha256": h} for n, h in p.files]} for p in self.parts],
         }
         return json.dumps(data, indent=1) + "\n"
 
@@ -103,8 +112,10 @@ class Manifest:
             name=r.string(model["name"], "model.name"),
             fingerprint=r.string(model["fingerprint"], "model.fingerprint"),
             predicted_s=r.number_or_null(model["plan_predicted_s"], "model.plan_predicted_s"),
-            devices={d: (r.string(v["kind"], f"devices.{d}.kind"), v["onnx_provider"] and
-                         r.string(v["onnx_provider"], f"devices.{d}.onnx_provider")) for d, v in devices.items()},
+            devices={d: (r.string(v["kind"], f"devices.{d}.kind"),
+                         None if v["onnx_provider"] is None else r.string(v["onnx_provider"],
+                                                                         f"devices.{d}.onnx_provider"))
+                     for d, v in devices.items()},
             inputs=tuple((r.string(v["name"], f"inputs[{k}].name"), r.string(v["dtype"], f"inputs[{k}].dtype"),
                           tuple(r.count(x, f"inputs[{k}].shape[{j}]")
                                 for j, x in enumerate(r.array(v["shape"], f"inputs[{k}].shape"))))
@@ -144,14 +155,31 @@ class Manifest:
 
 def _part(r: _Reader, raw: Any, k: int) -> PartEntry:
     at = f"parts[{k}]"
-    p = r.keys(raw, at, ("file", "device", "ops", "inputs", "outputs", "python_io"))
+    p = r.keys(raw, at, ("file", "device", "ops", "inputs", "outputs", "python_io", "files"))
     file = r.string(p["file"], f"{at}.file")
-    if "/" in file or "\\" in file or file.startswith(".") or not file.endswith(".onnx"):
+    if not _plain_name(file) or not file.endswith(".onnx"):
         r.fail(f"{at}.file", f"{file!r} is not the name of a .onnx file in the parts folder")
+    files = []
+    for j, f in enumerate(r.array(p["files"], f"{at}.files")):
+        f = r.keys(f, f"{at}.files[{j}]", ("name", "sha256"))
+        name, digest = r.string(f["name"], f"{at}.files[{j}].name"), r.string(f["sha256"], f"{at}.files[{j}].sha256")
+        if not _plain_name(name) or (j == 0) != (name == file) or name in dict(files):
+            r.fail(f"{at}.files[{j}].name", f"{name!r}: files lists the part's file {file!r} first, then the "
+                   "names of its data files in the parts folder, each once")
+        if not re.fullmatch(r"[0-9a-f]{64}", digest):
+            r.fail(f"{at}.files[{j}].sha256", f"{digest[:80]!r} is not a sha256 digest (64 hex digits)")
+        files.append((name, digest))
+    if not files:
+        r.fail(f"{at}.files", f"empty: it lists the part's file {file!r} and its digest first")
     return PartEntry(file=file, device=r.string(p["device"], f"{at}.device"), ops=r.count(p["ops"], f"{at}.ops"),
                      inputs=r.string_list(p["inputs"], f"{at}.inputs"),
                      outputs=r.string_list(p["outputs"], f"{at}.outputs"),
-                     python_io=r.boolean(p["python_io"], f"{at}.python_io"))
+                     python_io=r.boolean(p["python_io"], f"{at}.python_io"), files=tuple(files))
+
+
+def _plain_name(name: str) -> bool:
+    """A file's name in the parts folder itself: no folder, not hidden (``..``), no NUL."""
+    return bool(name) and not any(c in name for c in "/\\\0") and not name.startswith(".")
 
 
 class _Reader(FieldReader):
@@ -159,6 +187,19 @@ class _Reader(FieldReader):
 
     def fail(self, path: str, message: str) -> NoReturn:
         raise OnnxError(f"{self.source}: {path}: {message}" if path else f"{self.source}: {message}")
+
+    def keys(self, value: Any, path: str, required: Sequence[str], optional: Sequence[str] = ()) -> Mapping[str, Any]:
+        """FieldReader.keys, its top-level messages naming a parts manifest (not a plan)."""
+        if not path:
+            value = self.mapping(value, path)
+            missing = [k for k in required if k not in value]
+            if missing:
+                self.fail(missing[0], f"missing; a parts manifest needs {', '.join(required)}: write the parts again")
+            unknown = [k for k in value if k not in (*required, *optional)]
+            if unknown:
+                self.fail("", f"unknown top-level key {unknown[0]!r}; the keys of a format_version {FORMAT_VERSION} "
+                              f"parts manifest are: {', '.join((*required, *optional))}")
+        return super().keys(value, path, required, optional)
 
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "MANIFEST", "Manifest", "PartEntry"]

@@ -16,6 +16,9 @@ Each part's model (:func:`part_model`) holds its nodes, in the original model's 
 * the initializers they read; an initializer read from two parts is copied into both (only where
   the plan puts its readers on two devices or in two runs of a device); external data is read from
   beside the original file, and written again beside the parts;
+* every tensor its nodes hold whose data the original keeps in an external file (a ``Constant``'s
+  value, a subgraph's initializer) read in (:mod:`backends.onnx_parts.external`), from the model's
+  folder, never the current one: a part runs from bytes or from the parts folder;
 * the constants they read that the front end folded (``ConstantOfShape`` / ``Identity`` chains,
   ``Shape`` arithmetic) as the nodes that make them, down to initializers, so onnxruntime folds
   them once when the part's session starts, as it does for the whole model; a ``Shape`` or
@@ -36,8 +39,8 @@ from collections.abc import Iterable, Mapping
 
 import onnx
 from onnx import numpy_helper
-from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
 
+from backends.onnx_parts.external import inlined
 from partitioner.errors import OnnxError
 from partitioner.frontends.onnx import OnnxSource
 from partitioner.frontends.onnx_fold import SKELETON_BYTES
@@ -127,6 +130,7 @@ def part_model(source: OnnxSource, part: Part, name: str) -> onnx.ModelProto:
     initializers = {t.name: t for t in graph.initializer}
     sparse = {t.values.name: t for t in graph.sparse_initializer}
     held = set(part.inputs) | {o for i in nodes for o in graph.node[i].output}
+    base_dir, where = source.loaded.base_dir, f"part {part.index} ({part.device})"
     made: dict[str, onnx.TensorProto] = {}
     made_sparse: dict[str, onnx.SparseTensorProto] = {}
     pending = [n for i in sorted(nodes) for n in [*graph.node[i].input, *outer_references(graph.node[i])]
@@ -136,9 +140,9 @@ def part_model(source: OnnxSource, part: Part, name: str) -> onnx.ModelProto:
         if name in made or name in made_sparse:
             continue
         if name in initializers:
-            made[name] = _loaded(initializers[name], source)
+            made[name] = inlined(initializers[name], base_dir, where)
         elif name in sparse:
-            made_sparse[name] = sparse[name]
+            made_sparse[name] = inlined(sparse[name], base_dir, where)
         elif name in producer and graph.node[producer[name]].op_type in ("Shape", "Size") \
                 and graph.node[producer[name]].input[0] not in held:
             made[name] = numpy_helper.from_array(analysis.values[name], name)  # of a tensor the part does not hold
@@ -151,7 +155,7 @@ def part_model(source: OnnxSource, part: Part, name: str) -> onnx.ModelProto:
         else:
             raise OnnxError(f"part {part.index}: constant {name!r} has no initializer or producer")
     out = onnx.helper.make_graph(
-        nodes=[graph.node[i] for i in sorted(nodes, key=position.__getitem__)],
+        nodes=[inlined(graph.node[i], base_dir, where) for i in sorted(nodes, key=position.__getitem__)],
         name=f"{graph.name or name}.part{part.index}",
         inputs=[_value_info(source, t, part) for t in part.inputs],
         outputs=[_value_info(source, t, part) for t in part.outputs],
@@ -161,7 +165,7 @@ def part_model(source: OnnxSource, part: Part, name: str) -> onnx.ModelProto:
     model = onnx.helper.make_model(out, opset_imports=list(original.opset_import),
                                    producer_name="hetpart", doc_string=f"part {part.index} of {name}")
     model.ir_version = max(original.ir_version, MIN_IR_VERSION)
-    model.functions.extend(original.functions)
+    model.functions.extend(inlined(f, base_dir, where) for f in original.functions)
     if not _infers(model):
         # onnx's (and onnxruntime's) inference can be stricter on a declared shape than the kernel is at
         # run time (a Range reading a [1]-shaped tensor made by an If); the whole model never declared it
@@ -197,18 +201,6 @@ def _value_info(source: OnnxSource, tensor: str, part: Part) -> onnx.ValueInfoPr
         raise OnnxError(f"part {part.index} ({part.device}): tensor {tensor!r} crosses parts but its type is "
                         "unknown: give it as value_info in the model")
     return onnx.helper.make_value_info(tensor, t)
-
-
-def _loaded(tensor: onnx.TensorProto, source: OnnxSource) -> onnx.TensorProto:
-    """A copy of an initializer with its external data read in (the original keeps its reference)."""
-    if not uses_external_data(tensor):
-        return tensor
-    copy = onnx.TensorProto()
-    copy.CopyFrom(tensor)
-    load_external_data_for_tensor(copy, str(source.loaded.base_dir))
-    copy.data_location = onnx.TensorProto.DEFAULT
-    del copy.external_data[:]
-    return copy
 
 
 __all__ = ["MIN_IR_VERSION", "Part", "part_model", "split"]

@@ -10,7 +10,8 @@ Tensors pass between parts as ``OrtValue`` objects, never through numpy: their e
 inputs are put on their device (a tensor made on the same GPU is bound in place, so a GPU→GPU
 hand-over does not go through the host) and their outputs stay there. A part that
 reads or writes a sequence, optional, map or string (``python_io``) is run with python values, as a
-whole-model session is. A tensor is released after the last part that reads it.
+whole-model session is. A tensor is released after the last part that reads it. Ctrl-C stops a
+running part and raises ``KeyboardInterrupt`` (:mod:`backends.onnx_parts.interrupt`).
 
 :func:`load_parts` opens a folder written by :func:`~backends.onnx_parts.emit.emit_onnx`.
 """
@@ -27,7 +28,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from backends.onnx_parts.manifest import MANIFEST, Manifest
+from backends.onnx_parts.folder import read_manifest
+from backends.onnx_parts.interrupt import Interruptible
+from backends.onnx_parts.manifest import Manifest
 from backends.onnx_parts.providers import Provider, bind_providers, session_options
 from partitioner.errors import OnnxError
 
@@ -56,6 +59,7 @@ class PartitionedSession:
                      for s, b, p in zip(self.sessions, self._bindings, manifest.parts)]
         self._last_use = _last_use(manifest)
         self._dtypes = {name: dtype for name, dtype, _ in manifest.inputs}
+        self._interruptible = Interruptible()
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -74,12 +78,17 @@ class PartitionedSession:
 
         Raises:
             OnnxError: an input is missing or unknown, or a part fails; the message names it.
+            KeyboardInterrupt: Ctrl-C while a part ran: the part was stopped.
         """
         missing = [n for n in self.input_names if n not in feeds]
         unknown = [n for n in feeds if n not in self.input_names]
         if missing or unknown:
             what = f"input {missing[0]!r} is missing" if missing else f"{unknown[0]!r} is not an input"
             raise OnnxError(f"{self.manifest.name}: {what}; the inputs are {', '.join(self.input_names)}")
+        return self._interruptible(lambda options: self._run(feeds, options))
+
+    def _run(self, feeds: Mapping[str, Any], options: ort.RunOptions) -> dict[str, Any]:
+        """Every part in turn, each run with ``options`` (which Ctrl-C sets to terminate)."""
         values: dict[str, Any] = dict(feeds)
         where: dict[str, tuple[str, int]] = {}  # tensor -> (device type, id) of the OrtValue holding it
         for k, (part, session) in enumerate(zip(self.manifest.parts, self.sessions)):
@@ -87,10 +96,10 @@ class PartitionedSession:
             here = (provider.device_type, provider.device_id)
             try:
                 if part.python_io:
-                    outs = session.run(list(part.outputs), {n: _python(values[n]) for n in part.inputs})
+                    outs = session.run(list(part.outputs), {n: _python(values[n]) for n in part.inputs}, options)
                 else:
                     inputs = {n: self._ort_value(n, values[n], here, where.get(n, ("cpu", 0))) for n in part.inputs}
-                    outs = self._run_bound(k, inputs, part.outputs, provider)
+                    outs = self._run_bound(k, inputs, part.outputs, provider, options)
             except Exception as exc:  # onnxruntime's own exception types derive from Exception only
                 raise OnnxError(f"{self.manifest.name}: part {k} ({part.file} on {provider.name}) failed: "
                                 f"{str(exc).splitlines()[0][:300]}") from exc
@@ -102,7 +111,7 @@ class PartitionedSession:
         return {name: _python(values[name]) for name in self.output_names}
 
     def _run_bound(self, k: int, inputs: Mapping[str, ort.OrtValue], outputs: Sequence[str],
-                   provider: Provider) -> list[Any]:
+                   provider: Provider, options: ort.RunOptions) -> list[Any]:
         raw = self._raw[k]
         if raw is not None:
             session, bound, device = raw
@@ -112,7 +121,7 @@ class PartitionedSession:
                 bound.bind_ortvalue_input(name, value._ortvalue)
             for name in outputs:
                 bound.bind_output(name, device)
-            session.run_with_iobinding(bound, None)
+            session.run_with_iobinding(bound, options)
             got = bound.get_outputs()
             return [ort.OrtValue(got[i]) for i in range(len(outputs))]
         binding = self._bindings[k]
@@ -122,7 +131,7 @@ class PartitionedSession:
             binding.bind_ortvalue_input(name, value)
         for name in outputs:
             binding.bind_output(name, provider.device_type, provider.device_id)
-        self.sessions[k].run_with_iobinding(binding)
+        self.sessions[k].run_with_iobinding(binding, options)
         return list(binding.get_outputs())
 
     def _ort_value(self, name: str, value: Any, target: tuple[str, int], at: tuple[str, int]) -> ort.OrtValue:
@@ -144,7 +153,8 @@ def load_parts(folder: str | os.PathLike[str], device_map: Mapping[str, str] | N
     """Open a parts folder written by ``plan.emit_onnx`` / ``hetpart emit``, one session per part.
 
     Raises:
-        OnnxError: the folder, its manifest or a part file is missing or broken, or a device's
+        OnnxError: the folder, its manifest or a part file is missing or broken, a part's file or data
+            file is a link or differs from the one the manifest recorded (its sha256), or a device's
             provider is not installed; the message names it and the fix.
 
     Example:
@@ -153,16 +163,11 @@ def load_parts(folder: str | os.PathLike[str], device_map: Mapping[str, str] | N
         ['output']
     """
     folder = Path(folder)
-    path = folder / MANIFEST
-    if not path.is_file():
-        raise OnnxError(f"{folder}: no {MANIFEST} here: give a folder written by `hetpart emit MODEL.onnx "
-                        "--plan PLAN -o DIR`")
-    manifest = Manifest.from_json(path.read_text(encoding="utf-8"), str(path))
-    files = [folder / p.file for p in manifest.parts]
-    absent = [f for f in files if not f.is_file()]
-    if absent:
-        raise OnnxError(f"{folder}: part file {absent[0].name!r} is missing: write the parts again")
-    return PartitionedSession(manifest, [str(f) for f in files], device_map, where=str(folder))
+    manifest = read_manifest(folder)  # every part's files are the ones it recorded
+    files = [str(folder / p.file) for p in manifest.parts]
+    session = PartitionedSession(manifest, files, device_map, where=str(folder))
+    log.debug("opened %d parts of %s from %s", len(manifest.parts), manifest.name, folder)
+    return session
 
 
 def _session(model: bytes | str, provider: Provider, where: str) -> ort.InferenceSession:

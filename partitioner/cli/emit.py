@@ -10,7 +10,7 @@ from partitioner.cli.args import (
     add_bind, add_input_shape, input_shapes, naming_the_model, one_line_summary, output_path, pairs,
 )
 from partitioner.errors import HetpartError
-from partitioner.files import check_output
+from partitioner.files import check_folder
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -23,7 +23,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                     help="the Python file to write (ONNX models: the folder of parts)")
     add_bind(em)
     add_input_shape(em)
-    em.add_argument("--force", action="store_true", help="overwrite FILE.py (or DIR) if it exists")
+    em.add_argument("--force", action="store_true",
+                    help="overwrite FILE.py if it exists (DIR: replace it if it is a folder of parts, nothing else)")
     em.set_defaults(func=_cmd_emit)
 
 
@@ -31,9 +32,12 @@ def _cmd_emit(args: argparse.Namespace) -> int:
     from partitioner.model_source import load_model
     from partitioner.plan import Plan
 
-    onnx = str(args.model).lower().endswith(".onnx")  # parts go to a folder, replaced whole with --force
-    output = check_output(args.output, force=args.force, replace_special=onnx, flag="-o") if onnx \
-        else output_path(args.output, "-o", force=args.force)
+    if str(args.model).lower().endswith(".onnx"):  # parts go to a folder: --force replaces only a parts folder
+        from backends.onnx_parts.folder import PARTS
+
+        output = check_folder(args.output, force=args.force, kind=PARTS)
+    else:
+        output = output_path(args.output, "-o", force=args.force)
     plan = Plan.load(args.plan)
     binding = pairs(args.bind, "--bind", "cuda:0=cpu")
     loaded = load_model(args.model, input_shapes=input_shapes(args.input_shape))  # real weights

@@ -3,7 +3,8 @@
 Each part runs in its own onnxruntime session with its device's provider (``--bind cuda:0=cpu``
 runs a device's parts on the CPU provider). Prints every output's dtype, shape and range; with
 ``-o DIR`` also writes them as ``.npy`` files (the folder appears whole, never over an existing one
-without ``--force``).
+without ``--force``, and ``--force`` replaces only a folder of such outputs). Ctrl-C stops a running
+part (exit status 130).
 """
 
 from __future__ import annotations
@@ -15,6 +16,11 @@ from pathlib import Path
 
 from partitioner.cli.args import add_bind, add_inputs, pairs, read_inputs
 from partitioner.errors import HetpartError
+from partitioner.files import FolderKind
+
+#: a folder ``-o`` writes: ``<index>_<name>.npy`` files, nothing else (what ``--force`` may replace)
+OUTPUTS = FolderKind(what="outputs of `hetpart run`", example="outputs",
+                     owns=lambda name: re.fullmatch(r"[0-9]+_[A-Za-z0-9._-]*\.npy", name) is not None)
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -26,7 +32,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                     help="feed seeded random values of the recorded shapes to the inputs not given with --input")
     add_bind(rn)
     rn.add_argument("-o", "--output", metavar="DIR", help="write each output as DIR/<index>_<name>.npy")
-    rn.add_argument("--force", action="store_true", help="replace DIR if it exists")
+    rn.add_argument("--force", action="store_true", help="replace DIR if it exists and holds only outputs")
     rn.set_defaults(func=_cmd_run)
 
 
@@ -34,11 +40,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     import numpy as np
 
     from backends.onnx_parts import example_feeds, load_parts
-    from partitioner.files import refuse_overwrite
+    from partitioner.files import check_folder
 
     out_dir = Path(args.output) if args.output else None
     if out_dir is not None:
-        refuse_overwrite([out_dir], force=args.force)
+        check_folder(out_dir, force=args.force, kind=OUTPUTS)
     parts = load_parts(args.parts, pairs(args.bind, "--bind", "cuda:0=cpu") or None)
     feeds = read_inputs(args.input)
     declared = {name: (dtype, shape) for name, dtype, shape in parts.manifest.inputs}
@@ -98,4 +104,4 @@ def _write(outputs: dict[str, object], folder: Path, force: bool) -> None:
             safe = re.sub(r"[^A-Za-z0-9._-]", "_", name)[:80]
             np.save(tmp / f"{i}_{safe}.npy", np.asarray(value), allow_pickle=False)
 
-    write_folder(folder, fill, force=force)
+    write_folder(folder, fill, force=force, kind=OUTPUTS)

@@ -110,10 +110,14 @@ def test_emit_writes_nothing_on_failure_and_replaces_only_with_force(tmp_path: P
     plan.emit_onnx(tmp_path / "parts", mlp)
     with pytest.raises(HetpartError, match="--force"):
         plan.emit_onnx(tmp_path / "parts", mlp)
-    (tmp_path / "parts" / "stale.txt").write_text("old")
+    (tmp_path / "parts" / "part_7.onnx").write_text("old")  # a part of an earlier emit: replaced
     plan.emit_onnx(tmp_path / "parts", mlp, force=True)
-    assert not (tmp_path / "parts" / "stale.txt").exists()
+    assert not (tmp_path / "parts" / "part_7.onnx").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gpt.onnx", "mlp.onnx", "parts"]
+    (tmp_path / "parts" / "stale.txt").write_text("mine")  # not a part: --force never deletes it
+    with pytest.raises(HetpartError, match="holds 'stale.txt'"):
+        plan.emit_onnx(tmp_path / "parts", mlp, force=True)
+    assert (tmp_path / "parts" / "stale.txt").read_text() == "mine"
 
 
 def test_a_missing_provider_and_a_broken_manifest_are_named(tmp_path: Path) -> None:
