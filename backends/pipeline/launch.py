@@ -12,6 +12,7 @@ Each rank runs ``python -m backends.pipeline PLAN --model SPEC ...`` (:mod:`back
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shlex
@@ -19,14 +20,15 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from backends.pipeline.runtime import RunOptions
 from partitioner.errors import PipelineRunError
 
-__all__ = ["Node", "nodes_of", "rank_arguments", "torchrun_commands", "run_local", "LocalRun", "shell_line"]
+__all__ = ["Node", "nodes_of", "rank_arguments", "torchrun_commands", "run_local", "LocalRun", "LaunchInterrupted",
+           "stop_group", "shell_line"]
 
 RANK_MODULE = "backends.pipeline"
 
@@ -104,11 +106,44 @@ class LocalRun:
     command: tuple[str, ...]
 
 
-def run_local(plan: Any, rank_args: Sequence[str], *, timeout_s: float = 600.0, echo: bool = False) -> LocalRun:
+#: Seconds a stopped run's torchrun gets to stop its ranks after the forwarded signal, before
+#: torchrun and every rank are killed (SIGKILL).
+STOP_GRACE_S = 10.0
+
+
+class LaunchInterrupted(KeyboardInterrupt):
+    """A local run stopped by SIGINT or SIGTERM: torchrun and its ranks were stopped first.
+
+    ``signum`` is the signal, ``status`` the exit status a command reports for it (130 for
+    SIGINT, 143 for SIGTERM), ``ranks`` how many rank processes were running.
+    """
+
+    def __init__(self, signum: int, ranks: int = 0) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum, self.ranks = signum, ranks
+
+    @property
+    def status(self) -> int:
+        return 128 + self.signum
+
+    def line(self) -> str:
+        """``interrupted by SIGTERM: stopped torchrun and its 2 ranks``."""
+        ranks = f" and its {self.ranks} rank{'s' if self.ranks != 1 else ''}" if self.ranks else ""
+        return f"interrupted by {signal.Signals(self.signum).name}: stopped torchrun{ranks}"
+
+
+def run_local(plan: Any, rank_args: Sequence[str], *, timeout_s: float = 600.0, echo: bool = False,
+              grace_s: float = STOP_GRACE_S) -> LocalRun:
     """Run every rank on this machine: ``torchrun --standalone --nproc-per-node WORLD``.
+
+    torchrun runs in a session of its own and each rank in another (torchrun's doing), so a
+    Ctrl-C at the terminal reaches only this process: a SIGINT or SIGTERM while the run is on is
+    forwarded to torchrun (which passes it to its ranks); after ``grace_s`` seconds whatever is
+    left of torchrun and its ranks is killed, and :class:`LaunchInterrupted` is raised.
 
     Raises:
         PipelineRunError: the run took longer than ``timeout_s`` (it is stopped first).
+        LaunchInterrupted: SIGINT or SIGTERM arrived (torchrun and its ranks stopped first).
 
     Example:
         >>> run = run_local(plan, rank_arguments("plan.json", "mlp:tiny", RunOptions()))   # doctest: +SKIP
@@ -122,29 +157,129 @@ def run_local(plan: Any, rank_args: Sequence[str], *, timeout_s: float = 600.0, 
     env.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default too; said here to keep its warning quiet
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)
     lines: list[str] = []
-    reader = threading.Thread(target=_collect, args=(proc, lines, echo), daemon=True)
-    reader.start()
-    try:
-        proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait()
-        raise PipelineRunError(f"the local run of {world} ranks took longer than {timeout_s:g} s and was stopped; "
-                               f"raise --timeout or look for a rank waiting on a dead peer") from None
-    finally:
-        reader.join(timeout=10)
+    quiet = threading.Event()  # set once stopping: the ranks' last words are not echoed
+    with _signals_raise():
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                start_new_session=True)
+        reader = threading.Thread(target=_collect, args=(proc, lines, echo, quiet), daemon=True)
+        try:
+            reader.start()
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            quiet.set()
+            with _signals_ignored():
+                stop_group(proc, signal.SIGTERM, grace_s)
+            raise PipelineRunError(f"the local run of {world} ranks took longer than {timeout_s:g} s and was "
+                                   f"stopped; raise --timeout or look for a rank waiting on a dead peer") from None
+        except KeyboardInterrupt as exc:
+            quiet.set()
+            signum = exc.signum if isinstance(exc, LaunchInterrupted) else signal.SIGINT
+            with _signals_ignored():  # a second Ctrl-C does not cut the stop short
+                ranks = stop_group(proc, signum, grace_s)
+            raise LaunchInterrupted(signum, ranks) from None
+        finally:
+            if reader.is_alive():
+                reader.join(timeout=10)
     return LocalRun(proc.returncode, "".join(lines), tuple(argv))
 
 
-def _collect(proc: subprocess.Popen, lines: list[str], echo: bool) -> None:
-    """Keep the run's output, and copy it to our stdout as it comes when ``echo`` (the CLI's view)."""
+def stop_group(proc: subprocess.Popen, signum: int, grace_s: float = STOP_GRACE_S) -> int:
+    """Stop a torchrun started in its own session and every rank it started (each in a session of
+    its own): ``signum`` to torchrun's process group, then, after ``grace_s`` seconds, SIGKILL to
+    whatever is left of it and of its ranks. Returns how many ranks were running.
+
+    Example:
+        >>> stop_group(proc, signal.SIGTERM, 5.0)          # doctest: +SKIP
+        2
+    """
+    ranks = _children(proc.pid)
+    _signal_group(proc.pid, signum)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        ranks += [r for r in _children(proc.pid) if r not in ranks]
+        _signal_group(proc.pid, signal.SIGKILL)
+        proc.wait()
+    for pid, started in ranks:  # torchrun stops its ranks, unless it was killed or a rank held on
+        if _start_time(pid) == started:
+            _signal_group(pid, signal.SIGKILL)
+    return len(ranks)
+
+
+@contextlib.contextmanager
+def _signals_raise() -> Iterator[None]:
+    """SIGTERM raises :class:`LaunchInterrupted` (SIGINT raises KeyboardInterrupt) while the run is
+    on; the previous handlers come back after. Only the main thread may set handlers: elsewhere
+    the process's own handlers stay."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupted(signum: int, _frame: Any) -> None:
+        raise LaunchInterrupted(signum)
+
+    saved = signal.signal(signal.SIGTERM, interrupted)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, saved)
+
+
+@contextlib.contextmanager
+def _signals_ignored() -> Iterator[None]:
+    """SIGINT and SIGTERM are ignored in this block (main thread only: elsewhere nothing changes)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):  # already gone (its group has no process left)
+        pass
+
+
+def _children(pid: int) -> list[tuple[int, str]]:
+    """The processes whose parent is ``pid`` (torchrun's ranks), each with its start time (so a pid
+    reused later is not killed by mistake); empty where there is no ``/proc``."""
+    out = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        fields = _stat(int(entry.name))
+        if fields is not None and int(fields[1]) == pid:
+            out.append((int(entry.name), fields[19]))
+    return out
+
+
+def _start_time(pid: int) -> str | None:
+    """A live process's start time (``/proc/PID/stat`` field 22), None when it is gone or a zombie."""
+    fields = _stat(pid)
+    return fields[19] if fields is not None and fields[0] != "Z" else None
+
+
+def _stat(pid: int) -> list[str] | None:
+    """``/proc/PID/stat`` after the command name: state, ppid, pgrp, ... (None when gone)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2:].split()
+
+
+def _collect(proc: subprocess.Popen, lines: list[str], echo: bool, quiet: threading.Event) -> None:
+    """Keep the run's output, and copy it to our stdout as it comes when ``echo`` (the CLI's view)
+    until ``quiet`` is set."""
     assert proc.stdout is not None
     for line in proc.stdout:
         lines.append(line)
-        if echo:
+        if echo and not quiet.is_set():
             sys.stdout.write(line)
             sys.stdout.flush()
 

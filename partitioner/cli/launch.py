@@ -5,13 +5,15 @@ Without ``--run`` it prints one ``torchrun`` command per host (``--nnodes``, ``-
 (``torchrun --standalone``) and prints their step times against the plan's prediction; ``--check``
 also runs the single-process model on the same inputs and compares outputs (with ``--training``
 the loss and gradients), printing a one-line verdict last. Exit status: 0, 1 when the check
-fails, 2 for errors (a rank that stopped included).
+fails, 2 for errors (a rank that stopped included), 130 / 143 when SIGINT (Ctrl-C) / SIGTERM
+stopped the run (torchrun and every rank are stopped first).
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 
 from partitioner.cli.args import pairs, positive_int
@@ -42,7 +44,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 def _cmd_launch(args: argparse.Namespace) -> int:
     from backends.pipeline import BACKEND, rank_errors
     from backends.pipeline.check import check_results, read_results
-    from backends.pipeline.launch import rank_arguments, run_local, shell_line, torchrun_commands
+    from backends.pipeline.launch import LaunchInterrupted, rank_arguments, run_local, shell_line, torchrun_commands
     from backends.pipeline.runtime import RunOptions
     from cost_models.units import format_seconds
     from partitioner.errors import HetpartError, PipelineRunError
@@ -72,7 +74,11 @@ def _cmd_launch(args: argparse.Namespace) -> int:
             return 0
         BACKEND.bind(plan, binding)
         print(f"running {section['world_size']} ranks here: {shell_line(['torchrun', '--standalone', '--nproc-per-node', str(section['world_size']), '-m', 'backends.pipeline', *rank_args])}")
-        run = run_local(plan, rank_args, timeout_s=args.timeout * (args.steps + 2) + 120, echo=True)
+        try:
+            run = run_local(plan, rank_args, timeout_s=args.timeout * (args.steps + 2) + 120, echo=True)
+        except LaunchInterrupted as stopped:  # torchrun and its ranks are stopped already
+            print(f"hetpart: {stopped.line()}", file=sys.stderr)
+            return stopped.status
         if run.returncode != 0:
             raise PipelineRunError(f"the pipeline run failed (exit status {run.returncode}): {rank_errors(run.output)}")
         measured = max(statistics.median(r["step_s"]) for r in read_results(results, section["world_size"]))
