@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import ipaddress
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -25,10 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from backends.pipeline.runtime import RunOptions
-from partitioner.errors import PipelineRunError
+from partitioner.errors import HetpartError, PipelineRunError
+from partitioner.terminal import one_line
 
 __all__ = ["Node", "nodes_of", "rank_arguments", "torchrun_commands", "run_local", "LocalRun", "LaunchInterrupted",
-           "stop_group", "shell_line"]
+           "stop_group", "shell_line", "shell_word", "check_master_addr"]
 
 RANK_MODULE = "backends.pipeline"
 
@@ -90,6 +93,9 @@ def torchrun_commands(plan: Any, rank_args: Sequence[str], *, master_addr: str =
         ...     print(node.host, shlex.join(argv))
         host0 torchrun --nnodes 2 --nproc-per-node 1 --node-rank 0 --master-addr HOST0_ADDRESS ...
     """
+    check_master_addr(master_addr)
+    if isinstance(master_port, bool) or not isinstance(master_port, int) or not 1 <= master_port <= 65535:
+        raise HetpartError(f"--master-port {master_port!r}: expected a TCP port, 1 to 65535, e.g. --master-port 29500")
     nodes = nodes_of(plan)
     return [(node, ["torchrun", "--nnodes", str(len(nodes)), "--nproc-per-node", str(len(node.ranks)),
                     "--node-rank", str(node.node_rank), "--master-addr", master_addr,
@@ -147,7 +153,7 @@ def run_local(plan: Any, rank_args: Sequence[str], *, timeout_s: float = 600.0, 
 
     Example:
         >>> run = run_local(plan, rank_arguments("plan.json", "mlp:tiny", RunOptions()))   # doctest: +SKIP
-        >>> run.returncode
+        >>> run.returncode                                                                  # doctest: +SKIP
         0
     """
     world = plan.pipeline["world_size"]
@@ -285,5 +291,57 @@ def _collect(proc: subprocess.Popen, lines: list[str], echo: bool, quiet: thread
 
 
 def shell_line(argv: Sequence[str]) -> str:
-    """A command line as a shell would take it (each argument quoted where needed)."""
-    return shlex.join(argv)
+    """A command line as a shell would take it, on one line: each argument quoted where needed
+    (:func:`shell_word`), so pasting it runs this command and nothing else.
+
+    Example:
+        >>> shell_line(["torchrun", "my plan.json", "a\\nb"])
+        "torchrun 'my plan.json' $'a\\\\nb'"
+    """
+    return " ".join(shell_word(arg) for arg in argv)
+
+
+def shell_word(arg: str) -> str:
+    """One argument for a shell: :func:`shlex.quote` (``'...'``), or, when it holds a control
+    character (a newline, an escape) that a terminal would act on or a paste would split, ANSI-C
+    quoting (``$'...'``: bash, zsh, ksh and POSIX sh since 2024) with every such character escaped.
+
+    Example:
+        >>> shell_word("p\\nrm x"), shell_word("ok.json")
+        ("$'p\\\\nrm x'", 'ok.json')
+    """
+    if one_line(arg) == arg:
+        return shlex.quote(arg)
+    return "$'" + "".join(_C_ESCAPES.get(ch, one_line(ch)) for ch in arg) + "'"  # one_line: \\xHH, \\uHHHH
+
+
+#: Backslash escapes ``$'...'`` reads, for the characters that have a short one.
+_C_ESCAPES = {"\\": "\\\\", "'": "\\'", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+def check_master_addr(addr: str, flag: str = "--master-addr") -> str:
+    """``addr`` when it is a host name (letters, digits, ``-`` and ``_`` in dot-separated labels)
+    or an IPv4 / IPv6 address; else a one-line error naming it.
+
+    Raises:
+        HetpartError: whitespace, a control character, or any other character a host name and an
+            address cannot hold.
+
+    Example:
+        >>> check_master_addr("10.0.0.1"), check_master_addr("node0.cluster")
+        ('10.0.0.1', 'node0.cluster')
+    """
+    text = addr[1:-1] if addr.startswith("[") and addr.endswith("]") else addr  # [::1]
+    try:
+        ipaddress.ip_address(text)
+        return addr
+    except ValueError:
+        pass
+    if len(addr) <= 253 and all(_LABEL.fullmatch(label) for label in addr.split(".")):
+        return addr
+    raise HetpartError(f"{flag} {one_line(repr(addr))}: not a host name or IP address (host names are letters, "
+                       f"digits, '-' and '_' in dot-separated labels; no spaces or control characters); give "
+                       f"host0's address as the other hosts reach it, e.g. {flag} 10.0.0.1 or {flag} node0")
+
+
+_LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
