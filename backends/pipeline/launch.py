@@ -30,8 +30,8 @@ from backends.pipeline.runtime import RunOptions
 from partitioner.errors import HetpartError, PipelineRunError
 from partitioner.terminal import one_line
 
-__all__ = ["Node", "nodes_of", "rank_arguments", "torchrun_commands", "run_local", "LocalRun", "LaunchInterrupted",
-           "stop_group", "shell_line", "shell_word", "check_master_addr"]
+__all__ = ["Node", "nodes_of", "rank_arguments", "rank_errors", "torchrun_commands", "run_local", "LocalRun",
+           "LaunchInterrupted", "stop_group", "shell_line", "shell_word", "check_master_addr"]
 
 RANK_MODULE = "backends.pipeline"
 
@@ -288,6 +288,45 @@ def _collect(proc: subprocess.Popen, lines: list[str], echo: bool, quiet: thread
         if echo and not quiet.is_set():
             sys.stdout.write(line)
             sys.stdout.flush()
+
+
+def rank_errors(output: str) -> str:
+    """What went wrong in a failed run, from its output: the rank torchrun saw stop first, when it
+    stopped without a hetpart error of its own (it failed to start, or was killed), then the ranks'
+    one-line errors; else the output's last lines.
+
+    Example:
+        >>> rank_errors("hetpart pipeline rank 0: error: rank 0 (stage 0 on host0/cpu -> cpu): ...")
+        'hetpart pipeline rank 0: error: rank 0 (stage 0 on host0/cpu -> cpu): ...'
+    """
+    errors = list(dict.fromkeys(line.strip() for line in output.splitlines() if "hetpart pipeline rank" in line))
+    first = _root_cause(output)
+    if first is not None and not any(e.startswith(f"hetpart pipeline rank {first[0]}:") for e in errors):
+        rank, status = first
+        how = (f"was killed by {_signal_name(-status)}" if status < 0 else f"exited with status {status}")
+        errors.insert(0, f"rank {rank} stopped first: it {how} before it reported an error (it failed to start, "
+                         f"or was stopped from outside; its output above says why), so the other ranks stopped too")
+    if errors:
+        return "; ".join(errors)
+    tail = [line.strip() for line in output.strip().splitlines()[-5:]]
+    return " | ".join(tail) or "no output"
+
+
+_ROOT = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
+
+
+def _root_cause(output: str) -> tuple[int, int] | None:
+    """The rank and exit status torchrun's summary names as the first failure (None without one)."""
+    found = _ROOT.search(output)
+    return (int(found.group(1)), int(found.group(2))) if found else None
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+    return name + (" (out of memory, perhaps)" if signum == signal.SIGKILL else "")
 
 
 def shell_line(argv: Sequence[str]) -> str:
