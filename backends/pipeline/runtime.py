@@ -158,7 +158,8 @@ def run_rank(plan: Any, model: torch.nn.Module, inputs: Sequence[Any], options: 
     timeout = datetime.timedelta(seconds=options.timeout_s)
     if device.type == "cuda":
         torch.cuda.set_device(device)  # NCCL (and CUDA tensors under gloo) use the current device
-    labels = [where if r == rank else f"rank {r} (stage {r} on {st['device']})" for r, st in enumerate(section["stages"])]
+    labels = [where if r == rank else f"rank {r} (stage {r} on {st['device']})"
+              for r, st in enumerate(section["stages"])]
     store = join(rank, world, options.timeout_s, labels)  # a rank that never comes: named, not a torch traceback
     dist.init_process_group(backend, store=dist.PrefixStore("default_pg", store), rank=rank, world_size=world,
                             timeout=timeout)
