@@ -7,6 +7,13 @@ In: a pipeline plan (and its file path), the model spec and the rank options. Ou
 stages); and :func:`run_local`, every rank on this machine under one ``torchrun --standalone``
 (a free port, so runs side by side do not collide), returning its exit status and output.
 
+Printed commands are pasted into a shell: :func:`shell_line` quotes every argument and keeps the
+line one line (``$'...'`` for an argument with a control character); the master address must be a
+host name or an IP address (:func:`check_master_addr`). A local run stopped by SIGINT or SIGTERM
+forwards the signal to torchrun, kills what is left of torchrun and its ranks after a grace period
+(:func:`stop_group`) and raises :class:`LaunchInterrupted`. A failed run is summed up in one line by
+:func:`rank_errors`.
+
 Each rank runs ``python -m backends.pipeline PLAN --model SPEC ...`` (:mod:`backends.pipeline.runtime`).
 """
 
