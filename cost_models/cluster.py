@@ -47,7 +47,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from cost_models.profiles import MAX_DEVICES, DeviceSet, Link, builtin_profiles, load_profile
+from cost_models.profiles import MAX_DEVICES, MAX_PROFILE_BYTES, DeviceSet, Link, builtin_profiles, load_profile
 from cost_models.units import parse_bandwidth, parse_seconds
 from partitioner.errors import ProfileError
 
@@ -198,9 +198,14 @@ def load_cluster(name_or_path: str | Path) -> Cluster:
     source = f"builtin:{spec}" if spec in builtin_profiles() else spec
     if not path.is_file():
         raise ProfileError(f"cluster profile {spec!r} does not exist: give a built-in name or a TOML path")
+    from partitioner.errors import HetpartError
+    from partitioner.files import read_text  # partitioner imports cost_models: a late import
+
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
+        data = tomllib.loads(read_text(path, what="cluster profile", max_bytes=MAX_PROFILE_BYTES))
+    except HetpartError as err:  # not a regular file, or too large for a profile
+        raise ProfileError(str(err)) from None
+    except (OSError, tomllib.TOMLDecodeError) as err:
         raise ProfileError(f"{source}: cannot read the cluster profile: {err}") from None
     if not is_cluster(data):
         raise ProfileError(f"{source}: not a cluster profile (no [[hosts]]); a cluster lists its hosts, "

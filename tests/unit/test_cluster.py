@@ -99,3 +99,12 @@ def test_a_cluster_at_the_device_limit_flattens():
     bigger = dataclasses.replace(cluster, hosts=cluster.hosts + cluster.hosts[:1])   # built by hand, one host more
     with pytest.raises(ProfileError, match="258 devices on 129 hosts, over the 256"):
         bigger.flatten()
+
+
+def test_a_cluster_file_over_the_profile_size_limit_is_refused_unread(tmp_path):
+    from cost_models.cluster import load_cluster
+    from cost_models.profiles import MAX_PROFILE_BYTES
+
+    path = _write(tmp_path, '[[hosts]]\nprofile = "cpu"\n' + NETWORK + "#" * MAX_PROFILE_BYTES)
+    with pytest.raises(ProfileError, match="over the 16,777,216 a cluster profile may be"):
+        load_cluster(path)
