@@ -31,8 +31,13 @@ Links inside a host come from its profile (renamed the same way); between hosts 
 ``host1/cuda:0`` is routed GPU → host CPU → network → host CPU → GPU by
 :meth:`DeviceSet.route` (no GPUDirect RDMA is assumed). A host profile must describe one host.
 
+Size: a flattened cluster is one profile, so it may hold at most
+:data:`~cost_models.profiles.MAX_DEVICES` (256) devices, as a single-host profile may; a ``count``
+is bounded by the same figure (each host has a device at least), checked before any host is made.
+
 Errors are :class:`~partitioner.errors.ProfileError` naming the file and key: a host profile
-that does not exist, a missing network section, a count that is not a positive integer.
+that does not exist, a missing network section, a count that is not a positive integer or that
+takes the cluster over the device limit.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from cost_models.profiles import DeviceSet, Link, builtin_profiles, load_profile
+from cost_models.profiles import MAX_DEVICES, MAX_PROFILE_BYTES, DeviceSet, Link, builtin_profiles, load_profile
 from cost_models.units import parse_bandwidth, parse_seconds
 from partitioner.errors import HetpartError, ProfileError
 
@@ -87,7 +92,16 @@ class Cluster:
 
     def flatten(self) -> DeviceSet:
         """The cluster as one DeviceSet: ``hostN/<device>`` names, host links renamed, and a
-        network link between every pair of host CPUs (see the module docstring)."""
+        network link between every pair of host CPUs (see the module docstring).
+
+        Raises:
+            ProfileError: more than :data:`~cost_models.profiles.MAX_DEVICES` devices in all.
+        """
+        total = sum(len(h.profile.devices) for h in self.hosts)
+        if total > MAX_DEVICES:
+            raise ProfileError(f"{self.source}: the cluster has {total:,} devices on {len(self.hosts):,} hosts, over "
+                               f"the {MAX_DEVICES} a profile may list (a plan places every op on each of them); "
+                               f"list fewer hosts")
         devices, links = [], []
         for host in self.hosts:
             rename = {d.name: f"{host.name}/{d.name}" for d in host.profile.devices}
@@ -134,7 +148,11 @@ def cluster_from_dict(data: Mapping[str, Any], source: str = "<dict>", *, name: 
     if not isinstance(raw_hosts, list) or not raw_hosts:
         raise ProfileError(f"{source}: hosts: expected an array of tables ([[hosts]] with profile = \"cpu\"), "
                            f"got {raw_hosts!r}")
+    if len(raw_hosts) > MAX_DEVICES:
+        raise ProfileError(f"{source}: hosts: {len(raw_hosts):,} [[hosts]] tables, over the {MAX_DEVICES} devices a "
+                           f"cluster may have in all; list fewer hosts")
     hosts: list[Host] = []
+    total = 0  # devices so far
     for i, raw in enumerate(raw_hosts):
         where = f"{source}: hosts[{i}]"
         if not isinstance(raw, Mapping):
@@ -144,6 +162,11 @@ def cluster_from_dict(data: Mapping[str, Any], source: str = "<dict>", *, name: 
         count = raw.get("count", 1)
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ProfileError(f"{where}.count: {count!r} is not a positive integer; e.g. count = 4")
+        total += count * len(profile.devices)
+        if total > MAX_DEVICES:
+            raise ProfileError(f"{where}.count: {count:,} hosts of {len(profile.devices)} device(s) take the cluster "
+                               f"to {total:,} devices, over the {MAX_DEVICES} a cluster may have in all (the "
+                               f"limit of a profile); lower count")
         for _ in range(count):
             hosts.append(Host(f"host{len(hosts)}", profile))
     if "network" not in data:

@@ -39,7 +39,7 @@ from pathlib import Path
 
 from cost_models.cluster import Cluster, Host, Network
 from cost_models.loopback import LOOPBACK_DEFAULTS, LoopbackLink, measure_loopback
-from cost_models.profiles import Device, DeviceSet, load_profile
+from cost_models.profiles import MAX_DEVICES, Device, DeviceSet, load_profile
 from cost_models.units import format_bytes, format_flops, format_rate, format_seconds
 from partitioner.errors import ProfileError
 
@@ -56,7 +56,8 @@ def local_cluster(ranks: int, threads_per_rank: int = 1, host: DeviceSet | Devic
     the machine's core count (default: the CPUs this process may use, lowered by a cgroup quota).
 
     Raises:
-        ProfileError: ``ranks``, ``threads_per_rank`` or ``cores`` is not a positive integer.
+        ProfileError: ``ranks``, ``threads_per_rank`` or ``cores`` is not a positive integer, or
+            ``ranks`` is over :data:`~cost_models.profiles.MAX_DEVICES`.
 
     Example:
         >>> c = local_cluster(4, host="cpu", cores=16, measure=False)
@@ -64,6 +65,9 @@ def local_cluster(ranks: int, threads_per_rank: int = 1, host: DeviceSet | Devic
         (('host0/cpu', 'host1/cpu', 'host2/cpu', 'host3/cpu'), 62500000000.0)
     """
     _positive(ranks, "ranks", "the number of local processes, e.g. local_cluster(2)")
+    if ranks > MAX_DEVICES:
+        raise ProfileError(f"local_cluster: ranks = {ranks:,} is over the {MAX_DEVICES} devices a cluster may have "
+                           f"(one CPU per rank); give at most {MAX_DEVICES}")
     _positive(threads_per_rank, "threads_per_rank", "OMP_NUM_THREADS of each rank, 1 under run_local")
     if cores is None:
         cores = _usable_cores()

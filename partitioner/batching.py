@@ -24,6 +24,14 @@ over the divisors between them, so ``G = 2**k`` takes at most ``2 + log2(k + 1)`
 bisection assumes that a micro-batch fits whenever a larger one does (memory grows with the
 batch). The next larger divisor than the answer was solved and did not fit (its reason is kept).
 
+Bounds: a global batch is at most :data:`MAX_GLOBAL_BATCH` samples (2**24, far above the batches
+trained in practice; the divisor search and every per-sample figure stay small), and the example
+inputs brought to it must take at most half of the memory this process can have now (``MemAvailable``
+of ``/proc/meminfo``, lowered by a cgroup memory limit; the other half is left for the model and its
+capture): the bytes are counted (:func:`input_bytes_at_batch`: the repeated rows of every real
+tensor input; slices and meta or fake tensors allocate nothing) and a batch over the limit is refused
+before anything is allocated.
+
 Time per global step: ``steps`` micro-batches forward and backward and one optimizer step, from
 the plan's evaluation with its optimizer steps taken out of the per-micro-batch time
 (:func:`global_step_seconds`).
@@ -41,11 +49,12 @@ from partitioner.micro_batches import batch_size, micro_batch_inputs
 from partitioner.plan.batch import batch_record
 from partitioner.solvers.problem import Evaluation, Objective, Placement, Problem, evaluate
 
-__all__ = ["BatchFit", "Trial", "fit_batch", "fit_outcome", "inputs_at_batch", "candidates", "check_batches",
-           "global_step_seconds", "evaluate_at"]
+__all__ = ["BatchFit", "Trial", "fit_batch", "fit_outcome", "inputs_at_batch", "input_bytes_at_batch", "candidates",
+           "check_batches", "global_step_seconds", "evaluate_at", "host_memory_available", "MAX_GLOBAL_BATCH"]
 
-#: partition options batch sizing decides itself, or that plan pipelines instead (refused here)
-_REFUSED = ("micro_batches", "schedule", "stages", "dynamic_shapes")
+#: The largest global batch sized, in samples (2**24 = 16,777,216).
+MAX_GLOBAL_BATCH = 2**24
+
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,8 +124,10 @@ def inputs_at_batch(inputs: Any, batch: int) -> tuple:
     cyclically (row ``i`` is example row ``i mod b``), or its first ``batch`` rows.
 
     Raises:
-        HetpartError: ``batch`` below 1, or tensor inputs whose first dimensions differ (the
-            first dimension of every tensor input must be the batch).
+        HetpartError: ``batch`` below 1 or over :data:`MAX_GLOBAL_BATCH`, tensor inputs whose first
+            dimensions differ (the first dimension of every tensor input must be the batch), or
+            inputs at ``batch`` that would take more than half of the memory available now
+            (refused before anything is allocated).
 
     Example:
         >>> import torch
@@ -126,6 +137,16 @@ def inputs_at_batch(inputs: Any, batch: int) -> tuple:
     check_batches(batch)
     args = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
     _common_batch(args)
+    needed = input_bytes_at_batch(args, batch)
+    if needed:
+        available = host_memory_available()
+        if needed > available // 2:
+            from cost_models.units import format_bytes
+
+            raise HetpartError(f"global batch {batch:,}: the example inputs repeated to {batch:,} rows would take "
+                               f"{format_bytes(needed)}, over half of the {format_bytes(available)} of memory "
+                               f"available now; give a smaller global batch, or inputs on the meta device "
+                               f"(planning needs their shapes only)")
     out = []
     for x in args:
         shape = getattr(x, "shape", None)
@@ -138,6 +159,62 @@ def inputs_at_batch(inputs: Any, batch: int) -> tuple:
         else:
             out.append(x.repeat(math.ceil(batch / rows), *([1] * (len(shape) - 1)))[:batch])
     return tuple(out)
+
+
+def input_bytes_at_batch(inputs: Any, batch: int) -> int:
+    """The bytes :func:`inputs_at_batch` allocates to bring ``inputs`` to ``batch`` rows: each real
+    tensor input with fewer rows is repeated (``ceil(batch / rows)`` copies of its rows, sliced
+    after); one with enough rows is sliced (a view), and meta or fake tensors hold no memory.
+
+    Example:
+        >>> import torch
+        >>> input_bytes_at_batch((torch.zeros(2, 3), torch.zeros(4, 3, device="meta")), 5)   # 6 rows x 12 B
+        72
+    """
+    import torch
+    from torch._subclasses.fake_tensor import is_fake
+
+    total = 0
+    for x in (tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)):
+        if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.shape[0] >= batch or x.is_meta or is_fake(x):
+            continue
+        rows = int(x.shape[0])
+        total += math.ceil(batch / rows) * rows * (x[:1].numel() * x.element_size())
+    return total
+
+
+def host_memory_available() -> int:
+    """Bytes this process can allocate now: ``MemAvailable`` (``/proc/meminfo``; else the free
+    pages), lowered by a cgroup v2 or v1 memory limit (the limit less the usage).
+
+    Example:
+        >>> host_memory_available() > 0                     # doctest: +SKIP
+        True
+    """
+    import os
+    from pathlib import Path
+
+    available = None
+    try:
+        for line in Path("/proc/meminfo").read_text(encoding="ascii").splitlines():
+            if line.startswith("MemAvailable:"):
+                available = int(line.split()[1]) * 1024      # kiB
+    except (OSError, ValueError, IndexError):
+        pass
+    if available is None:
+        try:
+            available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+        except (AttributeError, ValueError, OSError):
+            available = 8 * 2**30                           # unknown: a small machine's
+    v1 = "/sys/fs/cgroup/memory/memory."
+    for limit, usage in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                         (v1 + "limit_in_bytes", v1 + "usage_in_bytes")):
+        try:
+            cap, used = int(Path(limit).read_text().strip()), int(Path(usage).read_text().strip())
+        except (OSError, ValueError):                       # no such cgroup, or "max": no limit
+            continue
+        available = min(available, max(cap - used, 0))
+    return available
 
 
 def candidates(global_batch: int) -> list[int]:
@@ -153,8 +230,8 @@ def candidates(global_batch: int) -> list[int]:
 
 
 def check_batches(global_batch: Any, micro_batch: Any = None) -> None:
-    """Raise unless ``global_batch`` is a whole number of at least 1 and ``micro_batch`` (when
-    given) one that divides it.
+    """Raise unless ``global_batch`` is a whole number from 1 to :data:`MAX_GLOBAL_BATCH` and
+    ``micro_batch`` (when given) one that divides it.
 
     Raises:
         HetpartError: names the value, the rule and the divisors to choose from.
@@ -168,6 +245,9 @@ def check_batches(global_batch: Any, micro_batch: Any = None) -> None:
     if not whole(global_batch):
         raise HetpartError(f"global batch {global_batch!r}: expected a whole number of samples, at least 1, "
                            f"e.g. --global-batch 64")
+    if global_batch > MAX_GLOBAL_BATCH:
+        raise HetpartError(f"global batch {global_batch:,}: over the {MAX_GLOBAL_BATCH:,} samples per step hetpart "
+                           f"sizes; give the samples of one optimizer step, e.g. --global-batch 4096")
     if micro_batch is None:
         return
     if not whole(micro_batch):
@@ -235,10 +315,6 @@ def fit_batch(
     if isinstance(model, OpGraph) or is_onnx_model(model):
         raise HetpartError("batch sizing re-captures the model at every micro-batch it tries: give the torch "
                            "nn.Module and its example inputs, not an OpGraph or an ONNX model")
-    asked = [k for k in _REFUSED if request.get(k) is not None]
-    if asked:
-        raise HetpartError(f"batch sizing plans one micro-batch per step and accumulates; it does not combine "
-                           f"with {', '.join(asked)} (pipeline stages split the batch themselves): drop them")
     if example_inputs is None or batch_size(example_inputs) is None:
         raise HetpartError("batch sizing needs example inputs with a tensor whose dimension 0 is the batch")
     if global_batch is None:

@@ -41,7 +41,7 @@ import torch
 from backends.binding import present
 from backends.compare import CheckReport
 from backends.pipeline.check import check_results
-from backends.pipeline.launch import rank_arguments, run_local, torchrun_commands
+from backends.pipeline.launch import rank_arguments, rank_errors, run_local, torchrun_commands
 from backends.pipeline.runtime import RunOptions, physical_device, run_rank
 from backends.pipeline.stages import StageGraphs
 from backends.torch import BACKEND as TORCH_BACKEND
@@ -106,15 +106,6 @@ class PipelineBackend:
                 raise PipelineRunError(f"the pipeline run failed (exit status {run.returncode}): "
                                        + rank_errors(run.output))
             return check_results(plan, model, args, run_options, results)
-
-
-def rank_errors(output: str) -> str:
-    """The ranks' one-line errors in a run's output (or its last lines when there are none)."""
-    errors = [line.strip() for line in output.splitlines() if "hetpart pipeline rank" in line]
-    if errors:
-        return "; ".join(dict.fromkeys(errors))
-    tail = [line.strip() for line in output.strip().splitlines()[-5:]]
-    return " | ".join(tail) or "no output"
 
 
 def _require_pipeline(plan: Any) -> None:

@@ -22,6 +22,8 @@ What runs (``torch.distributed.pipelining``, nothing home-made):
 * parameters read by several stages (tied weights) are held by each; after backward their
   gradients are summed over those stages (an all-reduce in a group of just them), so every copy
   takes the same optimizer step;
+* the ranks join first (:func:`~backends.pipeline.join.join`): a rank that never comes within the
+  timeout is named in one error (with the likely causes) instead of a torch traceback;
 * every collective has the launch's timeout: when a rank dies, the others fail within it (at
   once when its sockets close) with a :class:`~partitioner.errors.PipelineRunError` naming the
   rank, its stage and the step, instead of hanging.
@@ -42,6 +44,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from backends.pipeline.join import join
 from backends.pipeline.loss import first_output, loss_function, make_target
 from backends.pipeline.stages import StageGraphs, parameter_names
 from partitioner.errors import HetpartError, PipelineRunError
@@ -155,7 +158,11 @@ def run_rank(plan: Any, model: torch.nn.Module, inputs: Sequence[Any], options: 
     timeout = datetime.timedelta(seconds=options.timeout_s)
     if device.type == "cuda":
         torch.cuda.set_device(device)  # NCCL (and CUDA tensors under gloo) use the current device
-    dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout)
+    labels = [where if r == rank else f"rank {r} (stage {r} on {st['device']})"
+              for r, st in enumerate(section["stages"])]
+    store = join(rank, world, options.timeout_s, labels)  # a rank that never comes: named, not a torch traceback
+    dist.init_process_group(backend, store=dist.PrefixStore("default_pg", store), rank=rank, world_size=world,
+                            timeout=timeout)
     try:
         groups = {name: dist.new_group(stages) for name, stages in sorted(tied_groups(graphs, names).items())}
         stage = PipelineStage(runnable, rank, world, comm)

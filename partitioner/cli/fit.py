@@ -16,7 +16,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     ft.add_argument("model", help="zoo name (gpt, gpt:small) or path/to/file.py:factory")
     ft.add_argument("--devices", default="h200-host", metavar="PROFILE", help="built-in profile or TOML file")
     ft.add_argument("--global-batch", required=True, type=int, metavar="N",
-                    help="samples per optimizer step; the example inputs are rescaled to it along dimension 0")
+                    help="samples per optimizer step, at most 16,777,216 (2**24); the example inputs are rescaled "
+                         "to it along dimension 0 (refused when they would not fit in half the free memory)")
     ft.add_argument("--micro-batch", type=int, metavar="M",
                     help="plan exactly this micro-batch (it must divide N) instead of searching the divisors of N")
     ft.add_argument("--training", action="store_true",

@@ -5,13 +5,15 @@ Without ``--run`` it prints one ``torchrun`` command per host (``--nnodes``, ``-
 (``torchrun --standalone``) and prints their step times against the plan's prediction; ``--check``
 also runs the single-process model on the same inputs and compares outputs (with ``--training``
 the loss and gradients), printing a one-line verdict last. Exit status: 0, 1 when the check
-fails, 2 for errors (a rank that stopped included).
+fails, 2 for errors (a rank that stopped included), 130 / 143 when SIGINT (Ctrl-C) / SIGTERM
+stopped the run (torchrun and every rank are stopped first).
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 
 from partitioner.cli.args import pairs, positive_int
@@ -42,12 +44,16 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 def _cmd_launch(args: argparse.Namespace) -> int:
     from backends.pipeline import BACKEND, rank_errors
     from backends.pipeline.check import check_results, read_results
-    from backends.pipeline.launch import rank_arguments, run_local, shell_line, torchrun_commands
+    from backends.pipeline.launch import (
+        LaunchInterrupted, check_master_addr, rank_arguments, run_local, shell_line, torchrun_commands,
+    )
     from backends.pipeline.runtime import RunOptions
     from cost_models.units import format_seconds
     from partitioner.errors import HetpartError, PipelineRunError
     from partitioner.plan import Plan
+    from partitioner.terminal import one_line
 
+    check_master_addr(args.master_addr)  # before any work: the printed commands would carry it
     plan = Plan.load(args.plan)
     if not plan.pipeline:
         raise HetpartError(f"{args.plan} is not a pipeline plan (no pipeline section): plan one with "
@@ -61,18 +67,23 @@ def _cmd_launch(args: argparse.Namespace) -> int:
         options = RunOptions(training=args.training, schedule=args.schedule, steps=args.steps, loss=args.loss,
                              device_map=binding, timeout_s=args.timeout, results=results if args.run else None)
         rank_args = rank_arguments(args.plan, model, options)
-        if not args.run:
-            print(f"# {args.plan}: {section['world_size']} stages over {len({s['host'] for s in section['stages']})} "
-                  f"hosts; run each line on its host ({args.master_addr} = host0's address):")
-            for node, argv in torchrun_commands(plan, rank_args, master_addr=args.master_addr,
-                                                master_port=args.master_port):
-                print(f"# {node.host} (node rank {node.node_rank}): ranks {', '.join(map(str, node.ranks))} on "
-                      f"{', '.join(node.devices)}")
+        if not args.run:  # every value from the command line or the plan: quoted, or escaped in a comment
+            commands = torchrun_commands(plan, rank_args, master_addr=args.master_addr, master_port=args.master_port)
+            print(f"# {one_line(args.plan)}: {section['world_size']} stages over "
+                  f"{len({s['host'] for s in section['stages']})} hosts; run each line on its host "
+                  f"({one_line(args.master_addr)} = host0's address):")
+            for node, argv in commands:
+                print(f"# {one_line(node.host)} (node rank {node.node_rank}): ranks "
+                      f"{', '.join(map(str, node.ranks))} on {', '.join(map(one_line, node.devices))}")
                 print(shell_line(argv))
             return 0
         BACKEND.bind(plan, binding)
         print(f"running {section['world_size']} ranks here: {shell_line(['torchrun', '--standalone', '--nproc-per-node', str(section['world_size']), '-m', 'backends.pipeline', *rank_args])}")
-        run = run_local(plan, rank_args, timeout_s=args.timeout * (args.steps + 2) + 120, echo=True)
+        try:
+            run = run_local(plan, rank_args, timeout_s=args.timeout * (args.steps + 2) + 120, echo=True)
+        except LaunchInterrupted as stopped:  # torchrun and its ranks are stopped already
+            print(f"hetpart: {stopped.line()}", file=sys.stderr)
+            return stopped.status
         if run.returncode != 0:
             raise PipelineRunError(f"the pipeline run failed (exit status {run.returncode}): {rank_errors(run.output)}")
         measured = max(statistics.median(r["step_s"]) for r in read_results(results, section["world_size"]))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 import partitioner  # noqa: F401  (imports the package first: cost_models and partitioner import each other)
@@ -71,3 +73,38 @@ def test_bad_cluster_profiles(tmp_path, text, words):
     with pytest.raises(ProfileError) as err:
         load_profile(_write(tmp_path, text))
     assert all(w in str(err.value) for w in words), str(err.value)
+
+
+@pytest.mark.parametrize("hosts, words", [
+    ('[[hosts]]\nprofile = "cpu"\ncount = 1000000\n', ("hosts[0].count", "1,000,000 hosts", "256")),
+    ('[[hosts]]\nprofile = "cpu"\ncount = 257\n', ("hosts[0].count", "257 devices", "256")),
+    ('[[hosts]]\nprofile = "cpu"\ncount = 200\n[[hosts]]\nprofile = "h200-host"\ncount = 29\n',
+     ("hosts[1].count", "258 devices", "256")),                 # 200 + 29 x 2 devices
+    ('[[hosts]]\nprofile = "cpu"\n' * 257, ("hosts: 257", "256")),
+])
+def test_a_cluster_over_the_device_limit_is_refused_naming_the_field(tmp_path, hosts, words):
+    with pytest.raises(ProfileError) as err:
+        load_profile(_write(tmp_path, hosts + NETWORK))
+    msg = str(err.value)
+    assert "\n" not in msg and all(w in msg for w in words), msg
+
+
+def test_a_cluster_at_the_device_limit_flattens():
+    from cost_models.cluster import cluster_from_dict
+    from cost_models.profiles import MAX_DEVICES
+
+    cluster = cluster_from_dict({"hosts": [{"profile": "h200-host", "count": MAX_DEVICES // 2}],
+                                 "network": {"bandwidth": "1.25GB/s", "latency": "50us"}})
+    assert len(cluster.flatten().devices) == MAX_DEVICES
+    bigger = dataclasses.replace(cluster, hosts=cluster.hosts + cluster.hosts[:1])   # built by hand, one host more
+    with pytest.raises(ProfileError, match="258 devices on 129 hosts, over the 256"):
+        bigger.flatten()
+
+
+def test_a_cluster_file_over_the_profile_size_limit_is_refused_unread(tmp_path):
+    from cost_models.cluster import load_cluster
+    from cost_models.profiles import MAX_PROFILE_BYTES
+
+    path = _write(tmp_path, '[[hosts]]\nprofile = "cpu"\n' + NETWORK + "#" * MAX_PROFILE_BYTES)
+    with pytest.raises(ProfileError, match="over the 16,777,216 a cluster profile may be"):
+        load_cluster(path)

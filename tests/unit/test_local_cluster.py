@@ -91,6 +91,8 @@ def test_this_machine_measured_at_the_ranks_threads():
     (dict(ranks=-2), "ranks"),
     (dict(ranks=True), "ranks"),
     (dict(ranks=2.0), "ranks"),
+    (dict(ranks=257), "ranks"),
+    (dict(ranks=10**6), "ranks"),
     (dict(ranks=2, threads_per_rank=0), "threads_per_rank"),
     (dict(ranks=2, cores=0), "cores"),
     (dict(ranks=2, host=42), "host"),
