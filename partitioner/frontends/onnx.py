@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
@@ -39,7 +40,7 @@ from partitioner.frontends.onnx_costs import CONTROL_FLOW, NodeShapes, has_entry
 from partitioner.frontends.onnx_fold import Analysis, analyse, static_shape
 from partitioner.frontends.onnx_fusion import fusion_groups
 from partitioner.frontends.onnx_input import is_onnx_graph, is_onnx_model  # noqa: F401  (re-exported)
-from partitioner.frontends.onnx_load import LoadedOnnx, load_onnx, outer_references
+from partitioner.frontends.onnx_load import LoadedOnnx, itemsize, load_onnx, outer_references
 from partitioner.ir import NOT_A_TENSOR, Op, OpClass, OpGraph, Param, Tensor
 
 log = logging.getLogger(__name__)
@@ -229,7 +230,7 @@ def describe(t: onnx.TypeProto | None) -> tuple[tuple[int, ...], str, int]:
     shape = tuple(int(d.dim_value) if d.HasField("dim_value") else -1 for d in tt.shape.dim)
     if any(d < 0 for d in shape):
         return shape, dtype, 0
-    return shape, dtype, int(np.prod(shape, dtype=np.int64)) * _itemsize(tt.elem_type)
+    return shape, dtype, math.prod(shape) * itemsize(tt.elem_type)  # Python ints: never wraps
 
 
 def dtype_name(elem_type: int) -> str:
@@ -244,12 +245,6 @@ def dtype_name(elem_type: int) -> str:
     name = onnx.TensorProto.DataType.Name(elem_type).lower()
     special = {"float": "float32", "double": "float64", "bool": "bool", "string": "string"}
     return special.get(name, name)
-
-
-def _itemsize(elem_type: int) -> int:
-    if elem_type in (onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED):
-        return 0
-    return max(1, np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)).itemsize)
 
 
 def _is_float(dtype: str) -> bool:

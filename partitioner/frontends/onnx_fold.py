@@ -20,6 +20,16 @@ skeleton of the model (large initializers replaced by typed inputs: inference ne
 not their bytes) and infers again, until nothing new is learnt. A node keeps its place as an op when
 an output of it is a graph output, when it is random, or when it has a subgraph.
 
+Sparse initializers enter the skeleton as typed inputs of their dense shape, and the small ones
+(at most :data:`VALUE_LIMIT` elements) as their dense value, so folding reads them as onnxruntime
+does once it has densified them.
+
+Every tensor's inferred shape (subgraph bodies' too) passes
+:func:`~partitioner.frontends.onnx_load.check_size` after each round (its known dimensions; ``-1``
+counts as unknown, as onnxruntime reads it): a negative dimension that overflowed or a size over a
+petabyte is an :class:`~partitioner.errors.OnnxError` naming the tensor, its node
+and its shape, before anything is evaluated or costed.
+
 A top-level node output without any type after inference (an op with no shape-inference function:
 a custom op, an onnxruntime contrib op) is an :class:`~partitioner.errors.OnnxError` naming the
 node and op type: the model must then give the output's type as ``value_info``.
@@ -36,7 +46,7 @@ import onnx
 from onnx import numpy_helper, shape_inference
 
 from partitioner.errors import OnnxError
-from partitioner.frontends.onnx_load import LoadedOnnx
+from partitioner.frontends.onnx_load import LoadedOnnx, check_size, sparse_name
 
 log = logging.getLogger(__name__)
 
@@ -81,9 +91,11 @@ def analyse(loaded: LoadedOnnx) -> Analysis:
     constant = set(loaded.constant_initializers)
     tried: set[int] = set()
     strict = True
+    where = _where(loaded)
     for _ in range(MAX_ROUNDS):
         types, ok, inferred = _infer(skeleton)
         strict &= ok
+        _check_sizes(inferred, where)
         learnt = False
         for i in loaded.order:
             node = graph.node[i]
@@ -128,9 +140,39 @@ def _skeleton(model: onnx.ModelProto, constant: frozenset[str]) -> tuple[onnx.Mo
                 graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, tensor.dims))
             continue
         keep.append(tensor)
+    for sparse in graph.sparse_initializer:
+        name = sparse_name(sparse)
+        external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in (sparse.values, sparse.indices))
+        if not external and math.prod(sparse.dims) <= VALUE_LIMIT:
+            dense = densify(sparse)
+            keep.append(numpy_helper.from_array(dense, name))
+            if name in constant:
+                values[name] = dense
+        elif name not in declared:
+            graph.input.append(onnx.helper.make_tensor_value_info(name, sparse.values.data_type, sparse.dims))
+    del graph.sparse_initializer[:]
     del graph.initializer[:]
     graph.initializer.extend(keep)
     return skeleton, values
+
+
+def densify(sparse: onnx.SparseTensorProto) -> np.ndarray:
+    """The dense value of a sparse tensor (COO indices: linear ``[NNZ]`` or ``[NNZ, rank]``).
+
+    Example:
+        >>> values = numpy_helper.from_array(np.array([1.0, 2.0], np.float32), "w")
+        >>> indices = numpy_helper.from_array(np.array([1, 6], np.int64), "w_idx")
+        >>> densify(onnx.helper.make_sparse_tensor(values, indices, [2, 4])).tolist()
+        [[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 2.0, 0.0]]
+    """
+    values = numpy_helper.to_array(sparse.values).reshape(-1)
+    indices = numpy_helper.to_array(sparse.indices).astype(np.int64)
+    dims = tuple(int(d) for d in sparse.dims)
+    dense = np.zeros(math.prod(dims), dtype=values.dtype)
+    if indices.ndim == 2:
+        indices = np.ravel_multi_index(tuple(indices.T), dims) if indices.size else indices.reshape(-1)
+    dense[indices.reshape(-1)] = values
+    return dense.reshape(dims)
 
 
 def _infer(skeleton: onnx.ModelProto) -> tuple[dict[str, onnx.TypeProto], bool, onnx.GraphProto]:
@@ -211,8 +253,8 @@ def _evaluate(node: onnx.NodeProto, types: dict[str, onnx.TypeProto], values: di
     """The values of one folded node's outputs (None when onnx's reference evaluator cannot run it)."""
     if node.op_type in ("Shape", "Size"):
         shape = np.array(static_shape(types[node.input[0]]), dtype=np.int64)
-        if node.op_type == "Size":
-            return {node.output[0]: np.array(int(np.prod(shape)), dtype=np.int64)}
+        if node.op_type == "Size":  # a Python product: the shape passed check_size, it fits in int64
+            return {node.output[0]: np.array(math.prod(static_shape(types[node.input[0]])), dtype=np.int64)}
         attrs = {a.name: a.i for a in node.attribute}
         start, end = attrs.get("start", 0), attrs.get("end", len(shape))
         return {node.output[0]: shape[start:end] if "end" in attrs else shape[start:]}
@@ -228,11 +270,34 @@ def _evaluate(node: onnx.NodeProto, types: dict[str, onnx.TypeProto], values: di
     return out if all(v.size <= VALUE_LIMIT for v in out.values()) else None
 
 
+def _where(loaded: LoadedOnnx) -> str:
+    return str(loaded.path) if loaded.path is not None else f"model {loaded.name!r}"
+
+
+def _check_sizes(graph: onnx.GraphProto, where: str) -> None:
+    """Every static (or partly static) shape inference gave, in ``graph`` and its bodies, is a sane size."""
+    producer = {o: n for n in graph.node for o in n.output if o}
+    for value in [*graph.input, *graph.value_info, *graph.output]:
+        if value.type.WhichOneof("value") != "tensor_type" or not value.type.tensor_type.HasField("shape"):
+            continue
+        # -1 is how some exporters write an unknown dimension (onnxruntime reads it so): skipped
+        dims = [d.dim_value for d in value.type.tensor_type.shape.dim if d.HasField("dim_value") and d.dim_value != -1]
+        node = producer.get(value.name)
+        made = f" (made by node {node.name or node.op_type!r}, {node.op_type})" if node is not None else ""
+        check_size(f"tensor {value.name!r}{made}", dims, value.type.tensor_type.elem_type, where,
+                   "give the input shapes the model is run with (a smaller batch or "
+                   "sequence length), or fix the shapes the model computes")
+    for node in graph.node:
+        for attr in node.attribute:
+            for body in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs:
+                _check_sizes(body, where)
+
+
 def _require_types(loaded: LoadedOnnx, types: dict[str, onnx.TypeProto], folded: set[int]) -> None:
     """Every output of a node kept as an op needs at least a type (the parts' inputs and outputs do)."""
     graph = loaded.model.graph
     opsets = {o.domain or "": o.version for o in loaded.model.opset_import}
-    where = str(loaded.path) if loaded.path is not None else f"model {loaded.name!r}"
+    where = _where(loaded)
     for i in loaded.order:
         node = graph.node[i]
         missing = [o for o in node.output if o and o not in types]
@@ -245,4 +310,4 @@ def _require_types(loaded: LoadedOnnx, types: dict[str, onnx.TypeProto], folded:
                 "(onnx.helper.make_tensor_value_info), or replace the op")
 
 
-__all__ = ["Analysis", "VALUE_LIMIT", "analyse", "static_shape"]
+__all__ = ["Analysis", "VALUE_LIMIT", "analyse", "densify", "static_shape"]
