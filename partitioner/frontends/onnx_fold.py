@@ -20,6 +20,11 @@ skeleton of the model (large initializers replaced by typed inputs: inference ne
 not their bytes) and infers again, until nothing new is learnt. A node keeps its place as an op when
 an output of it is a graph output, when it is random, or when it has a subgraph.
 
+Tensors held by top-level nodes (a ``Constant``'s ``value``) in external data files are read into
+the skeleton when small (at most :data:`SKELETON_BYTES`), from the model's folder (checked by
+:mod:`partitioner.frontends.onnx_external`), so that their values fold; larger ones keep their
+reference (inference needs their shape only, and their outputs are too large to evaluate).
+
 Sparse initializers enter the skeleton as typed inputs of their dense shape, and the small ones
 (at most :data:`VALUE_LIMIT` elements) as their dense value, so folding reads them as onnxruntime
 does once it has densified them.
@@ -46,6 +51,7 @@ import onnx
 from onnx import numpy_helper, shape_inference
 
 from partitioner.errors import OnnxError
+from partitioner.frontends.onnx_external import inline_external_data
 from partitioner.frontends.onnx_load import LoadedOnnx, check_size, sparse_name
 
 log = logging.getLogger(__name__)
@@ -86,6 +92,7 @@ def analyse(loaded: LoadedOnnx) -> Analysis:
     graph = model.graph
     opsets = {o.domain or "": o.version for o in model.opset_import}
     skeleton, values = _skeleton(model, loaded.constant_initializers)
+    _inline_small_node_tensors(skeleton, loaded)
     outputs = {o.name for o in graph.output}
     folded: set[int] = set()
     constant = set(loaded.constant_initializers)
@@ -103,7 +110,7 @@ def analyse(loaded: LoadedOnnx) -> Analysis:
                 folded.add(i)
                 constant.update(o for o in node.output if o)
             if i in folded and i not in tried and _evaluable(node, types, values):
-                new = _evaluate(node, types, values, opsets)
+                new = _evaluate(skeleton.graph.node[i], types, values, opsets)  # external bytes read in
                 if new is not None:
                     tried.add(i)
                     values.update(new)
@@ -154,6 +161,18 @@ def _skeleton(model: onnx.ModelProto, constant: frozenset[str]) -> tuple[onnx.Mo
     del graph.initializer[:]
     graph.initializer.extend(keep)
     return skeleton, values
+
+
+def _inline_small_node_tensors(skeleton: onnx.ModelProto, loaded: LoadedOnnx) -> None:
+    """Read into the skeleton the external tensors of top-level nodes that hold small ones (a
+    ``Constant`` of a shape or a scale), from the model's folder: inference and folding then see
+    their values, and nothing reads a location against the current folder."""
+    small = {t.node for t in loaded.external if t.node is not None and t.length <= SKELETON_BYTES}
+    large = {t.node for t in loaded.external if t.node is not None and t.length > SKELETON_BYTES}
+    for i in sorted(small - large):
+        node = skeleton.graph.node[i]
+        if not any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
+            node.CopyFrom(inline_external_data(node, loaded.base_dir))
 
 
 def densify(sparse: onnx.SparseTensorProto) -> np.ndarray:

@@ -1,9 +1,11 @@
 """Reading an ONNX model for the front end, and every check that makes its errors one line.
 
 In: a path to a ``.onnx`` file or a ``ModelProto``, and optional input shapes. Out: a
-:class:`LoadedOnnx`: the model's structure (initializers whose data lives in external files keep
+:class:`LoadedOnnx`: the model's structure (tensors whose data lives in external files keep
 only their reference: planning needs their shapes, not their bytes), the folder external data is
-read from, the nodes in a topological order, and the graph inputs with every dimension bound.
+read from and every external tensor, checked (:mod:`partitioner.frontends.onnx_external`:
+initializers and tensors held by nodes such as ``Constant`` alike), the nodes in a topological
+order, and the graph inputs with every dimension bound.
 
 Each problem is an :class:`~partitioner.errors.OnnxError` naming the file, node or input and the fix:
 a truncated or corrupt file, an external-data file that is missing or too short, a domain neither
@@ -31,9 +33,9 @@ from pathlib import Path
 import onnx
 import onnx.defs
 from google.protobuf.message import DecodeError
-from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
 from partitioner.errors import InputShapeError, OnnxError
+from partitioner.frontends.onnx_external import ExternalTensor, external_tensors
 
 #: the most bytes one tensor may weigh (1 PiB); a larger one is a mistyped or overflowed shape
 MAX_TENSOR_BYTES = 1 << 50
@@ -53,6 +55,13 @@ class LoadedOnnx:
     order: tuple[int, ...]                 # node indices in a topological order (program order kept)
     inputs: tuple[str, ...]                # graph inputs that are not initializers
     constant_initializers: frozenset[str]  # initializers onnxruntime treats as constants
+    external: tuple[ExternalTensor, ...] = ()  # every tensor kept in a data file, checked (onnx_external)
+
+    @property
+    def external_nodes(self) -> frozenset[int]:
+        """Top-level nodes holding an external tensor in an attribute or a body (a ``Constant``'s
+        ``value``): a part copying one must read its bytes in (:func:`inline_external_data`)."""
+        return frozenset(t.node for t in self.external if t.node is not None)
 
 
 def load_onnx(source: str | os.PathLike[str] | onnx.ModelProto,
@@ -78,14 +87,14 @@ def load_onnx(source: str | os.PathLike[str] | onnx.ModelProto,
         raise OnnxError(f"{where}: not an ONNX model (no graph, ir_version {model.ir_version}): "
                         "the file is empty, truncated or of another format; export it again")
     _check_initializer_sizes(model.graph, where)
-    _check_external_data(model, base_dir, where)
+    external = external_tensors(model, base_dir, where)
     _check_domains(model, where)
     order = _topological_order(model.graph, where)
     constant = _constant_initializers(model)
     inputs = tuple(i.name for i in model.graph.input if i.name not in constant)
     _bind_shapes(model.graph, inputs, _named(input_shapes, inputs, where), where)
     name = path.stem if path is not None else (model.graph.name or "onnx-model")
-    return LoadedOnnx(model, name, path, base_dir, order, inputs, constant)
+    return LoadedOnnx(model, name, path, base_dir, order, inputs, constant, external)
 
 
 # --------------------------------------------------------------------------------------------
@@ -111,29 +120,6 @@ def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-def _check_external_data(model: onnx.ModelProto, base_dir: Path | None, where: str) -> None:
-    """Every initializer stored outside the file has its data file, long enough, beside the model."""
-    for tensor in _all_initializers(model.graph):
-        if not uses_external_data(tensor):
-            continue
-        info = ExternalDataInfo(tensor)
-        if base_dir is None:
-            raise OnnxError(f"{where}: initializer {tensor.name!r} keeps its data in {info.location!r}, and a "
-                            "ModelProto given in memory has no folder to read it from: pass the model's path")
-        file = (base_dir / info.location).resolve()
-        if base_dir.resolve() not in file.parents and file.parent != base_dir.resolve():
-            raise OnnxError(f"{where}: initializer {tensor.name!r} names external data {info.location!r} outside "
-                            f"the model's folder {base_dir}: keep the data files beside the model")
-        if not file.is_file():
-            raise OnnxError(f"{where}: initializer {tensor.name!r} keeps its data in {info.location!r}, which is "
-                            f"not in {base_dir}: copy that file beside the model")
-        size = file.stat().st_size
-        end = (info.offset or 0) + (info.length or 0)
-        if end > size:
-            raise OnnxError(f"{where}: initializer {tensor.name!r} needs bytes {info.offset or 0}-{end} of "
-                            f"{info.location!r}, which has only {size}: the data file is truncated; copy it again")
-
-
 def _check_initializer_sizes(graph: onnx.GraphProto, where: str) -> None:
     """Every initializer's declared shape is a sane size; a sparse one's values and indices agree."""
     fix = "the file is corrupt or was exported wrong: export it again"
@@ -149,17 +135,6 @@ def _check_initializer_sizes(graph: onnx.GraphProto, where: str) -> None:
                             f"{_dims(sparse.values.dims)} and indices of shape {_dims(index_dims)}: a sparse tensor "
                             "needs named values of shape [NNZ] and indices of shape [NNZ] or [NNZ, rank]; export "
                             "it again")
-
-
-def _all_initializers(graph: onnx.GraphProto):  # noqa: ANN202 - an iterator of TensorProto
-    yield from graph.initializer
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _all_initializers(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for g in attr.graphs:
-                    yield from _all_initializers(g)
 
 
 @functools.cache
