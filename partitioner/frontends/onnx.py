@@ -18,8 +18,12 @@ The passes, in order:
    and the names its If/Loop/Scan bodies take from the enclosing graph) and parameters (initializers
    and folded constants, counted once: an ``Identity`` of a weight is the same weight; the first
    reader owns it). Bytes moved are those of the tensors it reads and writes (0 for views; the rows
-   it gathers for a Gather). Module paths come from the torch exporter's node names
-   (``/layer1/layer1.0/conv1/Conv`` → ``layer1.0.conv1``), so pins and ``explain`` take module globs.
+   it gathers for a Gather). Module paths (:func:`node_module`) come from the metadata torch's
+   default exporter (``torch.onnx.export(..., dynamo=True)``) writes on every node
+   (``pkg.torch.onnx.name_scopes`` ``['', 'layers.0', 'layers.0.fc1', 'linear']`` → ``layers.0.fc1``,
+   with its class from ``pkg.torch.onnx.class_hierarchy``, or else from ``namespace``), or from the
+   TorchScript exporter's node names (``/layer1/layer1.0/conv1/Conv`` → ``layer1.0.conv1``), so
+   pins, ``--align-modules`` and ``explain`` take the module globs they take on the torch model.
 
 Unknown (data-dependent) dimensions of intermediate tensors are written ``-1`` and weigh 0 bytes.
 """
@@ -122,6 +126,8 @@ class _Builder:
         tensors = self._tensors(built, consumers)
         params = [self._param(p, users) for p, users in param_users.items()]
         module_types = {"": self.name, **{op.module_path: "" for op in built if op.module_path}}
+        for i in self.kept:  # the exporter's metadata names every enclosing module's class
+            module_types.update((path, kind) for path, kind in module_scopes(self.graph.node[i]) if kind)
         fallback = sorted({op.kind for op in built if not has_entry(*_type_and_domain(op.kind))})
         if fallback:
             log.warning("%s: no cost entry for op types %s: costed by the bytes they move", self.name,
@@ -149,8 +155,9 @@ class _Builder:
             read, written = self._bytes(cls, acts, params, outputs)
         owned = [p for p in params if param_users[p][0] == name]
         kind = head.op_type if not domain else f"{domain}.{head.op_type}"
-        return Op(name=name, kind=kind, op_class=cls, index=index, module_path=module_path(head.name),
-                  module_type="", dtype=self._dtype(outputs + acts), inputs=tuple(acts), outputs=tuple(outputs),
+        path, module_type = node_module(head)
+        return Op(name=name, kind=kind, op_class=cls, index=index, module_path=path,
+                  module_type=module_type, dtype=self._dtype(outputs + acts), inputs=tuple(acts), outputs=tuple(outputs),
                   params=tuple(params), owned_params=tuple(owned), flops=int(flops), bytes_read=int(read),
                   bytes_written=int(written), param_bytes=sum(self._nbytes(p) for p in owned),
                   trainable_param_bytes=0,
@@ -302,6 +309,72 @@ def module_path(node_name: str) -> str:
     return path
 
 
+#: node metadata torch's default (dynamo) exporter writes: reprs of lists, one entry per enclosing
+#: module from the root (path ``""``) in, then the node itself
+NAME_SCOPES = "pkg.torch.onnx.name_scopes"        # "['', 'layers.0', 'layers.0.fc1', 'linear']"
+CLASS_HIERARCHY = "pkg.torch.onnx.class_hierarchy"  # "['m.Net', 'm.Block', 'torch.nn...Linear', 'aten.linear.default']"
+NAMESPACE = "namespace"                           # ": m.Net/layers.0: m.Block/layers.0.fc1: torch...Linear/linear: aten..."
+
+
+def module_scopes(node: onnx.NodeProto) -> list[tuple[str, str]]:
+    """(module path, class name) of every module enclosing ``node``, outermost (the root, ``""``)
+    first, from the dynamo exporter's metadata; ``[]`` when the node has none.
+
+    ``pkg.torch.onnx.name_scopes`` and ``pkg.torch.onnx.class_hierarchy`` are read first (their last
+    entry, the node itself, dropped), then ``namespace``. Malformed metadata counts as none.
+
+    Example:
+        >>> node = onnx.helper.make_node("Gemm", ["x", "w"], ["y"])
+        >>> onnx.helper.set_metadata_props(node, {NAME_SCOPES: "['', 'layers.0', 'layers.0.fc1', 'linear']",
+        ...     CLASS_HIERARCHY: "['m.Net', 'm.Block', 'torch.nn.modules.linear.Linear', 'aten.linear.default']"})
+        >>> module_scopes(node)
+        [('', 'Net'), ('layers.0', 'Block'), ('layers.0.fc1', 'Linear')]
+    """
+    meta = {p.key: p.value for p in node.metadata_props}
+    scopes = _string_list(meta.get(NAME_SCOPES))
+    if scopes is not None and len(scopes) >= 2:
+        classes = _string_list(meta.get(CLASS_HIERARCHY))
+        classes = classes if classes is not None and len(classes) == len(scopes) else [""] * len(scopes)
+        return [(path, _class_name(kind)) for path, kind in zip(scopes[:-1], classes[:-1])]
+    entries = [e.partition(": ") for e in meta.get(NAMESPACE, "").split("/")]
+    if len(entries) >= 2 and all(sep for _, sep, _ in entries):
+        return [(path, _class_name(kind)) for path, _, kind in entries[:-1]]
+    return []
+
+
+def node_module(node: onnx.NodeProto) -> tuple[str, str]:
+    """(module path, class name) of the innermost module that issued ``node``: from the dynamo
+    exporter's metadata (:func:`module_scopes`), else the TorchScript exporter's node name
+    (:func:`module_path`; no class then); ``("", "")`` when neither says.
+
+    Example:
+        >>> node_module(onnx.helper.make_node("Conv", ["x", "w"], ["y"], name="/layer1/layer1.0/conv1/Conv"))
+        ('layer1.0.conv1', '')
+    """
+    scopes = module_scopes(node)
+    if scopes:
+        return scopes[-1]
+    return module_path(node.name), ""
+
+
+def _string_list(text: str | None) -> list[str] | None:
+    """The list of strings a metadata value is the repr of (None when it is not one)."""
+    import ast
+
+    if not text or not text.startswith("[") or len(text) > 1 << 16:
+        return None
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return None
+    return value if isinstance(value, list) and all(isinstance(v, str) for v in value) else None
+
+
+def _class_name(qualified: str) -> str:
+    """``torch.nn.modules.linear.Linear`` → ``Linear`` (a module class as the torch front end names it)."""
+    return qualified.strip().rsplit(".", 1)[-1]
+
+
 def attention_matmuls(graph: onnx.GraphProto, kept: Sequence[int], constant: frozenset[str],
                       hops: int = 4) -> set[int]:
     """MatMuls of two activations that feed a Softmax or read one within ``hops`` pointwise or view
@@ -397,7 +470,7 @@ def _graph_cost(graph: onnx.GraphProto, outer: Mapping[str, onnx.TypeProto],
 
 
 __all__ = ["OnnxSource", "attention_matmuls", "describe", "dtype_name", "from_onnx", "is_onnx_graph",
-           "is_onnx_model", "module_path"]
+           "is_onnx_model", "module_path", "module_scopes", "node_module"]
 
 
 def _groups(node: onnx.NodeProto) -> int:
