@@ -277,6 +277,9 @@ def _evaluate(node: onnx.NodeProto, types: dict[str, onnx.TypeProto], values: di
         attrs = {a.name: a.i for a in node.attribute}
         start, end = attrs.get("start", 0), attrs.get("end", len(shape))
         return {node.output[0]: shape[start:end] if "end" in attrs else shape[start:]}
+    sparse = next((a.sparse_tensor for a in node.attribute if a.name == "sparse_value"), None)
+    if node.op_type == "Constant" and sparse is not None:  # onnx's evaluator returns it sparse
+        return {node.output[0]: densify(sparse)}
     from onnx.reference import ReferenceEvaluator
 
     feeds = {name: values[name] for name in node.input if name}

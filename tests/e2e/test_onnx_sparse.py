@@ -13,10 +13,12 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from backends.onnx_parts import check_parts
 from partitioner import from_onnx, partition
+from partitioner.errors import OnnxError
 from partitioner.frontends.onnx_fold import densify
 
 F = TensorProto.FLOAT
@@ -78,3 +80,31 @@ def test_sparse_weights_are_parameters_of_their_dense_bytes_and_a_split_plan_run
     assert plan.placement["mm1"] != plan.placement["mm2"]
     report = check_parts(plan, path, {"x": x}, device_map={"cuda:0": "cpu", "npu:0": "cpu"}, repeat=1)
     assert report.passed, report.to_text()
+
+
+def test_a_small_sparse_constant_folds_to_its_dense_value() -> None:
+    """Constant(sparse_value) -> Transpose is folded as onnxruntime folds it: a weight of dense bytes."""
+    dense = np.array([[0, 1], [2, 0]], np.float32)
+    nodes = [helper.make_node("Constant", [], ["c"], sparse_value=_sparse("c", dense), name="c"),
+             helper.make_node("Transpose", ["c"], ["ct"], name="t"),
+             helper.make_node("MatMul", ["x", "ct"], ["y"], name="mm")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [3, 2])],
+                              [helper.make_tensor_value_info("y", F, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    imported = from_onnx(model)
+    np.testing.assert_array_equal(imported.source.analysis.values["ct"], dense.T)
+    assert list(imported.ops) == ["mm"] and imported.params["ct"].nbytes == 16
+
+
+def test_a_malformed_sparse_initializer_is_one_line() -> None:
+    values = numpy_helper.from_array(np.array([1.0, 2.0], np.float32), "w")
+    indices = numpy_helper.from_array(np.array([0, 1, 2], np.int64), "w_indices")  # 3 indices, 2 values
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
+                              [helper.make_tensor_value_info("x", F, [2, 4])],
+                              [helper.make_tensor_value_info("y", F, None)],
+                              sparse_initializer=[helper.make_sparse_tensor(values, indices, [4, 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(OnnxError) as err:
+        from_onnx(model)
+    assert "sparse initializer 'w'" in str(err.value) and "[NNZ]" in str(err.value) and "\n" not in str(err.value)
