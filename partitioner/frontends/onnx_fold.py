@@ -188,6 +188,10 @@ def densify(sparse: onnx.SparseTensorProto) -> np.ndarray:
     indices = numpy_helper.to_array(sparse.indices).astype(np.int64)
     dims = tuple(int(d) for d in sparse.dims)
     dense = np.zeros(math.prod(dims), dtype=values.dtype)
+    bound = np.array(dims if indices.ndim == 2 else [dense.size], np.int64)
+    if indices.size and (indices.min() < 0 or (indices.reshape(-1, len(bound)) >= bound).any()):
+        raise OnnxError(f"sparse tensor {sparse.values.name!r} ({'x'.join(map(str, dims))}) has an index out of "
+                        "range: export the model again")
     if indices.ndim == 2:
         indices = np.ravel_multi_index(tuple(indices.T), dims) if indices.size else indices.reshape(-1)
     dense[indices.reshape(-1)] = values
