@@ -157,7 +157,8 @@ class _Builder:
         kind = head.op_type if not domain else f"{domain}.{head.op_type}"
         path, module_type = node_module(head)
         return Op(name=name, kind=kind, op_class=cls, index=index, module_path=path,
-                  module_type=module_type, dtype=self._dtype(outputs + acts), inputs=tuple(acts), outputs=tuple(outputs),
+                  module_type=module_type, dtype=self._dtype(outputs + acts), inputs=tuple(acts),
+                  outputs=tuple(outputs),
                   params=tuple(params), owned_params=tuple(owned), flops=int(flops), bytes_read=int(read),
                   bytes_written=int(written), param_bytes=sum(self._nbytes(p) for p in owned),
                   trainable_param_bytes=0,
@@ -313,7 +314,7 @@ def module_path(node_name: str) -> str:
 #: module from the root (path ``""``) in, then the node itself
 NAME_SCOPES = "pkg.torch.onnx.name_scopes"        # "['', 'layers.0', 'layers.0.fc1', 'linear']"
 CLASS_HIERARCHY = "pkg.torch.onnx.class_hierarchy"  # "['m.Net', 'm.Block', 'torch.nn...Linear', 'aten.linear.default']"
-NAMESPACE = "namespace"                           # ": m.Net/layers.0: m.Block/layers.0.fc1: torch...Linear/linear: aten..."
+NAMESPACE = "namespace"                           # ": m.Net/layers.0: m.Block/layers.0.fc1: t...Linear/linear: aten..."
 
 
 def module_scopes(node: onnx.NodeProto) -> list[tuple[str, str]]:

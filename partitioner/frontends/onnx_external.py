@@ -32,7 +32,8 @@ from onnx.external_data_helper import uses_external_data
 from partitioner.errors import OnnxError
 
 #: element types stored two to a byte
-_PACKED = frozenset(getattr(onnx.TensorProto, n) for n in ("INT4", "UINT4", "FLOAT4E2M1") if hasattr(onnx.TensorProto, n))
+_PACKED = frozenset(getattr(onnx.TensorProto, n) for n in ("INT4", "UINT4", "FLOAT4E2M1")
+                    if hasattr(onnx.TensorProto, n))
 
 
 @dataclasses.dataclass(frozen=True)

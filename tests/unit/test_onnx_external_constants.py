@@ -129,7 +129,8 @@ def test_a_constant_in_a_loop_body_is_checked_too(tmp_path: Path) -> None:
                              [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
                               helper.make_tensor_value_info("h2", F, [8])])
     graph = helper.make_graph([helper.make_node("Loop", ["n", "", "x"], ["y"], body=body, name="loop")], "g",
-                              [helper.make_tensor_value_info("x", F, [8])], [helper.make_tensor_value_info("y", F, None)],
+                              [helper.make_tensor_value_info("x", F, [8])],
+                              [helper.make_tensor_value_info("y", F, None)],
                               [numpy_helper.from_array(np.array(2, np.int64), "n")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8

@@ -77,7 +77,8 @@ def test_module_scopes_come_from_the_exporters_metadata() -> None:
                                "torch.nn.modules.linear.Linear/linear_3: aten.linear.default"})
     assert module_scopes(node) == [("", "Blocks"), ("layers.1", "Block"), ("layers.1.fc2", "Linear")]
     assert node_module(node) == ("layers.1.fc2", "Linear")
-    namespace_only = _node(**{NAMESPACE: ": m.Blocks/head: torch.nn.modules.linear.Linear/linear_4: aten.linear.default"})
+    namespace_only = _node(**{NAMESPACE: ": m.Blocks/head: torch.nn.modules.linear.Linear/linear_4: "
+                                         "aten.linear.default"})
     assert node_module(namespace_only) == ("head", "Linear")
     root = _node(**{NAME_SCOPES: "['', 'softmax']", CLASS_HIERARCHY: "['m.Blocks', 'aten.softmax.int']"})
     assert node_module(root) == ("", "Blocks")
