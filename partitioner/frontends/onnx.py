@@ -18,8 +18,12 @@ The passes, in order:
    and the names its If/Loop/Scan bodies take from the enclosing graph) and parameters (initializers
    and folded constants, counted once: an ``Identity`` of a weight is the same weight; the first
    reader owns it). Bytes moved are those of the tensors it reads and writes (0 for views; the rows
-   it gathers for a Gather). Module paths come from the torch exporter's node names
-   (``/layer1/layer1.0/conv1/Conv`` → ``layer1.0.conv1``), so pins and ``explain`` take module globs.
+   it gathers for a Gather). Module paths (:func:`node_module`) come from the metadata torch's
+   default exporter (``torch.onnx.export(..., dynamo=True)``) writes on every node
+   (``pkg.torch.onnx.name_scopes`` ``['', 'layers.0', 'layers.0.fc1', 'linear']`` → ``layers.0.fc1``,
+   with its class from ``pkg.torch.onnx.class_hierarchy``, or else from ``namespace``), or from the
+   TorchScript exporter's node names (``/layer1/layer1.0/conv1/Conv`` → ``layer1.0.conv1``), so
+   pins, ``--align-modules`` and ``explain`` take the module globs they take on the torch model.
 
 Unknown (data-dependent) dimensions of intermediate tensors are written ``-1`` and weigh 0 bytes.
 """
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
@@ -39,7 +44,7 @@ from partitioner.frontends.onnx_costs import CONTROL_FLOW, NodeShapes, has_entry
 from partitioner.frontends.onnx_fold import Analysis, analyse, static_shape
 from partitioner.frontends.onnx_fusion import fusion_groups
 from partitioner.frontends.onnx_input import is_onnx_graph, is_onnx_model  # noqa: F401  (re-exported)
-from partitioner.frontends.onnx_load import LoadedOnnx, load_onnx, outer_references
+from partitioner.frontends.onnx_load import LoadedOnnx, itemsize, load_onnx, outer_references
 from partitioner.ir import NOT_A_TENSOR, Op, OpClass, OpGraph, Param, Tensor
 
 log = logging.getLogger(__name__)
@@ -121,6 +126,8 @@ class _Builder:
         tensors = self._tensors(built, consumers)
         params = [self._param(p, users) for p, users in param_users.items()]
         module_types = {"": self.name, **{op.module_path: "" for op in built if op.module_path}}
+        for i in self.kept:  # the exporter's metadata names every enclosing module's class
+            module_types.update((path, kind) for path, kind in module_scopes(self.graph.node[i]) if kind)
         fallback = sorted({op.kind for op in built if not has_entry(*_type_and_domain(op.kind))})
         if fallback:
             log.warning("%s: no cost entry for op types %s: costed by the bytes they move", self.name,
@@ -148,8 +155,10 @@ class _Builder:
             read, written = self._bytes(cls, acts, params, outputs)
         owned = [p for p in params if param_users[p][0] == name]
         kind = head.op_type if not domain else f"{domain}.{head.op_type}"
-        return Op(name=name, kind=kind, op_class=cls, index=index, module_path=module_path(head.name),
-                  module_type="", dtype=self._dtype(outputs + acts), inputs=tuple(acts), outputs=tuple(outputs),
+        path, module_type = node_module(head)
+        return Op(name=name, kind=kind, op_class=cls, index=index, module_path=path,
+                  module_type=module_type, dtype=self._dtype(outputs + acts), inputs=tuple(acts),
+                  outputs=tuple(outputs),
                   params=tuple(params), owned_params=tuple(owned), flops=int(flops), bytes_read=int(read),
                   bytes_written=int(written), param_bytes=sum(self._nbytes(p) for p in owned),
                   trainable_param_bytes=0,
@@ -229,7 +238,7 @@ def describe(t: onnx.TypeProto | None) -> tuple[tuple[int, ...], str, int]:
     shape = tuple(int(d.dim_value) if d.HasField("dim_value") else -1 for d in tt.shape.dim)
     if any(d < 0 for d in shape):
         return shape, dtype, 0
-    return shape, dtype, int(np.prod(shape, dtype=np.int64)) * _itemsize(tt.elem_type)
+    return shape, dtype, math.prod(shape) * itemsize(tt.elem_type)  # Python ints: never wraps
 
 
 def dtype_name(elem_type: int) -> str:
@@ -244,12 +253,6 @@ def dtype_name(elem_type: int) -> str:
     name = onnx.TensorProto.DataType.Name(elem_type).lower()
     special = {"float": "float32", "double": "float64", "bool": "bool", "string": "string"}
     return special.get(name, name)
-
-
-def _itemsize(elem_type: int) -> int:
-    if elem_type in (onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED):
-        return 0
-    return max(1, np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)).itemsize)
 
 
 def _is_float(dtype: str) -> bool:
@@ -305,6 +308,72 @@ def module_path(node_name: str) -> str:
     for part in node_name.strip("/").split("/")[:-1]:
         path = part if not path or part.startswith(path + ".") else f"{path}.{part}"
     return path
+
+
+#: node metadata torch's default (dynamo) exporter writes: reprs of lists, one entry per enclosing
+#: module from the root (path ``""``) in, then the node itself
+NAME_SCOPES = "pkg.torch.onnx.name_scopes"        # "['', 'layers.0', 'layers.0.fc1', 'linear']"
+CLASS_HIERARCHY = "pkg.torch.onnx.class_hierarchy"  # "['m.Net', 'm.Block', 'torch.nn...Linear', 'aten.linear.default']"
+NAMESPACE = "namespace"                           # ": m.Net/layers.0: m.Block/layers.0.fc1: t...Linear/linear: aten..."
+
+
+def module_scopes(node: onnx.NodeProto) -> list[tuple[str, str]]:
+    """(module path, class name) of every module enclosing ``node``, outermost (the root, ``""``)
+    first, from the dynamo exporter's metadata; ``[]`` when the node has none.
+
+    ``pkg.torch.onnx.name_scopes`` and ``pkg.torch.onnx.class_hierarchy`` are read first (their last
+    entry, the node itself, dropped), then ``namespace``. Malformed metadata counts as none.
+
+    Example:
+        >>> node = onnx.helper.make_node("Gemm", ["x", "w"], ["y"])
+        >>> onnx.helper.set_metadata_props(node, {NAME_SCOPES: "['', 'layers.0', 'layers.0.fc1', 'linear']",
+        ...     CLASS_HIERARCHY: "['m.Net', 'm.Block', 'torch.nn.modules.linear.Linear', 'aten.linear.default']"})
+        >>> module_scopes(node)
+        [('', 'Net'), ('layers.0', 'Block'), ('layers.0.fc1', 'Linear')]
+    """
+    meta = {p.key: p.value for p in node.metadata_props}
+    scopes = _string_list(meta.get(NAME_SCOPES))
+    if scopes is not None and len(scopes) >= 2:
+        classes = _string_list(meta.get(CLASS_HIERARCHY))
+        classes = classes if classes is not None and len(classes) == len(scopes) else [""] * len(scopes)
+        return [(path, _class_name(kind)) for path, kind in zip(scopes[:-1], classes[:-1])]
+    entries = [e.partition(": ") for e in meta.get(NAMESPACE, "").split("/")]
+    if len(entries) >= 2 and all(sep for _, sep, _ in entries):
+        return [(path, _class_name(kind)) for path, _, kind in entries[:-1]]
+    return []
+
+
+def node_module(node: onnx.NodeProto) -> tuple[str, str]:
+    """(module path, class name) of the innermost module that issued ``node``: from the dynamo
+    exporter's metadata (:func:`module_scopes`), else the TorchScript exporter's node name
+    (:func:`module_path`; no class then); ``("", "")`` when neither says.
+
+    Example:
+        >>> node_module(onnx.helper.make_node("Conv", ["x", "w"], ["y"], name="/layer1/layer1.0/conv1/Conv"))
+        ('layer1.0.conv1', '')
+    """
+    scopes = module_scopes(node)
+    if scopes:
+        return scopes[-1]
+    return module_path(node.name), ""
+
+
+def _string_list(text: str | None) -> list[str] | None:
+    """The list of strings a metadata value is the repr of (None when it is not one)."""
+    import ast
+
+    if not text or not text.startswith("[") or len(text) > 1 << 16:
+        return None
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return None
+    return value if isinstance(value, list) and all(isinstance(v, str) for v in value) else None
+
+
+def _class_name(qualified: str) -> str:
+    """``torch.nn.modules.linear.Linear`` → ``Linear`` (a module class as the torch front end names it)."""
+    return qualified.strip().rsplit(".", 1)[-1]
 
 
 def attention_matmuls(graph: onnx.GraphProto, kept: Sequence[int], constant: frozenset[str],
@@ -402,7 +471,7 @@ def _graph_cost(graph: onnx.GraphProto, outer: Mapping[str, onnx.TypeProto],
 
 
 __all__ = ["OnnxSource", "attention_matmuls", "describe", "dtype_name", "from_onnx", "is_onnx_graph",
-           "is_onnx_model", "module_path"]
+           "is_onnx_model", "module_path", "module_scopes", "node_module"]
 
 
 def _groups(node: onnx.NodeProto) -> int:

@@ -20,6 +20,21 @@ skeleton of the model (large initializers replaced by typed inputs: inference ne
 not their bytes) and infers again, until nothing new is learnt. A node keeps its place as an op when
 an output of it is a graph output, when it is random, or when it has a subgraph.
 
+Tensors held by top-level nodes (a ``Constant``'s ``value``) in external data files are read into
+the skeleton when small (at most :data:`SKELETON_BYTES`), from the model's folder (checked by
+:mod:`partitioner.frontends.onnx_external`), so that their values fold; larger ones keep their
+reference (inference needs their shape only, and their outputs are too large to evaluate).
+
+Sparse initializers enter the skeleton as typed inputs of their dense shape, and the small ones
+(at most :data:`VALUE_LIMIT` elements) as their dense value, so folding reads them as onnxruntime
+does once it has densified them.
+
+Every tensor's inferred shape (subgraph bodies' too) passes
+:func:`~partitioner.frontends.onnx_load.check_size` after each round (its known dimensions; ``-1``
+counts as unknown, as onnxruntime reads it): a negative dimension that overflowed or a size over a
+petabyte is an :class:`~partitioner.errors.OnnxError` naming the tensor, its node
+and its shape, before anything is evaluated or costed.
+
 A top-level node output without any type after inference (an op with no shape-inference function:
 a custom op, an onnxruntime contrib op) is an :class:`~partitioner.errors.OnnxError` naming the
 node and op type: the model must then give the output's type as ``value_info``.
@@ -36,7 +51,8 @@ import onnx
 from onnx import numpy_helper, shape_inference
 
 from partitioner.errors import OnnxError
-from partitioner.frontends.onnx_load import LoadedOnnx
+from partitioner.frontends.onnx_external import inline_external_data
+from partitioner.frontends.onnx_load import LoadedOnnx, check_size, sparse_name
 
 log = logging.getLogger(__name__)
 
@@ -76,14 +92,17 @@ def analyse(loaded: LoadedOnnx) -> Analysis:
     graph = model.graph
     opsets = {o.domain or "": o.version for o in model.opset_import}
     skeleton, values = _skeleton(model, loaded.constant_initializers)
+    _inline_small_node_tensors(skeleton, loaded)
     outputs = {o.name for o in graph.output}
     folded: set[int] = set()
     constant = set(loaded.constant_initializers)
     tried: set[int] = set()
     strict = True
+    where = _where(loaded)
     for _ in range(MAX_ROUNDS):
         types, ok, inferred = _infer(skeleton)
         strict &= ok
+        _check_sizes(inferred, where)
         learnt = False
         for i in loaded.order:
             node = graph.node[i]
@@ -91,7 +110,7 @@ def analyse(loaded: LoadedOnnx) -> Analysis:
                 folded.add(i)
                 constant.update(o for o in node.output if o)
             if i in folded and i not in tried and _evaluable(node, types, values):
-                new = _evaluate(node, types, values, opsets)
+                new = _evaluate(skeleton.graph.node[i], types, values, opsets)  # external bytes read in
                 if new is not None:
                     tried.add(i)
                     values.update(new)
@@ -128,9 +147,55 @@ def _skeleton(model: onnx.ModelProto, constant: frozenset[str]) -> tuple[onnx.Mo
                 graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, tensor.dims))
             continue
         keep.append(tensor)
+    for sparse in graph.sparse_initializer:
+        name = sparse_name(sparse)
+        external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in (sparse.values, sparse.indices))
+        if not external and math.prod(sparse.dims) <= VALUE_LIMIT:
+            dense = densify(sparse)
+            keep.append(numpy_helper.from_array(dense, name))
+            if name in constant:
+                values[name] = dense
+        elif name not in declared:
+            graph.input.append(onnx.helper.make_tensor_value_info(name, sparse.values.data_type, sparse.dims))
+    del graph.sparse_initializer[:]
     del graph.initializer[:]
     graph.initializer.extend(keep)
     return skeleton, values
+
+
+def _inline_small_node_tensors(skeleton: onnx.ModelProto, loaded: LoadedOnnx) -> None:
+    """Read into the skeleton the external tensors of top-level nodes that hold small ones (a
+    ``Constant`` of a shape or a scale), from the model's folder: inference and folding then see
+    their values, and nothing reads a location against the current folder."""
+    small = {t.node for t in loaded.external if t.node is not None and t.length <= SKELETON_BYTES}
+    large = {t.node for t in loaded.external if t.node is not None and t.length > SKELETON_BYTES}
+    for i in sorted(small - large):
+        node = skeleton.graph.node[i]
+        if not any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
+            node.CopyFrom(inline_external_data(node, loaded.base_dir))
+
+
+def densify(sparse: onnx.SparseTensorProto) -> np.ndarray:
+    """The dense value of a sparse tensor (COO indices: linear ``[NNZ]`` or ``[NNZ, rank]``).
+
+    Example:
+        >>> values = numpy_helper.from_array(np.array([1.0, 2.0], np.float32), "w")
+        >>> indices = numpy_helper.from_array(np.array([1, 6], np.int64), "w_idx")
+        >>> densify(onnx.helper.make_sparse_tensor(values, indices, [2, 4])).tolist()
+        [[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 2.0, 0.0]]
+    """
+    values = numpy_helper.to_array(sparse.values).reshape(-1)
+    indices = numpy_helper.to_array(sparse.indices).astype(np.int64)
+    dims = tuple(int(d) for d in sparse.dims)
+    dense = np.zeros(math.prod(dims), dtype=values.dtype)
+    bound = np.array(dims if indices.ndim == 2 else [dense.size], np.int64)
+    if indices.size and (indices.min() < 0 or (indices.reshape(-1, len(bound)) >= bound).any()):
+        raise OnnxError(f"sparse tensor {sparse.values.name!r} ({'x'.join(map(str, dims))}) has an index out of "
+                        "range: export the model again")
+    if indices.ndim == 2:
+        indices = np.ravel_multi_index(tuple(indices.T), dims) if indices.size else indices.reshape(-1)
+    dense[indices.reshape(-1)] = values
+    return dense.reshape(dims)
 
 
 def _infer(skeleton: onnx.ModelProto) -> tuple[dict[str, onnx.TypeProto], bool, onnx.GraphProto]:
@@ -211,11 +276,14 @@ def _evaluate(node: onnx.NodeProto, types: dict[str, onnx.TypeProto], values: di
     """The values of one folded node's outputs (None when onnx's reference evaluator cannot run it)."""
     if node.op_type in ("Shape", "Size"):
         shape = np.array(static_shape(types[node.input[0]]), dtype=np.int64)
-        if node.op_type == "Size":
-            return {node.output[0]: np.array(int(np.prod(shape)), dtype=np.int64)}
+        if node.op_type == "Size":  # a Python product: the shape passed check_size, it fits in int64
+            return {node.output[0]: np.array(math.prod(static_shape(types[node.input[0]])), dtype=np.int64)}
         attrs = {a.name: a.i for a in node.attribute}
         start, end = attrs.get("start", 0), attrs.get("end", len(shape))
         return {node.output[0]: shape[start:end] if "end" in attrs else shape[start:]}
+    sparse = next((a.sparse_tensor for a in node.attribute if a.name == "sparse_value"), None)
+    if node.op_type == "Constant" and sparse is not None:  # onnx's evaluator returns it sparse
+        return {node.output[0]: densify(sparse)}
     from onnx.reference import ReferenceEvaluator
 
     feeds = {name: values[name] for name in node.input if name}
@@ -228,11 +296,34 @@ def _evaluate(node: onnx.NodeProto, types: dict[str, onnx.TypeProto], values: di
     return out if all(v.size <= VALUE_LIMIT for v in out.values()) else None
 
 
+def _where(loaded: LoadedOnnx) -> str:
+    return str(loaded.path) if loaded.path is not None else f"model {loaded.name!r}"
+
+
+def _check_sizes(graph: onnx.GraphProto, where: str) -> None:
+    """Every static (or partly static) shape inference gave, in ``graph`` and its bodies, is a sane size."""
+    producer = {o: n for n in graph.node for o in n.output if o}
+    for value in [*graph.input, *graph.value_info, *graph.output]:
+        if value.type.WhichOneof("value") != "tensor_type" or not value.type.tensor_type.HasField("shape"):
+            continue
+        # -1 is how some exporters write an unknown dimension (onnxruntime reads it so): skipped
+        dims = [d.dim_value for d in value.type.tensor_type.shape.dim if d.HasField("dim_value") and d.dim_value != -1]
+        node = producer.get(value.name)
+        made = f" (made by node {node.name or node.op_type!r}, {node.op_type})" if node is not None else ""
+        check_size(f"tensor {value.name!r}{made}", dims, value.type.tensor_type.elem_type, where,
+                   "give the input shapes the model is run with (a smaller batch or "
+                   "sequence length), or fix the shapes the model computes")
+    for node in graph.node:
+        for attr in node.attribute:
+            for body in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs:
+                _check_sizes(body, where)
+
+
 def _require_types(loaded: LoadedOnnx, types: dict[str, onnx.TypeProto], folded: set[int]) -> None:
     """Every output of a node kept as an op needs at least a type (the parts' inputs and outputs do)."""
     graph = loaded.model.graph
     opsets = {o.domain or "": o.version for o in loaded.model.opset_import}
-    where = str(loaded.path) if loaded.path is not None else f"model {loaded.name!r}"
+    where = _where(loaded)
     for i in loaded.order:
         node = graph.node[i]
         missing = [o for o in node.output if o and o not in types]
@@ -245,4 +336,4 @@ def _require_types(loaded: LoadedOnnx, types: dict[str, onnx.TypeProto], folded:
                 "(onnx.helper.make_tensor_value_info), or replace the op")
 
 
-__all__ = ["Analysis", "VALUE_LIMIT", "analyse", "static_shape"]
+__all__ = ["Analysis", "VALUE_LIMIT", "analyse", "densify", "static_shape"]

@@ -1,20 +1,31 @@
 """Reading an ONNX model for the front end, and every check that makes its errors one line.
 
 In: a path to a ``.onnx`` file or a ``ModelProto``, and optional input shapes. Out: a
-:class:`LoadedOnnx`: the model's structure (initializers whose data lives in external files keep
+:class:`LoadedOnnx`: the model's structure (tensors whose data lives in external files keep
 only their reference: planning needs their shapes, not their bytes), the folder external data is
-read from, the nodes in a topological order, and the graph inputs with every dimension bound.
+read from and every external tensor, checked (:mod:`partitioner.frontends.onnx_external`:
+initializers and tensors held by nodes such as ``Constant`` alike), the nodes in a topological
+order, and the graph inputs with every dimension bound.
 
 Each problem is an :class:`~partitioner.errors.OnnxError` naming the file, node or input and the fix:
 a truncated or corrupt file, an external-data file that is missing or too short, a domain neither
 onnx nor onnxruntime knows, a cycle, a node reading a tensor nothing defines, an input shape that
-contradicts the model, a dimension still unknown after binding.
+contradicts the model, a dimension still unknown after binding, a tensor whose shape is absurd.
+
+Sizes are Python integers (``math.prod`` of the dimensions), never numpy ``int64`` products, which
+wrap: a dimension of 2**62 would weigh 0 bytes and "fit" anywhere. A tensor with a negative
+dimension, or larger than :data:`MAX_TENSOR_BYTES`, is refused (:func:`check_size`).
+
+Sparse initializers (``graph.sparse_initializer``) are parameters named after their ``values``
+tensor, as onnx and onnxruntime name them; onnxruntime densifies them when a session starts, so
+they weigh their dense bytes.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -22,10 +33,13 @@ from pathlib import Path
 import onnx
 import onnx.defs
 from google.protobuf.message import DecodeError
-from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
 from partitioner.errors import HetpartError, InputShapeError, OnnxError
 from partitioner.files import read_bytes
+from partitioner.frontends.onnx_external import ExternalTensor, external_tensors
+
+#: the most bytes one tensor may weigh (1 PiB); a larger one is a mistyped or overflowed shape
+MAX_TENSOR_BYTES = 1 << 50
 
 #: domains onnxruntime implements beyond onnx's own (contrib and internal ops)
 MAX_ONNX_BYTES = 1 << 31  # protobuf cannot hold a larger message: the weights of a larger model are external data
@@ -43,6 +57,13 @@ class LoadedOnnx:
     order: tuple[int, ...]                 # node indices in a topological order (program order kept)
     inputs: tuple[str, ...]                # graph inputs that are not initializers
     constant_initializers: frozenset[str]  # initializers onnxruntime treats as constants
+    external: tuple[ExternalTensor, ...] = ()  # every tensor kept in a data file, checked (onnx_external)
+
+    @property
+    def external_nodes(self) -> frozenset[int]:
+        """Top-level nodes holding an external tensor in an attribute or a body (a ``Constant``'s
+        ``value``): a part copying one must read its bytes in (:func:`inline_external_data`)."""
+        return frozenset(t.node for t in self.external if t.node is not None)
 
 
 def load_onnx(source: str | os.PathLike[str] | onnx.ModelProto,
@@ -67,14 +88,15 @@ def load_onnx(source: str | os.PathLike[str] | onnx.ModelProto,
     if not model.graph.node and not model.graph.output:
         raise OnnxError(f"{where}: not an ONNX model (no graph, ir_version {model.ir_version}): "
                         "the file is empty, truncated or of another format; export it again")
-    _check_external_data(model, base_dir, where)
+    _check_initializer_sizes(model.graph, where)
+    external = external_tensors(model, base_dir, where)
     _check_domains(model, where)
     order = _topological_order(model.graph, where)
     constant = _constant_initializers(model)
     inputs = tuple(i.name for i in model.graph.input if i.name not in constant)
     _bind_shapes(model.graph, inputs, _named(input_shapes, inputs, where), where)
     name = path.stem if path is not None else (model.graph.name or "onnx-model")
-    return LoadedOnnx(model, name, path, base_dir, order, inputs, constant)
+    return LoadedOnnx(model, name, path, base_dir, order, inputs, constant, external)
 
 
 # --------------------------------------------------------------------------------------------
@@ -103,38 +125,21 @@ def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-def _check_external_data(model: onnx.ModelProto, base_dir: Path | None, where: str) -> None:
-    """Every initializer stored outside the file has its data file, long enough, beside the model."""
-    for tensor in _all_initializers(model.graph):
-        if not uses_external_data(tensor):
-            continue
-        info = ExternalDataInfo(tensor)
-        if base_dir is None:
-            raise OnnxError(f"{where}: initializer {tensor.name!r} keeps its data in {info.location!r}, and a "
-                            "ModelProto given in memory has no folder to read it from: pass the model's path")
-        file = (base_dir / info.location).resolve()
-        if base_dir.resolve() not in file.parents and file.parent != base_dir.resolve():
-            raise OnnxError(f"{where}: initializer {tensor.name!r} names external data {info.location!r} outside "
-                            f"the model's folder {base_dir}: keep the data files beside the model")
-        if not file.is_file():
-            raise OnnxError(f"{where}: initializer {tensor.name!r} keeps its data in {info.location!r}, which is "
-                            f"not in {base_dir}: copy that file beside the model")
-        size = file.stat().st_size
-        end = (info.offset or 0) + (info.length or 0)
-        if end > size:
-            raise OnnxError(f"{where}: initializer {tensor.name!r} needs bytes {info.offset or 0}-{end} of "
-                            f"{info.location!r}, which has only {size}: the data file is truncated; copy it again")
-
-
-def _all_initializers(graph: onnx.GraphProto):  # noqa: ANN202 - an iterator of TensorProto
-    yield from graph.initializer
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _all_initializers(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for g in attr.graphs:
-                    yield from _all_initializers(g)
+def _check_initializer_sizes(graph: onnx.GraphProto, where: str) -> None:
+    """Every initializer's declared shape is a sane size; a sparse one's values and indices agree."""
+    fix = "the file is corrupt or was exported wrong: export it again"
+    for tensor in graph.initializer:
+        check_size(f"initializer {tensor.name!r}", tensor.dims, tensor.data_type, where, fix)
+    for sparse in graph.sparse_initializer:
+        name = sparse_name(sparse)
+        check_size(f"sparse initializer {name!r}", sparse.dims, sparse.values.data_type, where, fix)
+        nnz = sparse.values.dims[0] if len(sparse.values.dims) == 1 else None
+        index_dims = tuple(sparse.indices.dims)
+        if nnz is None or index_dims not in ((nnz,), (nnz, len(sparse.dims))) or not name:
+            raise OnnxError(f"{where}: sparse initializer {name!r} ({_dims(sparse.dims)}) has values of shape "
+                            f"{_dims(sparse.values.dims)} and indices of shape {_dims(index_dims)}: a sparse tensor "
+                            "needs named values of shape [NNZ] and indices of shape [NNZ] or [NNZ, rank]; export "
+                            "it again")
 
 
 @functools.cache
@@ -166,13 +171,23 @@ def _constant_initializers(model: onnx.ModelProto) -> frozenset[str]:
     also listed as graph inputs; from version 4 those listed as inputs may be overridden, and
     hetpart still plans them as weights (a partitioned run keeps the stored value)."""
     return frozenset(t.name for t in model.graph.initializer) | frozenset(
-        t.name for t in model.graph.sparse_initializer)
+        sparse_name(t) for t in model.graph.sparse_initializer)
+
+
+def sparse_name(tensor: onnx.SparseTensorProto) -> str:
+    """The name a sparse initializer goes by: its ``values`` tensor's (onnx and onnxruntime read it there).
+
+    Example:
+        >>> sparse_name(onnx.helper.make_sparse_tensor(values, indices, [4, 4]))   # doctest: +SKIP
+        'w'
+    """
+    return tensor.values.name
 
 
 def _topological_order(graph: onnx.GraphProto, where: str) -> tuple[int, ...]:
     """Node indices with every producer before its consumers, program order kept among ready nodes."""
     defined = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {
-        t.values.name for t in graph.sparse_initializer} | {""}
+        sparse_name(t) for t in graph.sparse_initializer} | {""}
     producer: dict[str, int] = {}
     for i, node in enumerate(graph.node):
         for out in node.output:
@@ -261,7 +276,7 @@ def outer_references(node: onnx.NodeProto) -> list[str]:
 
 def _free_names(graph: onnx.GraphProto) -> list[str]:
     local = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""}
-    local |= {t.values.name for t in graph.sparse_initializer}
+    local |= {sparse_name(t) for t in graph.sparse_initializer}
     free: dict[str, None] = {}
     for node in graph.node:
         for name in [*node.input, *outer_references(node)]:
@@ -272,6 +287,46 @@ def _free_names(graph: onnx.GraphProto) -> list[str]:
         if out.name not in local:
             free.setdefault(out.name)
     return list(free)
+
+
+# --------------------------------------------------------------------------------------------
+# Sizes
+# --------------------------------------------------------------------------------------------
+
+
+def itemsize(elem_type: int) -> int:
+    """Bytes of one element of an ONNX element type (0 for strings and undefined: no fixed size).
+
+    Example:
+        >>> itemsize(onnx.TensorProto.FLOAT16), itemsize(onnx.TensorProto.STRING)
+        (2, 0)
+    """
+    import numpy as np
+
+    if elem_type in (onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED):
+        return 0
+    return max(1, np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)).itemsize)
+
+
+def check_size(what: str, dims: Sequence[int], elem_type: int, where: str, fix: str,
+               error: type[OnnxError] = OnnxError) -> None:
+    """Refuse a shape with a negative dimension or over :data:`MAX_TENSOR_BYTES` (strings: 1 byte an element).
+
+    ``what`` names the tensor (``"input 'x'"``), ``fix`` says what the user can do.
+
+    Example:
+        >>> check_size("input 'x'", (2**62, 4), onnx.TensorProto.FLOAT, "m.onnx", "fix")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        partitioner.errors.OnnxError: m.onnx: input 'x' has shape 4611686018427387904x4 (... tensor: fix
+    """
+    dims = [int(d) for d in dims]
+    for axis, d in enumerate(dims):
+        if d < 0:
+            raise error(f"{where}: {what} has shape {_dims(dims)}, whose dimension {axis} is negative: {fix}")
+    size = math.prod(dims) * max(1, itemsize(elem_type))
+    if size > MAX_TENSOR_BYTES:
+        raise error(f"{where}: {what} has shape {_dims(dims)} ({size:,} bytes), over the {MAX_TENSOR_BYTES:,} "
+                    f"bytes (1 PiB) hetpart takes for one tensor: {fix}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -305,12 +360,14 @@ def _bind_shapes(graph: onnx.GraphProto, inputs: tuple[str, ...], shapes: dict[s
         if not value.type.HasField("tensor_type"):
             continue  # sequences, maps, optionals: shapes are those of the values fed at run time
         tensor = value.type.tensor_type
-        template = "x".join(str(d.dim_value) if d.HasField("dim_value") else "N" for d in tensor.shape.dim)
+        template = "x".join(str(d.dim_value) if _known(d) else "N" for d in tensor.shape.dim)
         flag = f"input_shapes={{{name!r}: (...)}} (CLI: --input-shape {name}={template or 'AxBxC'})"
         if name in shapes:
             given = tuple(int(d) for d in shapes[name])
             if any(d < 0 for d in given):
                 raise InputShapeError(f"{where}: input {name!r}: shape {given} has a negative dimension")
+            check_size(f"input {name!r}", given, tensor.elem_type, where,
+                       "give the shape the model is run with", InputShapeError)
             if tensor.HasField("shape") and len(tensor.shape.dim) != len(given):
                 raise InputShapeError(f"{where}: input {name!r} has rank {len(tensor.shape.dim)} "
                                 f"({_shape_text(tensor.shape)}), but the given shape {_dims(given)} has rank "
@@ -320,7 +377,7 @@ def _bind_shapes(graph: onnx.GraphProto, inputs: tuple[str, ...], shapes: dict[s
                 tensor.shape.dim.extend(onnx.TensorShapeProto.Dimension() for _ in given)
             declared = _shape_text(tensor.shape)
             for axis, (dim, size) in enumerate(zip(tensor.shape.dim, given)):
-                if dim.HasField("dim_value") and dim.dim_value != size:
+                if _known(dim) and dim.dim_value != size:
                     raise InputShapeError(f"{where}: input {name!r} is {declared} in the model, but "
                                     f"the given shape is {_dims(given)} (dimension {axis}: {dim.dim_value} vs "
                                     f"{size}): give a shape the model accepts")
@@ -330,18 +387,28 @@ def _bind_shapes(graph: onnx.GraphProto, inputs: tuple[str, ...], shapes: dict[s
         if not tensor.HasField("shape"):
             raise InputShapeError(f"{where}: input {name!r} has no shape in the model: give it with {flag}")
         for axis, dim in enumerate(tensor.shape.dim):
-            if not dim.HasField("dim_value"):
+            if not _known(dim):
                 label = f" ({dim.dim_param!r})" if dim.dim_param else ""
                 raise InputShapeError(f"{where}: input {name!r} ({_shape_text(tensor.shape)}) has dimension {axis}"
                                 f"{label} unknown: give it with {flag}")
+        rank_template = "x".join("N" for _ in tensor.shape.dim) or "AxBxC"
+        check_size(f"input {name!r}", [d.dim_value for d in tensor.shape.dim], tensor.elem_type, where,
+                   f"give the shape the model is run with, input_shapes={{{name!r}: (...)}} (CLI: --input-shape "
+                   f"{name}={rank_template})", InputShapeError)
+
+
+def _known(dim: onnx.TensorShapeProto.Dimension) -> bool:
+    """A dimension with a value; a negative ``dim_value`` (written by some exporters) is unknown too."""
+    return dim.HasField("dim_value") and dim.dim_value >= 0
 
 
 def _shape_text(shape: onnx.TensorShapeProto) -> str:
-    return "x".join(str(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?") for d in shape.dim) or "scalar"
+    return "x".join(str(d.dim_value) if _known(d) else (d.dim_param or "?") for d in shape.dim) or "scalar"
 
 
 def _dims(shape: Sequence[int]) -> str:
     return "x".join(map(str, shape)) or "scalar"
 
 
-__all__ = ["LoadedOnnx", "ORT_DOMAINS", "load_onnx", "outer_references"]
+__all__ = ["LoadedOnnx", "MAX_TENSOR_BYTES", "ORT_DOMAINS", "check_size", "itemsize", "load_onnx",
+           "outer_references", "sparse_name"]
