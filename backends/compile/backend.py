@@ -41,7 +41,7 @@ import torch.fx
 from backends.binding import bind_devices
 from backends.compile.cache import PlanCache, cache_key
 from backends.compile.emit import emit_graph
-from backends.compile.graphs import graph_name, graph_pins, graph_span, model_of, module_paths
+from backends.compile.graphs import graph_name, graph_pins, graph_span, model_of, module_paths, qualified, under
 from backends.compile.options import CompileOptions, parse_options
 from cost_models.profiles import DeviceSet
 from cost_models.units import format_seconds
@@ -121,8 +121,9 @@ class HetpartBackend:
         training = options.training if options.training is not None else grad and any(
             isinstance(v, torch.Tensor) and v.requires_grad for v in example_inputs)
         model = model_of()
-        name = graph_name(gm, model)
-        make = functools.partial(self._placed, gm, options, profile, training, name, module_paths(model), grad)
+        root, prefix = qualified(model)
+        name = graph_name(gm, root)
+        make = functools.partial(self._placed, gm, options, profile, training, name, prefix, module_paths(root), grad)
         positions = _dynamic_positions(gm)
         if positions:
             log.info("hetpart: graph %s has dynamic shapes: each new shape gets its own plan on its first call",
@@ -133,9 +134,9 @@ class HetpartBackend:
     # -- one graph at one shape ------------------------------------------------------------------
 
     def _placed(self, gm: torch.fx.GraphModule, options: CompileOptions, profile: DeviceSet, training: bool,
-                name: str, modules: set[str] | None, grad: bool, args: tuple) -> torch.fx.GraphModule:
+                name: str, prefix: str, modules: set[str] | None, grad: bool, args: tuple) -> torch.fx.GraphModule:
         start = time.perf_counter()
-        graph = from_graph_module(gm, args, name=name)
+        graph = under(from_graph_module(gm, args, name=name), prefix)
         captured = time.perf_counter()
         pins = graph_pins(graph, options.pins, modules)
         key = cache_key(graph, options.key(profile, training, pins))
