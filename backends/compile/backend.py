@@ -4,7 +4,9 @@ In: dynamo's ``GraphModule`` and example inputs, and the ``options`` of
 ``torch.compile(model, backend="hetpart", options={...})``. Out: the compiled callable: the graph
 rewritten by :func:`backends.compile.emit.emit_graph` to run its plan.
 
-Per graph: :func:`partitioner.from_graph_module` captures it as an OpGraph, the plan comes from
+Per graph: :func:`partitioner.from_graph_module` captures it as an OpGraph (module paths those of
+the model compiled, :mod:`backends.compile.graphs`), the pins that match it are kept
+(:func:`~backends.compile.graphs.graph_pins`), the plan comes from
 the cache (:mod:`backends.compile.cache`) or from :func:`partitioner.partition_outcome`, the
 plan's logical devices are bound (``device_map``) and the graph is emitted. One INFO line per graph
 goes to the ``hetpart`` logger (ops, devices used, predicted time, gap, cache hit or solve
@@ -16,8 +18,8 @@ A graph with dynamic shapes (``dynamic=True``, or dynamo's automatic dynamic sha
 shape) is served by :class:`ShapeDispatch`: each new shape gets its own plan (cached, so a shape
 seen before costs a dictionary look-up), planned on its first call.
 
-Errors a user can cause (:class:`~partitioner.errors.HetpartError`: an unknown option, memory caps
-no placement fits, a device not present and not bound) reach the user from inside
+Errors a user can cause (:class:`~partitioner.errors.HetpartError`: an unknown or ill-typed option,
+a bad profile or cap, memory caps no placement fits, a device not present and not bound) reach the user from inside
 ``torch.compile`` as themselves, with dynamo's frames cut from the traceback (:func:`surfaced`).
 
 Example:

@@ -2,7 +2,8 @@
 
 In: dynamo's ``GraphModule`` while dynamo is compiling it, and the captured
 :class:`~partitioner.ir.OpGraph`. Out: the model compiled (:func:`model_of`, read from the frame
-dynamo traces), a name for logs and plans (:func:`graph_name`: ``GPTNeoForCausalLM [0/0]``, and
+dynamo traces) and, for a graph break inside a submodule, the model that was compiled and the
+submodule's name in it (:func:`qualified`, :func:`under`), a name for logs and plans (:func:`graph_name`: ``GPTNeoForCausalLM [0/0]``, and
 :func:`graph_span`: ``transformer.wte … lm_head``), and the pins that apply to this graph
 (:func:`graph_pins`).
 
@@ -11,7 +12,7 @@ pin applies to the graphs whose ops it matches (op name or module path, as ``par
 and is left out of the others. A pin that matches no op of a graph and no module of the model is
 a typo, refused on the first graph compiled (before anything runs), as ``partition`` refuses it; a
 pin naming a module of the model that this graph does not run (another graph's, or a module with
-no ops such as dropout in eval mode) is logged at INFO for that graph. When the model cannot be
+no ops, such as an ``nn.Identity``) is logged at INFO for that graph. When the model cannot be
 read from dynamo's frame (a compiled function that takes no module) an unmatched pin is a warning:
 it may match another graph.
 
