@@ -105,7 +105,7 @@ def _transformers_model(make):
 @pytest.mark.parametrize("case, expected", [
     ("zoo gpt through a function", lambda: models.get("gpt", "tiny")[0]),
     ("zoo gpt decorated", lambda: models.get("gpt", "tiny")[0]),
-    ("llama", lambda: _llama()[0]),
+    pytest.param("llama", lambda: _llama()[0], marks=pytest.mark.slow),
 ])
 def test_module_paths_of_dynamo_graphs_are_the_models_qualified_names(case: str, expected) -> None:
     run = {"zoo gpt through a function": _zoo_through_a_function, "zoo gpt decorated": _zoo_decorated,
@@ -122,6 +122,7 @@ def _pinned_right(plan: Plan, pins: dict[str, str]) -> list[str]:
             if fnmatch.fnmatchcase(module, pattern) and plan.placement[op] != device]
 
 
+@pytest.mark.slow
 def test_a_decorated_transformers_model_takes_the_pins_partition_takes() -> None:
     model, inputs = _gpt_neo()
     pins = {"transformer.h.0.*": "cuda:0", "lm_head": "cpu", "transformer.wte": "cpu"}
@@ -268,6 +269,7 @@ def test_a_graph_break_inside_a_submodule_keeps_the_models_module_paths(how: str
     assert all(_pinned_right(r.plan, pins) == [] for r in backend.records)
 
 
+@pytest.mark.slow
 def test_wav2vec2_in_training_takes_pins_by_module_path_across_its_graph_breaks() -> None:
     """The issue's case: Wav2Vec2 breaks its graph inside submodules; every pin lands on its graph."""
     tf = _transformers()
