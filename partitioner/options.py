@@ -163,7 +163,8 @@ class PlanOptions:
         "fractions in (0, 1), e.g. [0.75, 0.5]: plans solved ahead of time with each accelerator's memory at that "
         "share, run by backends.torch.emit_live when the free memory shrinks"))
     source: Source = dataclasses.field(default_factory=Source)
-    costs: Any = _field("analytic", flag="--costs", doc=(
+    costs: Any = _field("analytic", flag="--costs", compile="the backend prices a graph with the profile (measure "
+                        "a model's ops with hetpart profile and plan it ahead)", doc=(
         "'analytic' (the profile's roofline), 'profiled' (measure the model's ops here, cached), a costs file from "
         "hetpart profile, or a cost_models.costs.CostModel"))
 
@@ -340,38 +341,42 @@ def objective_of(value: Any) -> Any:
 
 def _validate(opts: PlanOptions) -> None:
     """Every check that needs no model and no profile (see the module docstring)."""
-    from cost_models.training import parse_optimizer
+    from cost_models.training import Optimizer
 
     hw, search, cons, train, pipe, src = (opts.hardware, opts.search, opts.constraints, opts.train, opts.pipeline,
                                          opts.source)
-    _kind("devices", hw.devices, _is_devices(hw.devices), "a profile name, a TOML path or a DeviceSet, e.g. 'h200-host'")
-    _mapping("memory", hw.memory, (int, str), "{'cuda:0': '2GB'}")
-    objective = objective_of(opts.objective)
-    _kind("solver", search.solver, isinstance(search.solver, str), "a solver name, e.g. 'auto', 'highs' or 'greedy'")
-    check_limits(search.time_limit, search.gap)
-    _kind("coarsen", search.coarsen, search.coarsen in ("auto", "on", "off") or isinstance(search.coarsen, bool),
-          "'auto', True or False")
-    _kind("progress", search.progress, search.progress is None or callable(search.progress), "a function or None")
-    _mapping("pins", cons.pins, (str,), "{'emb*': 'cpu'}")
-    _kind("streaming", cons.streaming, isinstance(cons.streaming, bool), "True or False")
+    _check("devices", hw.devices, _is_devices(hw.devices),
+           "a built-in profile name (e.g. 'h200-host'), the path of a TOML profile or a DeviceSet")
+    _mapping("memory", hw.memory, (int, str), 'a byte count: an integer or a string such as "8GB"', "{'cuda:0': '8GB'}")
+    _check("detect_margin", hw.detect_margin, _number(hw.detect_margin) or isinstance(hw.detect_margin, str),
+           "a share (0.05, '5%') or a size ('2GiB')")
+    _checked("objective", lambda: objective_of(opts.objective))
+    _check("solver", search.solver, isinstance(search.solver, str) and bool(search.solver),
+           "a solver name, e.g. 'auto', 'highs' or 'greedy'")
+    _checked("time_limit", lambda: check_limits(search.time_limit, 0.0), "must be a positive number of seconds")
+    _checked("gap", lambda: check_limits(1.0, search.gap), "must be a fraction in [0, 1)")
+    _one_of("coarsen", search.coarsen, ("auto", "on", "off", True, False), "'auto', True or False")
+    _check("progress", search.progress, search.progress is None or callable(search.progress), "a function or None")
+    _mapping("pins", cons.pins, (str,), 'a device name such as "cpu"', "{'emb*': 'cpu'}")
+    _one_of("streaming", cons.streaming, (True, False), "True or False")
     for name in ("no_split", "align_modules"):
         value = getattr(cons, name)
         ok = isinstance(value, Sequence) and not isinstance(value, str) and all(isinstance(c, str) for c in value)
-        _kind(name, value, ok, "a list of module class names, e.g. ['Block']")
-    _mapping("link_budget", cons.link_budget, (int, float), "{'cpu<->cuda:0': 1000000000}")
-    _kind("contiguous_stages", cons.contiguous_stages, isinstance(cons.contiguous_stages, bool), "True or False")
-    _kind("training", train.training, train.training in (True, False, None), "True or False")
-    parse_optimizer(train.optimizer)
+        _check(name, value, ok, "a list of module class names, e.g. ['Block']")
+    _mapping("link_budget", cons.link_budget, (int,), "a number of bytes", "{'cpu<->cuda:0': 1000000000}")
+    _one_of("contiguous_stages", cons.contiguous_stages, (True, False), "True or False")
+    _one_of("training", train.training, (True, False, None), "True, False or None (decide per graph)")
+    _one_of("optimizer", getattr(train.optimizer, "value", train.optimizer), tuple(o.value for o in Optimizer),
+            "one of " + ", ".join(o.value for o in Optimizer))
     for name in ("micro_batches", "stages"):
         value = getattr(pipe, name)
         ok = value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1)
-        _kind(name, value, ok, "a whole number of at least 1")
-    _kind("schedule", pipe.schedule, pipe.schedule in (None, "gpipe", "1f1b") or hasattr(pipe.schedule, "value"),
-          "'gpipe' or '1f1b'")
-    _kind("capture", src.capture, isinstance(src.capture, str), "'export' or 'symbolic_trace'")
-    _kind("model_name", src.model_name, src.model_name is None or isinstance(src.model_name, str), "a name")
+        _check(name, value, ok, "a whole number of at least 1")
+    _one_of("schedule", getattr(pipe.schedule, "value", pipe.schedule), (None, "gpipe", "1f1b"), "'gpipe' or '1f1b'")
+    _check("capture", src.capture, isinstance(src.capture, str), "'export' or 'symbolic_trace'")
+    _check("model_name", src.model_name, src.model_name is None or isinstance(src.model_name, str), "a name")
     fractions = check_fractions(opts.fallbacks)
-    _combinations(opts, objective, fractions)
+    _combinations(opts, objective_of(opts.objective), fractions)
 
 
 def _combinations(opts: PlanOptions, objective: Any, fractions: tuple[float, ...]) -> None:
@@ -406,23 +411,54 @@ def _combinations(opts: PlanOptions, objective: Any, fractions: tuple[float, ...
                              "drop precision, or plan with objective 'latency' or 'throughput'")
 
 
-def _kind(name: str, value: Any, ok: bool, expected: str) -> None:
+class OptionError(HetpartError, ValueError):
+    """A value of the wrong kind or out of range for an option (the message names the option)."""
+
+
+def _check(name: str, value: Any, ok: bool, expected: str) -> None:
     if not ok:
-        raise HetpartError(f"option {name!r} must be {expected}; got {value!r}")
+        raise OptionError(f"option {name!r} must be {expected}; got {value!r}")
 
 
-def _mapping(name: str, value: Any, kinds: tuple[type, ...], example: str) -> None:
+def _checked(name: str, check: Callable[[], Any], rule: str = "") -> None:
+    """Run a check that has a sentence of its own (a limit, an objective), naming the option and its rule first."""
+    try:
+        check()
+    except HetpartError as err:
+        raise OptionError(f"option {name!r}{' ' + rule if rule else ''}: {err}") from None
+
+
+def _same(value: Any, choice: Any) -> bool:
+    """``value`` is ``choice``: True is not 1, "1" is not 1 (a str enum such as ``Objective`` is its value)."""
+    if choice is None or isinstance(choice, bool):
+        return value is choice
+    return isinstance(value, type(choice)) and value == choice
+
+
+def _one_of(name: str, value: Any, choices: tuple[Any, ...], expected: str) -> None:
+    _check(name, value, any(_same(value, c) for c in choices), expected)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _mapping(name: str, value: Any, kinds: tuple[type, ...], expected: str, example: str) -> None:
+    """None, or a dict of non-empty string keys to values of ``kinds`` (never a bool)."""
     if value is None:
         return
-    ok = isinstance(value, Mapping) and all(
-        isinstance(k, str) and isinstance(v, kinds) and not isinstance(v, bool) for k, v in value.items())
-    _kind(name, value, ok, f"a dict, e.g. {example}")
+    _check(name, value, isinstance(value, Mapping), f"a dict, e.g. {example}")
+    for key, item in value.items():
+        if not isinstance(key, str) or not key:
+            raise OptionError(f"option {name!r}: key {key!r} must be a non-empty string, e.g. {example}")
+        if isinstance(item, bool) or not isinstance(item, kinds):
+            raise OptionError(f"option {name!r}: the value for {key!r} must be {expected}; got {item!r}")
 
 
 def _is_devices(value: Any) -> bool:
     from cost_models.profiles import DeviceSet
 
-    return isinstance(value, (str, DeviceSet))
+    return isinstance(value, DeviceSet) or (isinstance(value, str) and bool(value))
 
 
 def _differs(value: Any, default: Any) -> bool:
@@ -481,5 +517,5 @@ def options_table() -> str:
     return "\n".join(rows)
 
 
-__all__ = ["FIELDS", "MAX_TIME_LIMIT", "META", "PlanOptions", "UnknownOption", "check_fractions", "check_limits", "describe_options",
+__all__ = ["FIELDS", "MAX_TIME_LIMIT", "META", "OptionError", "PlanOptions", "UnknownOption", "check_fractions", "check_limits", "describe_options",
            "objective_of", "options_table"]

@@ -140,7 +140,7 @@ class HetpartBackend:
         start = time.perf_counter()
         graph = under(from_graph_module(gm, args, name=name), prefix)
         captured = time.perf_counter()
-        pins = graph_pins(graph, options.pins, modules)
+        pins = graph_pins(graph, dict(options.pins or {}), modules)
         key = cache_key(graph, options.key(profile, training, pins))
         plan, source, path = self._plan(graph, key, options, profile, training, pins)
         solved = time.perf_counter()
@@ -158,12 +158,12 @@ class HetpartBackend:
               training: bool, pins: dict[str, str]) -> tuple[Plan, str, Any]:
         if self._given:
             return self._given_plan(graph, profile), "given", None
-        planning = dict(options.planning(training), pins=pins or None)
-        plan, source = self.cache.get(key, graph, profile, planning, options.plan_dir)
+        request = options.planning(training, pins)
+        plan, source = self.cache.get(key, graph, profile, request.flat(), options.plan_dir)
         if plan is not None:
             path = self.cache.path(key, options.plan_dir) if options.plan_dir else None
             return plan, source, path
-        plan = partition_outcome(graph, None, profile, model_name=graph.name, **planning).plan
+        plan = partition_outcome(graph, None, options=request.replace(devices=profile, model_name=graph.name)).plan
         return plan, "solved", self.cache.put(key, plan, options.plan_dir)
 
     def _given_plan(self, graph: OpGraph, profile: DeviceSet) -> Plan:

@@ -124,6 +124,11 @@ CHANGED = {
     "gap": 0.05,
     "streaming": False,
     "coarsen": False,
+    "detect_margin": 0.1,
+    "no_split": ("Linear",),
+    "align_modules": ("Linear",),
+    "link_budget": {"cpu<->cuda:0": 10**9},
+    "contiguous_stages": True,
 }
 #: the options each change sets
 CHANGES = {name: {name: value} for name, value in CHANGED.items()}
@@ -251,7 +256,7 @@ def test_disagreements_name_each_option_a_plan_records(dynamo_graph) -> None:
     from partitioner.frontends.fx import from_graph_module
 
     graph = from_graph_module(*dynamo_graph)
-    planning = CompileOptions(**dict(BASE, pins={"layers.0": "cuda:0"})).planning(False)
+    planning = parse_options(dict(BASE, pins={"layers.0": "cuda:0"})).planning(False).flat()
     assert disagreements(record.plan, graph, planning) == []
     for name, value, said in [("objective", "throughput", "objective is 'latency'"),
                               ("training", True, "training is False"), ("optimizer", "sgd", "optimizer is 'adam'"),
