@@ -137,18 +137,29 @@ class DeviceProbe:
     def __init__(self, live: LiveModule) -> None:
         self.live = live
         self.reader: CudaReader | None = None
+        # logical device -> (the physical device its tensors sit on, the CUDA index read for it);
+        # None: every logical device bound to a CUDA device (a CPU emulation sets its own)
+        self.devices: dict[str, tuple[torch.device, int]] | None = None
 
-    def __call__(self) -> dict[str, int]:
+    def read(self) -> dict[str, tuple[torch.device, int]]:
+        """The logical devices this probe reads: each with its physical device and CUDA index."""
+        if self.devices is not None:
+            return dict(self.devices)
         out = {}
         for logical, physical in self.live.binding.items():
             match = re.fullmatch(r"cuda(?::(\d+))?", physical)
-            if match is None:
-                continue
+            if match is not None:
+                out[logical] = (torch.device(physical), int(match.group(1) or 0))
+        return out
+
+    def __call__(self) -> dict[str, int]:
+        out = {}
+        for logical, (physical, index) in self.read().items():
             if self.reader is None:
                 self.reader = CudaReader()
-            reading = self.reader.read(logical, int(match.group(1) or 0))
+            reading = self.reader.read(logical, index)
             if reading is not None:
-                out[logical] = reading.free + self.resident(torch.device(physical))
+                out[logical] = reading.free + self.resident(physical)
         return out
 
     def resident(self, device: torch.device) -> int:

@@ -83,6 +83,7 @@ def test_two_stages_with_more_micro_batches_than_stages_and_the_loss_given_to_la
     assert f"pipeline of 2 ranks ({schedule}, {micro_batches} micro-batches) vs the original, training" \
         in "\n".join(out)
     assert out[-1] == "passed: every tensor within its tolerance"
+    assert f"loss = mean of the micro-batches' {loss};" in "\n".join(out)     # the check used the loss given
     grads = [line for line in out if line.split()[:1] and line.split()[0] in {n for n, _ in module.named_parameters()}]
     assert len(grads) == 6 and all(line.endswith("ok") for line in grads), "\n".join(out)
     # the ranks' loss is the one asked for, not the default: against a loss computed here
