@@ -19,7 +19,9 @@ WIDTH = 8
 
 
 class SkipTied(nn.Module):
-    """``out(tanh(mid(h)) + h)`` with ``h = relu(inp(x))`` and ``out.weight`` tied to ``inp.weight``."""
+    """``out(tanh(mid(2 h)) + h)`` with ``h = relu(inp(x))`` and ``out.weight`` tied to ``inp.weight``:
+    cut in three (``inp``, ``relu``, ``mul`` | ``mid``, ``tanh`` | ``add``, ``out``), ``h`` is read on
+    the first and last stages only."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -30,7 +32,7 @@ class SkipTied(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = torch.relu(self.inp(x))
-        g = torch.tanh(self.mid(h))
+        g = torch.tanh(self.mid(h * 2.0))
         return self.out(g + h)
 
 

@@ -31,7 +31,7 @@ from partitioner.cli import main as cli_main
 from tests.e2e import pipeline_models
 
 MODELS = Path(pipeline_models.__file__).resolve()
-SKIP_TIED_PINS = {"linear": "host0/cpu", "relu": "host0/cpu", "linear_1": "host1/cpu", "tanh": "host1/cpu",
+SKIP_TIED_PINS = {"linear": "host0/cpu", "relu": "host0/cpu", "mul": "host0/cpu", "linear_1": "host1/cpu", "tanh": "host1/cpu",
                   "add": "host2/cpu", "linear_2": "host2/cpu"}
 
 
@@ -55,6 +55,7 @@ def test_three_stages_two_micro_batches_relay_a_skipped_value_and_sum_a_weight_t
                             micro_batches=2, schedule="gpipe", pins=SKIP_TIED_PINS,
                             model_name=f"{MODELS}:skip_tied"), tmp_path / "plan.json")
     graphs = StageGraphs(plan, module, (inputs[0][:6],))
+    assert [n.name for n in graphs.live[0]] == ["relu", "mul"]
     assert [n.name for n in graphs.live[1]] == ["relu", "tanh"]      # stage 1 relays relu to stage 2
     assert tied_groups(graphs, parameter_names(module)) == {"inp.weight": [0, 2]}   # tied: stages 0 and 2 only
     report = get_backend("pipeline").check(plan, module, inputs, model_spec=f"{MODELS}:skip_tied", training=True,
