@@ -131,7 +131,10 @@ class DeviceProbe:
                    + bytes of the running plan's parameters and buffers on that device
 
     Logical devices bound to one CUDA device each see all of its free memory (the plans' needs
-    there are not added up).
+    there are not added up). ``devices`` (default None: every logical device bound to a CUDA
+    device) names the logical devices read, each with the physical device its tensors sit on and
+    the CUDA index read for it; with ``reader``, a stand-in of the CUDA memory API, it runs the
+    probe on a CPU emulation of a GPU (``tests/unit/test_fallback_memory.py``).
     """
 
     def __init__(self, live: LiveModule) -> None:
