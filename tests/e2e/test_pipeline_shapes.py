@@ -31,8 +31,9 @@ from partitioner.cli import main as cli_main
 from tests.e2e import pipeline_models
 
 MODELS = Path(pipeline_models.__file__).resolve()
-SKIP_TIED_PINS = {"linear": "host0/cpu", "relu": "host0/cpu", "mul": "host0/cpu", "linear_1": "host1/cpu", "tanh": "host1/cpu",
-                  "add": "host2/cpu", "linear_2": "host2/cpu"}
+SKIP_TIED_PINS = {"linear": "host0/cpu", "relu": "host0/cpu", "mul": "host0/cpu",      # stage 0
+                  "linear_1": "host1/cpu", "tanh": "host1/cpu",                           # stage 1
+                  "add": "host2/cpu", "linear_2": "host2/cpu"}                            # stage 2
 
 
 def _saved(plan: Plan, path: Path) -> Plan:
@@ -85,9 +86,11 @@ def test_two_stages_with_more_micro_batches_than_stages_and_the_loss_given_to_la
         in "\n".join(out)
     assert out[-1] == "passed: every tensor within its tolerance"
     assert f"loss = mean of the micro-batches' {loss};" in "\n".join(out)     # the check used the loss given
-    grads = [line for line in out if line.split()[:1] and line.split()[0] in {n for n, _ in module.named_parameters()}]
+    names = {n for n, _ in module.named_parameters()}
+    grads = [line for line in out if line.split()[:1] and line.split()[0] in names]
     assert len(grads) == 6 and all(line.endswith("ok") for line in grads), "\n".join(out)
-    # the ranks' loss is the one asked for, not the default: against a loss computed here
+    # the ranks' loss agrees with the check's; and the loss asked for differs from the default here,
+    # so ranks that dropped --loss (and trained with mse) would fail the loss row
     reported = [line for line in out if line.split()[:1] == ["loss"]]
     assert reported and reported[0].endswith("ok"), "\n".join(out)
     assert _expected_loss(module, inputs[0], loss, micro_batches) != pytest.approx(
