@@ -131,24 +131,38 @@ class DeviceProbe:
                    + bytes of the running plan's parameters and buffers on that device
 
     Logical devices bound to one CUDA device each see all of its free memory (the plans' needs
-    there are not added up).
+    there are not added up). ``devices`` (default None: every logical device bound to a CUDA
+    device) names the logical devices read, each with the physical device its tensors sit on and
+    the CUDA index read for it; with ``reader``, a stand-in of the CUDA memory API, it runs the
+    probe on a CPU emulation of a GPU (``tests/unit/test_fallback_memory.py``).
     """
 
     def __init__(self, live: LiveModule) -> None:
         self.live = live
         self.reader: CudaReader | None = None
+        # logical device -> (the physical device its tensors sit on, the CUDA index read for it);
+        # None: every logical device bound to a CUDA device (a CPU emulation sets its own)
+        self.devices: dict[str, tuple[torch.device, int]] | None = None
 
-    def __call__(self) -> dict[str, int]:
+    def read(self) -> dict[str, tuple[torch.device, int]]:
+        """The logical devices this probe reads: each with its physical device and CUDA index."""
+        if self.devices is not None:
+            return dict(self.devices)
         out = {}
         for logical, physical in self.live.binding.items():
             match = re.fullmatch(r"cuda(?::(\d+))?", physical)
-            if match is None:
-                continue
+            if match is not None:
+                out[logical] = (torch.device(physical), int(match.group(1) or 0))
+        return out
+
+    def __call__(self) -> dict[str, int]:
+        out = {}
+        for logical, (physical, index) in self.read().items():
             if self.reader is None:
                 self.reader = CudaReader()
-            reading = self.reader.read(logical, int(match.group(1) or 0))
+            reading = self.reader.read(logical, index)
             if reading is not None:
-                out[logical] = reading.free + self.resident(torch.device(physical))
+                out[logical] = reading.free + self.resident(physical)
         return out
 
     def resident(self, device: torch.device) -> int:

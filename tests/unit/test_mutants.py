@@ -27,3 +27,14 @@ def test_every_mutant_applies_to_exactly_one_place_and_names_tests_that_exist() 
     assert all(m.original != m.mutated for m in mutants)
     missing = [t for m in mutants for t in m.tests if not (ROOT / t.split("::")[0]).exists()]
     assert not missing, f"mutants name tests that do not exist: {missing}"
+
+
+def test_the_mutants_cover_every_backend_and_the_precision_live_and_batching_code() -> None:
+    mutants = _mutation_module().load_mutants()
+    assert sum(m.origin == "issue-36" for m in mutants) >= 25
+    files = {m.file for m in mutants}
+    for place in ("backends/torch/", "backends/onnx_parts/", "backends/pipeline/", "backends/compile/",
+                  "backends/binding.py", "backends/compare.py", "backends/strict_devices.py",
+                  "cost_models/precision.py", "backends/torch/live.py", "partitioner/plan/live.py",
+                  "partitioner/fallbacks.py", "partitioner/batching.py"):
+        assert any(f.startswith(place) for f in files), f"no mutant in {place}"
