@@ -118,8 +118,8 @@ def _rebind_moves(gm: torch.fx.GraphModule, node_device: Mapping[str, torch.devi
     """A model's own move (``x.to(d)``, ``x.to(d, dtype)``, ``x.to(device=d, dtype=t)``, ``x.cuda()``,
     ``x.cpu()``) lands on the physical device its op is placed on, as a factory's ``device=`` does:
     the plan decides where every op's output lives, and the device the model wrote is the one it
-    ran on in eager. Its dtype and other arguments (``copy=``, ``non_blocking=``, a tensor to
-    match, whose copy already sits on the op's device) are kept."""
+    ran on in eager. Its dtype and other arguments (``copy=``, ``non_blocking=``) are kept; a
+    tensor to match (``x.to(other)``) becomes its dtype and the op's device."""
     for node in gm.graph.nodes:
         device = node_device.get(node.name)
         if device is None or node.op != "call_method" or node.target not in MOVES:
@@ -131,9 +131,21 @@ def _rebind_moves(gm: torch.fx.GraphModule, node_device: Mapping[str, torch.devi
         args = list(node.args)
         if len(args) > 1 and _names_device(args[1]):
             args[1] = device
+        elif len(args) > 1 and isinstance(args[1], torch.fx.Node):  # x.to(other): other's device and dtype
+            other = _fake_value(args[1])
+            if isinstance(other, torch.Tensor):
+                args[1:2] = [device, other.dtype]
         if "device" in node.kwargs:
             node.kwargs = {**node.kwargs, "device": device}
         node.args = tuple(args)
+
+
+def _fake_value(node: torch.fx.Node) -> Any:
+    """dynamo's fake value of ``node``, through the copies ``place_module`` inserted (they carry none)."""
+    while "val" not in node.meta and node.op == "call_method" and node.target == "to" \
+            and isinstance(node.args[0], torch.fx.Node):
+        node = node.args[0]
+    return node.meta.get("val")
 
 
 def _names_device(value: Any) -> bool:

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import models
+from backends.compile import HetpartBackend
 from backends.compile.state import StateCopies
 from backends.compile.strict import StrictCompile
 from tests.e2e.test_compile_backend import PROFILE, leaves, split_caps, used_devices
@@ -124,3 +125,77 @@ def test_batchnorm_statistics_updated_on_another_device_are_written_back() -> No
         assert not torch.equal(m.running_mean, old)
     for (bname, b), (_, r) in zip(model.named_buffers(), reference.named_buffers(), strict=True):
         torch.testing.assert_close(b, r, rtol=1e-4, atol=1e-5, msg=bname)
+
+
+class _Moves(torch.nn.Module):
+    """Moves its own state with one form of ``Tensor.to`` (rotary embeddings, biases)."""
+
+    def __init__(self, form: str) -> None:
+        super().__init__()
+        self.form = form
+        self.register_buffer("inv_freq", torch.linspace(0.1, 1.0, 16, dtype=torch.float64))
+        self.bias = torch.nn.Parameter(torch.linspace(-1.0, 1.0, 16))
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        if self.form == "keywords":        # Llama's rotary: inv_freq.to(device=x.device, dtype=torch.float)
+            state = self.inv_freq.to(device=h.device, dtype=torch.float)
+        elif self.form == "device":        # BART's final_logits_bias.to(logits.device)
+            state = self.inv_freq.to(h.device).float()
+        elif self.form == "dtype":
+            state = self.inv_freq.to(torch.float32)
+        elif self.form == "device_dtype":
+            state = self.inv_freq.to(h.device, torch.float32)
+        elif self.form == "flags":
+            state = self.inv_freq.to(h.device, torch.float32, non_blocking=True, copy=True)
+        elif self.form == "tensor":
+            state = self.inv_freq.to(h)
+        else:                              # "cpu": a device method
+            state = self.inv_freq.cpu().float()
+        return (h * state + self.bias.to(h.device)).tanh().sum(-1)
+
+
+class _OwnMoves(torch.nn.Module):
+    def __init__(self, form: str) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+        self.head = _Moves(form)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.lin(x))
+
+
+FORMS = ("keywords", "device", "dtype", "device_dtype", "flags", "tensor", "cpu")
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
+@pytest.mark.parametrize("form", FORMS)
+def test_a_models_own_moves_of_its_state_compile_on_distinct_devices(form: str, training: bool) -> None:
+    torch.manual_seed(0)
+    model, x = _OwnMoves(form), torch.randn(4, 16)
+    reference = copy.deepcopy(model)
+    run = StrictCompile(DEVICES, host="cpu")
+    # the linear on the host, everything after it on cuda:0: the moves of state run there
+    compiled = strict_compile(model, run, pins={"lin": "cpu", "head": "cuda:0"}, optimizer="sgd")
+    with torch.set_grad_enabled(training), run:
+        out = compiled(x)
+        assert run.mode.device_of(out) == "cpu"
+    expected = reference(x)
+    torch.testing.assert_close(out, expected)
+    plan = run.backend.records[0].plan
+    assert used_devices(plan) == set(DEVICES) and plan.training is training
+    assert {(c.src, c.dst) for c in run.mode.copies} >= {("cpu", "cuda:0")}
+    if training:
+        out.sum().backward()
+        expected.sum().backward()
+        for (pname, p), (_, q) in zip(model.named_parameters(), reference.named_parameters(), strict=True):
+            torch.testing.assert_close(p.grad, q.grad, msg=f"grad of {pname}")
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_a_models_own_moves_compile_with_both_devices_bound_to_the_cpu(form: str) -> None:
+    torch.manual_seed(0)
+    model, x = _OwnMoves(form), torch.randn(4, 16)
+    compiled = torch.compile(model, backend=HetpartBackend(), options={
+        "devices": PROFILE, "device_map": {"cuda:0": "cpu"}, "pins": {"lin": "cpu", "head": "cuda:0"}})
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
