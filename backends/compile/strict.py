@@ -29,7 +29,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -39,7 +39,10 @@ from backends.strict_devices import StrictDevices
 from backends.torch.strict import fx_sites
 from partitioner.errors import HetpartError
 
-__all__ = ["CompiledStrictDevices", "StrictCompile"]
+__all__ = ["CompiledStrictDevices", "OptionsFor", "StrictCompile"]
+
+#: ``(dynamo's graph, its example inputs, CompileOptions) -> CompileOptions``
+OptionsFor = Callable[[torch.fx.GraphModule, Sequence[Any], Any], Any]
 
 
 class CompiledStrictDevices(StrictDevices):
@@ -53,12 +56,15 @@ class CompiledStrictDevices(StrictDevices):
 class _Watching(HetpartBackend):
     """A HetpartBackend that shows the strict mode every graph it emits."""
 
-    def __init__(self, mode: StrictDevices) -> None:
+    def __init__(self, mode: StrictDevices, options_for: OptionsFor | None) -> None:
         super().__init__()
         self._mode = mode
+        self._options_for = options_for
         self.graphs: list[torch.fx.GraphModule] = []
 
     def compile_graph(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Any) -> Any:
+        if self._options_for is not None:
+            options = self._options_for(gm, example_inputs, options)
         compiled = super().compile_graph(gm, example_inputs, options)
         if not isinstance(compiled, torch.fx.GraphModule):
             raise HetpartError("strict devices watch graphs of static shapes: compile with dynamic=False "
@@ -79,12 +85,14 @@ class StrictCompile:
     Parameters:
         devices: the plan's logical devices (the profile's names).
         host: the logical device the caller's tensors (inputs, the model's state) live on.
+        options_for: ``(graph, example inputs, options) -> options`` for each graph before it is
+            planned (caps sized to the graph, say); None keeps the options given.
     """
 
-    def __init__(self, devices: Sequence[str], host: str) -> None:
+    def __init__(self, devices: Sequence[str], host: str, options_for: OptionsFor | None = None) -> None:
         self.mode = CompiledStrictDevices(devices, host)
         self.device_map: dict[str, str] = dict(self.mode.binding)
-        self.backend = _Watching(self.mode)
+        self.backend = _Watching(self.mode, options_for)
 
     @property
     def graphs(self) -> list[torch.fx.GraphModule]:
