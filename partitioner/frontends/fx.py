@@ -237,11 +237,14 @@ def _export_source(program: torch.export.ExportedProgram, params: _ParamTable, a
     )
 
 
-_DYNAMO_PARAM = re.compile(r"^[Ll]_(?:self|fn|mod|model)_")
+# the frame's local the model came from (``l_self_``, ``l_args_0_`` under a decorator, ``l_mod_``):
+# everything before the first ``_modules_`` / ``_parameters_`` / ``_buffers_``
+_DYNAMO_PARAM = re.compile(r"^[LlGg]_.*?(?=_(?:modules|parameters|buffers)_)")
 
 
 def _dynamo_param_name(placeholder: str) -> str:
-    """``L_self_modules_layers_modules_0_modules_fc_parameters_weight_`` → ``layers.0.fc.weight``."""
+    """``L_self_modules_layers_modules_0_modules_fc_parameters_weight_`` → ``layers.0.fc.weight``
+    (``l_args_0_modules_...`` when a decorator's wrapper took the model as ``*args``)."""
     name = _DYNAMO_PARAM.sub("", placeholder).rstrip("_")
     name = re.sub(r"_(modules|parameters|buffers)_", ".", "_" + name)
     return name.lstrip("._") or placeholder
@@ -489,7 +492,7 @@ class _GraphBuilder:
         """Module path -> class name from the nodes' ``nn_module_stack`` (graphs without their model)."""
         found: dict[str, str] = {"": type(self.source.root).__name__ if self.source.root is not None else ""}
         for node in self.gm.graph.nodes:
-            for path, mtype in (node.meta.get("nn_module_stack") or {}).values():
+            for path, mtype in _model_stack(node.meta.get("nn_module_stack") or {}):
                 found.setdefault(_clean_module_path(str(path)), _type_name(mtype))
         return found
 
@@ -598,10 +601,10 @@ class _GraphBuilder:
     def _module_of(self, node: torch.fx.Node) -> tuple[str, str]:
         if node.op == "call_module":
             return str(node.target), type(_fetch_attr(self.gm, node.target)).__name__
-        stack = node.meta.get("nn_module_stack")
+        stack = _model_stack(node.meta.get("nn_module_stack") or {})
         if stack:
-            path, mtype = list(stack.values())[-1]
-            return _clean_module_path(str(path)), _type_name(mtype)
+            path, mtype = stack[-1]
+            return _clean_module_path(path), _type_name(mtype)
         root = self.source.root
         return "", type(root).__name__ if root is not None else ""
 
@@ -673,15 +676,32 @@ def _type_name(mtype: Any) -> str:
     return str(mtype).rsplit(".", 1)[-1].strip("'>")
 
 
-_DYNAMO_PATH = re.compile(r"^L\['(?:self|fn|mod|model)'\]\.?")
+# dynamo's source of the root module: the frame's local (``L['self']``, ``L['args'][0]`` under a
+# decorator such as transformers', ``L['mod']``) or a global (``G['model']``), with its subscripts
+_DYNAMO_ROOT = re.compile(r"^[LG]\['[^']*'\](?:\[\d+\]|\['[^']*'\])*")
+
+
+def _dynamo_root(path: str) -> str:
+    found = _DYNAMO_ROOT.match(path)
+    return found.group(0) if found else ""
+
+
+def _model_stack(stack: dict[str, Any]) -> list[tuple[str, Any]]:
+    """A node's ``nn_module_stack`` entries under the outermost one's root: modules of the model
+    itself, not modules dynamo reached elsewhere (transformers wraps some functions as global
+    modules, ``G['__import_transformers_...'].apply_rotary_pos_emb``)."""
+    entries = [(str(path), mtype) for path, mtype in stack.values()]
+    root = _dynamo_root(entries[0][0]) if entries else ""
+    return [(path, mtype) for path, mtype in entries if _dynamo_root(path) == root]
 
 
 def _clean_module_path(path: str) -> str:
-    """``L['self'].layers[0].fc`` (dynamo) or ``layers.0.fc`` (export) → ``layers.0.fc``."""
-    path = _DYNAMO_PATH.sub("", path)
+    """``L['self'].layers[0].fc``, ``L['args'][0]._modules['layers']._modules['0'].fc`` (dynamo)
+    or ``layers.0.fc`` (export) → ``layers.0.fc``: the model's own qualified name."""
+    path = _DYNAMO_ROOT.sub("", path)
     path = re.sub(r"\[(\d+)\]", r".\1", path)
     path = re.sub(r"\['([^']*)'\]", r".\1", path)
-    path = re.sub(r"\._modules\.", ".", path)
+    path = re.sub(r"(^|\.)_modules\.", r"\1", "." + path.lstrip("."))
     return path.strip(".")
 
 
