@@ -66,19 +66,19 @@ def _pixels(size: int = 32) -> Callable[[], dict[str, torch.Tensor]]:
 
 
 ARCHES: dict[str, Arch] = {a.name: a for a in (
-    Arch("llama", lambda t: t.LlamaConfig(**_DECODER), "LlamaForCausalLM", _ids(), ("model.layers.0*", "cpu")),
+    Arch("llama", lambda t: t.LlamaConfig(**_DECODER), "LlamaForCausalLM", _ids(), ("model.layers.0.self_attn*", "cpu")),
     Arch("mistral", lambda t: t.MistralConfig(**_DECODER, sliding_window=None), "MistralForCausalLM", _ids(),
-         ("model.layers.0*", "cpu")),
-    Arch("qwen2", lambda t: t.Qwen2Config(**_DECODER), "Qwen2ForCausalLM", _ids(), ("model.layers.0*", "cpu")),
+         ("model.layers.0.self_attn*", "cpu")),
+    Arch("qwen2", lambda t: t.Qwen2Config(**_DECODER), "Qwen2ForCausalLM", _ids(), ("model.layers.0.self_attn*", "cpu")),
     Arch("gemma", lambda t: t.GemmaConfig(**_DECODER, head_dim=16), "GemmaForCausalLM", _ids(),
-         ("model.layers.0*", "cpu")),
+         ("model.layers.0.self_attn*", "cpu")),
     Arch("phi", lambda t: t.PhiConfig(**{k: v for k, v in _DECODER.items() if k != "num_key_value_heads"}),
-         "PhiForCausalLM", _ids(), ("model.layers.0*", "cpu")),
+         "PhiForCausalLM", _ids(), ("model.layers.0.self_attn*", "cpu")),
     Arch("qwen2-moe", lambda t: t.Qwen2MoeConfig(**_DECODER, moe_intermediate_size=32, shared_expert_intermediate_size=64,
                                                  num_experts=4, num_experts_per_tok=2),
-         "Qwen2MoeForCausalLM", _ids(), ("model.layers.0*", "cpu")),
+         "Qwen2MoeForCausalLM", _ids(), ("model.layers.0.self_attn*", "cpu")),
     Arch("mixtral", lambda t: t.MixtralConfig(**_DECODER, num_local_experts=4, num_experts_per_tok=2),
-         "MixtralForCausalLM", _ids(), ("model.layers.0*", "cpu")),
+         "MixtralForCausalLM", _ids(), ("model.layers.0.self_attn*", "cpu")),
     Arch("bart", lambda t: t.BartConfig(d_model=64, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
                                         decoder_attention_heads=2, encoder_ffn_dim=128, decoder_ffn_dim=128,
                                         vocab_size=VOCAB, max_position_embeddings=64, use_cache=False),
@@ -116,22 +116,30 @@ ARCHES: dict[str, Arch] = {a.name: a for a in (
 SPLIT_FROM = 10  # graphs of fewer ops are planned without caps
 
 
-def split_options(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Any) -> Any:
-    """``options`` with caps on cpu and cuda:0 below what one device needs for this graph and above
-    its largest op (as ``split_caps`` of ``test_compile_backend``): each graph of
-    :data:`SPLIT_FROM` ops or more is split (the pieces a graph break leaves can be too small to split)."""
-    from partitioner.frontends.fx import from_graph_module
-    from partitioner.planner import partition_outcome
+class SplitCaps:
+    """``options_for`` of :class:`~backends.compile.strict.StrictCompile`: each graph of
+    :data:`SPLIT_FROM` ops or more gets caps on cpu and cuda:0 below what one device needs for it
+    and above its largest op (as ``split_caps`` of ``test_compile_backend``), so it is split (the
+    pieces a graph break leaves can be too small to split). :attr:`graphs` keeps each graph as
+    captured (module paths of its ops)."""
 
-    graph = from_graph_module(gm, example_inputs)
-    if len(graph) < SPLIT_FROM:
-        return options
-    training = options.training if options.training is not None else torch.is_grad_enabled()
-    single = partition_outcome(graph, None, options.profile(), solver="single:cpu", training=training,
-                               optimizer=options.optimizer)
-    used = single.plan.memory["cpu"]["used"]
-    cap = max(int(used * 0.85), max(single.problem.work_mem.values()) + 4096)
-    return dataclasses.replace(options, memory={"cpu": cap, "cuda:0": cap})
+    def __init__(self) -> None:
+        self.graphs: list[Any] = []
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Any) -> Any:
+        from partitioner.frontends.fx import from_graph_module
+        from partitioner.planner import partition_outcome
+
+        graph = from_graph_module(gm, example_inputs)
+        self.graphs.append(graph)
+        if len(graph) < SPLIT_FROM:
+            return options
+        training = options.training if options.training is not None else torch.is_grad_enabled()
+        single = partition_outcome(graph, None, options.profile(), solver="single:cpu", training=training,
+                                   optimizer=options.optimizer)
+        used = single.plan.memory["cpu"]["used"]
+        cap = max(int(used * 0.85), max(single.problem.work_mem.values()) + 4096)
+        return dataclasses.replace(options, memory={"cpu": cap, "cuda:0": cap})
 
 
 def tensors(output: Any) -> list[torch.Tensor]:
