@@ -41,6 +41,7 @@ import torch.fx
 from backends.binding import bind_devices
 from backends.compile.cache import PlanCache, cache_key
 from backends.compile.emit import emit_graph
+from backends.compile.graphs import graph_name, graph_pins, graph_span, model_of, module_paths
 from backends.compile.options import CompileOptions, parse_options
 from cost_models.profiles import DeviceSet
 from cost_models.units import format_seconds
@@ -57,7 +58,7 @@ log = logging.getLogger("hetpart.compile")
 class GraphRecord:
     """What happened to one graph (one shape of it): where its plan came from and how long each step took."""
 
-    name: str                # the graph's name: its root module's class and dynamo's compile id
+    name: str                # the graph's name: the model's class, dynamo's compile id, its first and last module
     ops: int                 # ops in the captured graph
     key: str                 # plan cache key
     plan_from: str           # "solved" | "memory" | "disk" | "given"
@@ -66,6 +67,7 @@ class GraphRecord:
     emit_s: float            # binding and emitting the placed graph
     plan: Plan
     path: str | None = None  # the plan file in plan_dir
+    pins: dict[str, str] = dataclasses.field(default_factory=dict)  # the pins that matched this graph
 
 
 class HetpartBackend:
@@ -118,8 +120,9 @@ class HetpartBackend:
         grad = torch.is_grad_enabled()
         training = options.training if options.training is not None else grad and any(
             isinstance(v, torch.Tensor) and v.requires_grad for v in example_inputs)
-        name = graph_name(gm)
-        make = functools.partial(self._placed, gm, options, profile, training, name, grad)
+        model = model_of()
+        name = graph_name(gm, model)
+        make = functools.partial(self._placed, gm, options, profile, training, name, module_paths(model), grad)
         positions = _dynamic_positions(gm)
         if positions:
             log.info("hetpart: graph %s has dynamic shapes: each new shape gets its own plan on its first call",
@@ -130,32 +133,34 @@ class HetpartBackend:
     # -- one graph at one shape ------------------------------------------------------------------
 
     def _placed(self, gm: torch.fx.GraphModule, options: CompileOptions, profile: DeviceSet, training: bool,
-                name: str, grad: bool, args: tuple) -> torch.fx.GraphModule:
+                name: str, modules: set[str] | None, grad: bool, args: tuple) -> torch.fx.GraphModule:
         start = time.perf_counter()
-        graph = from_graph_module(gm, args, name=name.split(" ")[0])
+        graph = from_graph_module(gm, args, name=name)
         captured = time.perf_counter()
-        key = cache_key(graph, options.key(profile, training))
-        plan, source, path = self._plan(graph, key, options, profile, training)
+        pins = graph_pins(graph, options.pins, modules)
+        key = cache_key(graph, options.key(profile, training, pins))
+        plan, source, path = self._plan(graph, key, options, profile, training, pins)
         solved = time.perf_counter()
+        span = graph_span(graph)
         with torch.set_grad_enabled(grad):  # where gradients can flow decides how state is copied
             compiled = emit_graph(gm, args, plan, bind_devices(plan, options.device_map))
-        record = GraphRecord(name, len(graph), key, source, captured - start,
+        record = GraphRecord(f"{name} ({span})" if span else name, len(graph), key, source, captured - start,
                              solved - captured if source == "solved" else 0.0, time.perf_counter() - solved,
-                             plan, str(path) if path else None)
+                             plan, str(path) if path else None, pins)
         self.records.append(record)
         _log_graph(record, graph)
         return compiled
 
     def _plan(self, graph: OpGraph, key: str, options: CompileOptions, profile: DeviceSet,
-              training: bool) -> tuple[Plan, str, Any]:
+              training: bool, pins: dict[str, str]) -> tuple[Plan, str, Any]:
         if self._given:
             return self._given_plan(graph, profile), "given", None
-        expect = {"objective": options.objective, "training": training}
-        plan, source = self.cache.get(key, graph, profile, expect, options.plan_dir)
+        planning = dict(options.planning(training), pins=pins or None)
+        plan, source = self.cache.get(key, graph, profile, planning, options.plan_dir)
         if plan is not None:
             path = self.cache.path(key, options.plan_dir) if options.plan_dir else None
             return plan, source, path
-        plan = partition_outcome(graph, None, profile, model_name=graph.name, **options.planning(training)).plan
+        plan = partition_outcome(graph, None, profile, model_name=graph.name, **planning).plan
         return plan, "solved", self.cache.put(key, plan, options.plan_dir)
 
     def _given_plan(self, graph: OpGraph, profile: DeviceSet) -> Plan:
@@ -195,17 +200,6 @@ class ShapeDispatch:
         return len(self._by_shape)
 
 
-def graph_name(gm: torch.fx.GraphModule) -> str:
-    """``MLP.forward [0/0]``: the function dynamo traced and its compile id (frame/recompile)."""
-    context = torch._guards.TracingContext.try_get()
-    codes = getattr(context, "traced_code", None) or []
-    # the first module forward traced (decorators such as transformers' wrap the frame's own code)
-    code = next((c for c in codes if c.co_name == "forward"), codes[0] if codes else None)
-    root = getattr(code, "co_qualname", code.co_name) if code is not None else "graph"
-    compile_id = getattr(gm, "meta", {}).get("dynamo_compile_id")
-    return f"{root} [{compile_id}]" if compile_id is not None else root
-
-
 def surfaced(err: HetpartError, frame: types.FrameType | None) -> HetpartError:
     """``err`` as an exception dynamo lets through unwrapped, its traceback starting at ``frame``.
 
@@ -218,12 +212,20 @@ def surfaced(err: HetpartError, frame: types.FrameType | None) -> HetpartError:
     except ImportError:  # an older torch: dynamo wraps the error, whose message is still ours
         return err
     out = _readable(type(err), ShortenTraceback)(*err.args, first_useful_frame=frame)
+    out.__dict__.update(err.__dict__)  # any fields the error carries (and its __notes__)
     return out
 
 
 @functools.cache
 def _readable(cls: type[HetpartError], shorten: type) -> type:
-    return type(cls.__name__, (cls, shorten), {"__module__": cls.__module__, "__qualname__": cls.__qualname__})
+    def __init__(self: BaseException, *args: Any, first_useful_frame: types.FrameType | None) -> None:
+        # not ShortenTraceback.__init__: it passes keywords on to the builtin base, and errors that
+        # are also a ValueError or KeyError (ProfileError, UnitError, UnknownModel) take none
+        BaseException.__init__(self, *args)
+        self.first_useful_frame = first_useful_frame
+
+    return type(cls.__name__, (cls, shorten), {"__module__": cls.__module__, "__qualname__": cls.__qualname__,
+                                               "__init__": __init__})
 
 
 # --------------------------------------------------------------------------------------------

@@ -24,9 +24,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from backends.compile.graphs import pin_matches
 from cost_models.profiles import DeviceSet
 from partitioner.errors import HetpartError
 from partitioner.ir import NOT_A_TENSOR, OpGraph
@@ -69,11 +71,14 @@ class PlanCache:
         """Where the plan of ``key`` is saved in ``plan_dir``."""
         return Path(plan_dir) / f"plan-{key}.json"
 
-    def get(self, key: str, graph: OpGraph, devices: DeviceSet, expect: dict[str, Any],
+    def get(self, key: str, graph: OpGraph, devices: DeviceSet, planning: Mapping[str, Any],
             plan_dir: str | None) -> tuple[Plan | None, str]:
         """The plan for ``key`` and where it came from (``"memory"``, ``"disk"`` or ``"miss"``).
 
-        ``expect`` holds plan fields that must match (``objective``, ``training``).
+        ``planning`` holds the keyword arguments of :func:`partitioner.partition_outcome` the plan
+        is wanted for; a file in ``plan_dir`` is used only if it loads, verifies (every check of
+        :meth:`Plan.load`), was made for ``graph`` and ``devices``, and records the same options
+        (:func:`disagreements`); otherwise a warning says why and the caller solves again.
         """
         if key in self._plans:
             return self._plans[key], "memory"
@@ -82,7 +87,7 @@ class PlanCache:
         path = self.path(key, plan_dir)
         if not path.exists():
             return None, "miss"
-        plan = self._load_valid(path, graph, devices, expect)
+        plan = self._load_valid(path, graph, devices, planning)
         if plan is None:
             return None, "miss"
         self._plans[key] = plan
@@ -102,24 +107,75 @@ class PlanCache:
         return plan.save(self.path(key, plan_dir), force=True)
 
     @staticmethod
-    def _load_valid(path: Path, graph: OpGraph, devices: DeviceSet, expect: dict[str, Any]) -> Plan | None:
+    def _load_valid(path: Path, graph: OpGraph, devices: DeviceSet, planning: Mapping[str, Any]) -> Plan | None:
         try:
-            plan = Plan.load(path)
+            plan = Plan.load(path)  # any error reading or verifying it is a HetpartError
             plan.check_graph(graph)
             plan.check_devices(devices)
         except HetpartError as err:
             log.warning("hetpart: ignoring the cached plan %s, solving again: %s", path, _first_line(err))
             return None
-        wrong = [f"{field} is {getattr(plan, field)!r}, not {value!r}" for field, value in expect.items()
-                 if getattr(plan, field) != value]
+        wrong = disagreements(plan, graph, planning)
         if wrong:
-            log.warning("hetpart: ignoring the cached plan %s, solving again: its %s", path, "; ".join(wrong))
+            log.warning("hetpart: ignoring the cached plan %s, solving again: it was made under other options: %s",
+                        path, "; ".join(wrong))
             return None
         return plan
+
+
+def disagreements(plan: Plan, graph: OpGraph, planning: Mapping[str, Any]) -> list[str]:
+    """How ``plan`` differs from a plan made for ``graph`` with ``planning`` (the keyword arguments
+    of :func:`partitioner.partition_outcome`), as far as the plan records it: objective, training,
+    optimizer, streaming, the ops pinned and where, the solver and its gap, the module paths.
+    ``[]``: none found. (``time_limit`` and ``coarsen`` are not recorded: the cache key holds them.)
+
+    Example:
+        >>> disagreements(plan, graph, {"objective": "throughput"})   # doctest: +SKIP
+        ["objective is 'latency', not 'throughput'"]
+    """
+    wrong = [f"{name} is {getattr(plan, name)!r}, not {planning[name]!r}"
+             for name in ("objective", "training", "optimizer")
+             if name in planning and getattr(plan, name) != planning[name]]
+    if "streaming" in planning and plan.constraints.get("streaming", True) != planning["streaming"]:
+        wrong.append(f"streaming is {plan.constraints.get('streaming')!r}, not {planning['streaming']!r}")
+    wrong += _pin_disagreements(plan, graph, dict(planning.get("pins") or {}))
+    wrong += _solver_disagreements(plan, planning.get("solver", "auto"), planning.get("gap"))
+    modules = {name: op.module_path for name, op in graph.ops.items()}
+    if dict(plan.modules) != modules:
+        moved = sorted(op for op in modules if plan.modules.get(op) != modules[op])
+        wrong.append(f"the module paths of {len(moved)} ops differ (e.g. {moved[0]!r})" if moved
+                     else "its module paths differ")
+    return wrong
+
+
+def _pin_disagreements(plan: Plan, graph: OpGraph, pins: Mapping[str, str]) -> list[str]:
+    recorded = dict(plan.constraints.get("pins") or {})
+    wanted = {op.name: device for pattern, device in pins.items() for op in graph.ops.values()
+              if pin_matches(op, pattern)}
+    wrong = [f"op {op!r} is pinned to {recorded.get(op)!r}, not {device!r}" for op, device in sorted(wanted.items())
+             if recorded.get(op) != device]
+    # ops pinned together with a matched op (a coarsened group) are pinned too, to one of the pins' devices
+    extra = sorted(op for op, device in recorded.items() if op not in wanted and device not in set(pins.values()))
+    wrong += [f"op {op!r} is pinned to {recorded[op]!r} by no pin given" for op in extra[:1]]
+    return wrong[:3]
+
+
+def _solver_disagreements(plan: Plan, solver: str, gap: float | None) -> list[str]:
+    ilp = plan.solver.ilp or plan.solver
+    if solver in ("highs", "cbc") and ilp.name != f"ilp:{solver}":
+        return [f"its solver is {plan.solver.name!r}, not the ILP with {solver}"]
+    if solver not in ("auto", "highs", "cbc") and plan.solver.name != solver:
+        return [f"its solver is {plan.solver.name!r}, not {solver!r}"]
+    if solver == "auto" and not ilp.name.startswith("ilp:") and plan.solver.status == "heuristic":
+        # "auto" runs the ILP: its plan has the ILP's result, or says the time ran out first
+        return [f"its solver is the baseline {plan.solver.name!r}, not 'auto' (the ILP)"]
+    if gap is not None and ilp.requested_gap is not None and ilp.requested_gap != gap:
+        return [f"its ILP stopped at gap {ilp.requested_gap!r}, not {gap!r}"]
+    return []
 
 
 def _first_line(err: BaseException) -> str:
     return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
 
-__all__ = ["PlanCache", "cache_key"]
+__all__ = ["PlanCache", "cache_key", "disagreements"]

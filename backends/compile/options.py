@@ -17,12 +17,17 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Mapping
+import math
+import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from cost_models.profiles import DeviceSet, load_profile
+from cost_models.training import Optimizer
 from partitioner.errors import HetpartError
+from partitioner.planner import MAX_TIME_LIMIT
+from partitioner.solvers.problem import Objective
 
 LOCAL = "local"  # ``devices="local"``: this machine, profiled without measuring (cpu + each CUDA GPU)
 
@@ -64,12 +69,13 @@ class CompileOptions:
                 "pins": dict(self.pins) or None, "solver": self.solver, "time_limit": self.time_limit,
                 "gap": self.gap, "streaming": self.streaming, "coarsen": self.coarsen}
 
-    def key(self, profile: DeviceSet, training: bool) -> str:
-        """A hash of everything that changes a plan: the device set (caps applied) and the planning
-        options. The binding (``device_map``), ``time_limit`` and ``plan_dir`` do not: a plan found
-        under one time limit is as valid under another."""
+    def key(self, profile: DeviceSet, training: bool, pins: Mapping[str, str] | None = None) -> str:
+        """A hash of everything that changes a plan: the device set (caps applied) and every planning
+        option, ``time_limit`` included (a longer solve may find a better plan). ``pins`` are the
+        pins applied to the graph (default: all of them). The binding (``device_map``) and
+        ``plan_dir`` do not change a plan and are left out."""
         planning = self.planning(training)
-        planning.pop("time_limit")
+        planning["pins"] = dict(sorted((self.pins if pins is None else pins).items())) or None
         text = json.dumps({"devices": profile.to_dict(), "planning": planning}, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -79,6 +85,9 @@ KNOWN = tuple(f.name for f in dataclasses.fields(CompileOptions))
 
 def parse_options(options: Mapping[str, Any] | None = None, **more: Any) -> CompileOptions:
     """Check ``options`` (and keyword arguments) and build :class:`CompileOptions`.
+
+    Every option is checked here, before any graph is captured or solved: its type, and its value
+    where that needs no profile (an objective, an optimizer, a limit).
 
     Raises:
         HetpartError: an unknown option (the message lists the known ones) or a value of the wrong
@@ -96,23 +105,100 @@ def parse_options(options: Mapping[str, Any] | None = None, **more: Any) -> Comp
             f"unknown torch.compile option {', '.join(map(repr, unknown))} for backend 'hetpart': "
             f"the options are {', '.join(KNOWN)}"
         )
-    for name in ("memory", "pins", "device_map"):
-        if name in given and not isinstance(given[name], Mapping):
-            raise HetpartError(f"option {name!r} must be a dict, e.g. {_EXAMPLES[name]}; got {given[name]!r}")
-    for name in ("time_limit", "gap"):
-        if name in given and (isinstance(given[name], bool) or not isinstance(given[name], (int, float))
-                              or given[name] <= 0):
-            raise HetpartError(f"option {name!r} must be a positive number; got {given[name]!r}")
-    if "training" in given and given["training"] not in (None, True, False):
-        raise HetpartError(f"option 'training' must be True, False or None (decide per graph); "
-                           f"got {given['training']!r}")
+    for name, value in given.items():
+        _CHECKS[name](value)
     if "plan_dir" in given and given["plan_dir"] is not None:
         given["plan_dir"] = str(Path(given["plan_dir"]))
+    if isinstance(given.get("devices"), os.PathLike):
+        given["devices"] = str(given["devices"])
     for name in ("memory", "pins", "device_map"):
         if name in given:
-            given[name] = {str(k): v for k, v in given[name].items()}
+            given[name] = dict(given[name])
     return CompileOptions(**given)
 
+
+def _refuse(name: str, expected: str, value: Any) -> HetpartError:
+    return HetpartError(f"option {name!r} must be {expected}; got {value!r}")
+
+
+def _one_of(name: str, choices: tuple[Any, ...], expected: str) -> Callable[[Any], None]:
+    def check(value: Any) -> None:
+        if not any(_same(value, c) for c in choices):
+            raise _refuse(name, expected, value)
+    return check
+
+
+def _same(value: Any, choice: Any) -> bool:
+    """``value`` is ``choice``: True is not 1, "1" is not 1 (a str enum such as ``Objective`` is its value)."""
+    if choice is None or isinstance(choice, bool):
+        return value is choice
+    return isinstance(value, type(choice)) and value == choice
+
+
+def _mapping(name: str, values: tuple[type, ...], expected: str) -> Callable[[Any], None]:
+    def check(value: Any) -> None:
+        if not isinstance(value, Mapping):
+            raise _refuse(name, f"a dict, e.g. {_EXAMPLES[name]}", value)
+        for key, item in value.items():
+            if not isinstance(key, str) or not key:
+                raise HetpartError(f"option {name!r}: key {key!r} must be a non-empty string, "
+                                   f"e.g. {_EXAMPLES[name]}")
+            if isinstance(item, bool) or not isinstance(item, values):
+                raise HetpartError(f"option {name!r}: the value for {key!r} must be {expected}; got {item!r}")
+    return check
+
+
+def _devices(value: Any) -> None:
+    if not (isinstance(value, DeviceSet) or isinstance(value, os.PathLike) or (isinstance(value, str) and value)):
+        raise _refuse("devices", "a built-in profile name (e.g. 'h200-host'), the path of a TOML profile, "
+                      "a DeviceSet or 'local'", value)
+
+
+def _text(name: str, example: str) -> Callable[[Any], None]:
+    def check(value: Any) -> None:
+        if not isinstance(value, str) or not value:
+            raise _refuse(name, f"a name, e.g. {example!r}", value)
+    return check
+
+
+def _plan_dir(value: Any) -> None:
+    if value is not None and not (isinstance(value, os.PathLike) or (isinstance(value, str) and value)):
+        raise _refuse("plan_dir", "the path of a folder (a str or a pathlib.Path), or None", value)
+
+
+def _time_limit(value: Any) -> None:
+    if not _finite(value) or not 0 < value <= MAX_TIME_LIMIT:
+        raise _refuse("time_limit", f"a positive number of seconds, at most {MAX_TIME_LIMIT:g} (a week), e.g. 10",
+                      value)
+
+
+def _gap(value: Any) -> None:
+    if not _finite(value) or not 0 <= value < 1:
+        raise _refuse("gap", "a relative optimality gap from 0 (prove optimal) up to but not including 1, e.g. 0.01",
+                      value)
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+_CHECKS: dict[str, Callable[[Any], None]] = {
+    "devices": _devices,
+    "memory": _mapping("memory", (int, str), 'a byte count: an integer or a string such as "8GB"'),
+    "objective": _one_of("objective", tuple(o.value for o in Objective),
+                         "one of " + ", ".join(o.value for o in Objective)),
+    "pins": _mapping("pins", (str,), 'a device name such as "cpu"'),
+    "device_map": _mapping("device_map", (str,), 'a device name such as "cuda:1"'),
+    "training": _one_of("training", (None, True, False), "True, False or None (decide per graph)"),
+    "optimizer": _one_of("optimizer", tuple(o.value for o in Optimizer),
+                         "one of " + ", ".join(o.value for o in Optimizer)),
+    "solver": _text("solver", "auto"),
+    "time_limit": _time_limit,
+    "gap": _gap,
+    "streaming": _one_of("streaming", (True, False), "True or False"),
+    "coarsen": _one_of("coarsen", ("auto", True, False), "'auto', True or False"),
+    "plan_dir": _plan_dir,
+}
 
 _EXAMPLES = {"memory": '{"cuda:0": "8GB"}', "pins": '{"emb*": "cpu"}', "device_map": '{"cuda:0": "cpu"}'}
 
