@@ -34,8 +34,17 @@ def _fresh_dynamo():
     torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
-@pytest.mark.parametrize("name", list(ARCHES))
+# Wav2Vec2 in training breaks the graph inside its feature encoder; dynamo then traces the rest of
+# Wav2Vec2FeatureEncoder.forward as a frame of its own, whose module paths are relative to the encoder
+# (no "wav2vec2.feature_extractor." prefix), so a pin by the model's module paths matches nothing there
+# and the backend refuses it (backends/compile/graphs.py: the pin check takes the frame's module as the model).
+_BREAK_PIN = pytest.mark.xfail(strict=True, reason="a pin is refused in a graph traced from a submodule's frame")
+CASES = [pytest.param(name, training, id=f"{name}-{'training' if training else 'inference'}",
+                      marks=[_BREAK_PIN] if (name, training) == ("wav2vec2", True) else [])
+         for name in ARCHES for training in (False, True)]
+
+
+@pytest.mark.parametrize(("name", "training"), CASES)
 def test_architecture_compiled_split_with_a_pin_equals_eager(name: str, training: bool) -> None:
     arch = ARCHES[name]
     model, inputs = arch.build()
