@@ -81,8 +81,14 @@ def api(name: str) -> None:
         _split(plan)
         report = check_plan(plan, wrapped, inputs, training=training, repeat=1, strict_devices=True)
         if not report.passed:
-            raise Mismatch(f"{'training' if training else 'inference'}: "
-                           + "; ".join(f"{e.name}" for e in report.failures()[:3]))
+            differ = [e.name for e in report.failures()[:3]] or ["strict devices: " + _device_differences(report)]
+            raise Mismatch(f"{'training' if training else 'inference'}: " + "; ".join(differ))
+
+
+def _device_differences(report: Any) -> str:
+    """The lines of the strict-devices report that differ from the plan (resident bytes, copies)."""
+    lines = [line.split() for line in report.to_text().splitlines() if line.rstrip().endswith("DIFFERS")]
+    return ", ".join(" ".join(words[:3]) for words in lines) or "see hetpart check --strict-devices"
 
 
 def compile_(name: str) -> None:
