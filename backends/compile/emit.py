@@ -16,7 +16,11 @@ needs:
   :mod:`backends.compile.mutation`) and copies to another device is copied back at the end of
   the graph, so the caller's buffer gets the update (with copies on several devices, the last
   one's);
-* every output is returned on the device eager execution returns it on.
+* the model's own moves (``x.to(device)``, ``x.to(device=..., dtype=...)``, ``x.cuda()``,
+  ``x.cpu()``, ``x.to(other)``) land on the device the plan places their op on, as a factory's
+  ``device=`` does; only the copies ``place_module`` inserted are kept or streamed as model state;
+* every output is returned on the device eager execution returns it on (a real copy, even
+  between two logical devices bound to one physical device).
 
 Under autograd each op's backward runs where its forward ran (autograd's rule), so a training
 plan's placement holds for both passes.
