@@ -31,11 +31,20 @@ Design notes
   (differentiably) in training (:mod:`backends.compile.state`). State the graph updates in place
   (BatchNorm's running statistics) is never kept: a copy on another device is written back to the
   caller's buffer at the end of each call (:mod:`backends.compile.mutation`).
+* **Pins** are the model's module paths (``model.named_modules()``), as for ``partition``: dynamo's
+  own names (``L['self'].h[0]``, ``L['args'][0].model`` under transformers' decorators) are read as
+  the model's, and a graph break inside a submodule keeps the paths of the model that was compiled
+  (:mod:`backends.compile.graphs`). Each pin applies to the graphs whose ops it matches; one that
+  matches no op of a graph and no module of the model is refused on the first graph; one naming a
+  module this graph does not run is logged (INFO). Op names are per graph under torch.compile.
 * **Plan cache.** Plans are cached per graph, keyed by the graph's fingerprint, the shapes and
-  dtypes of its inputs and parameters, and the options that change a plan
+  dtypes of its inputs and parameters, and every option that changes a plan (all but
+  ``device_map`` and ``plan_dir``; ``time_limit`` included, the pins the graph matched)
   (:mod:`backends.compile.cache`): recompiling the same graph does not solve again. With
-  ``plan_dir`` the plans are saved there and later processes reuse them; a corrupt or stale file is
-  solved again with a warning, never used. Saved plans are ordinary plan files (``hetpart report``,
+  ``plan_dir`` the plans are saved there and later processes reuse them; a file that does not load
+  or verify, was made for another graph or device set, or records other options (objective,
+  training, optimizer, streaming, pins, solver, gap, module paths) is solved again with a warning
+  naming it and why, never used. Saved plans are ordinary plan files (``hetpart report``,
   ``hetpart explain``).
 * **New shapes get their own plan.** A static graph recompiled for a new shape (a guard failure) is
   a new graph with a new key; a dynamic graph (``dynamic=True``, or dynamo's automatic dynamic
@@ -43,12 +52,16 @@ Design notes
   (:class:`~backends.compile.backend.ShapeDispatch`). A plan is never reused for another shape:
   memory caps are checked for the shapes planned, and the best placement depends on the batch
   size. A shape seen before costs one dictionary look-up.
-* **Logging.** ``logging.getLogger("hetpart")``: one INFO line per graph and shape (ops, devices used,
+* **Logging.** ``logging.getLogger("hetpart")``: one INFO line per graph and shape, the graph named by
+  the model's class, dynamo's compile id and its first and last module
+  (``GPTNeoForCausalLM [0/0] (transformer.wte … lm_head)``; ops, devices used,
   predicted time per call, gap, cache hit or solve seconds, plan file), the plan summary at DEBUG,
   and an INFO line naming ops the cost model has no class for (costed as memory-bound: bytes over
   bandwidth plus launch overhead). ``HetpartBackend.records`` keeps the same per graph.
-* **Errors** (unknown option, memory caps no placement fits, a device not present and not bound)
-  reach the user from inside ``torch.compile`` as the hetpart error itself, dynamo's frames cut.
+* **Errors** (an unknown or ill-typed option, named; a bad profile or cap; memory caps no placement
+  fits; a device not present and not bound) reach the user from inside ``torch.compile`` as the
+  hetpart error itself (``ProfileError``, ``UnitError``, ...), its sentence intact, dynamo's frames
+  cut. Every option is checked before anything is captured.
 
 Modules:
 
@@ -58,6 +71,7 @@ module       what it does
 ``backend``  :class:`HetpartBackend` (the dynamo backend, its records), ``ShapeDispatch``
 ``options``  :class:`CompileOptions` and :func:`parse_options`
 ``cache``    :class:`PlanCache`: plans by graph, shapes and options, in memory and in ``plan_dir``
+``graphs``   the model behind a graph (its module paths under a break), graph names, pins per graph
 ``emit``     :func:`emit_graph`: dynamo's graph rewritten to run a plan
 ``state``    parameters and buffers on the devices the plan names: kept copies, streaming
 ``mutation``  the inputs a graph updates in place (written back when placed elsewhere)

@@ -4,7 +4,9 @@ In: dynamo's ``GraphModule`` and example inputs, and the ``options`` of
 ``torch.compile(model, backend="hetpart", options={...})``. Out: the compiled callable: the graph
 rewritten by :func:`backends.compile.emit.emit_graph` to run its plan.
 
-Per graph: :func:`partitioner.from_graph_module` captures it as an OpGraph, the plan comes from
+Per graph: :func:`partitioner.from_graph_module` captures it as an OpGraph (module paths those of
+the model compiled, :mod:`backends.compile.graphs`), the pins that match it are kept
+(:func:`~backends.compile.graphs.graph_pins`), the plan comes from
 the cache (:mod:`backends.compile.cache`) or from :func:`partitioner.partition_outcome`, the
 plan's logical devices are bound (``device_map``) and the graph is emitted. One INFO line per graph
 goes to the ``hetpart`` logger (ops, devices used, predicted time, gap, cache hit or solve
@@ -16,8 +18,8 @@ A graph with dynamic shapes (``dynamic=True``, or dynamo's automatic dynamic sha
 shape) is served by :class:`ShapeDispatch`: each new shape gets its own plan (cached, so a shape
 seen before costs a dictionary look-up), planned on its first call.
 
-Errors a user can cause (:class:`~partitioner.errors.HetpartError`: an unknown option, memory caps
-no placement fits, a device not present and not bound) reach the user from inside
+Errors a user can cause (:class:`~partitioner.errors.HetpartError`: an unknown or ill-typed option,
+a bad profile or cap, memory caps no placement fits, a device not present and not bound) reach the user from inside
 ``torch.compile`` as themselves, with dynamo's frames cut from the traceback (:func:`surfaced`).
 
 Example:
@@ -41,7 +43,7 @@ import torch.fx
 from backends.binding import bind_devices
 from backends.compile.cache import PlanCache, cache_key
 from backends.compile.emit import emit_graph
-from backends.compile.graphs import graph_name, graph_pins, graph_span, model_of, module_paths
+from backends.compile.graphs import graph_name, graph_pins, graph_span, model_of, module_paths, qualified, under
 from backends.compile.options import CompileOptions, parse_options
 from cost_models.profiles import DeviceSet
 from cost_models.units import format_seconds
@@ -121,8 +123,9 @@ class HetpartBackend:
         training = options.training if options.training is not None else grad and any(
             isinstance(v, torch.Tensor) and v.requires_grad for v in example_inputs)
         model = model_of()
-        name = graph_name(gm, model)
-        make = functools.partial(self._placed, gm, options, profile, training, name, module_paths(model), grad)
+        root, prefix = qualified(model)
+        name = graph_name(gm, root)
+        make = functools.partial(self._placed, gm, options, profile, training, name, prefix, module_paths(root), grad)
         positions = _dynamic_positions(gm)
         if positions:
             log.info("hetpart: graph %s has dynamic shapes: each new shape gets its own plan on its first call",
@@ -133,9 +136,9 @@ class HetpartBackend:
     # -- one graph at one shape ------------------------------------------------------------------
 
     def _placed(self, gm: torch.fx.GraphModule, options: CompileOptions, profile: DeviceSet, training: bool,
-                name: str, modules: set[str] | None, grad: bool, args: tuple) -> torch.fx.GraphModule:
+                name: str, prefix: str, modules: set[str] | None, grad: bool, args: tuple) -> torch.fx.GraphModule:
         start = time.perf_counter()
-        graph = from_graph_module(gm, args, name=name)
+        graph = under(from_graph_module(gm, args, name=name), prefix)
         captured = time.perf_counter()
         pins = graph_pins(graph, options.pins, modules)
         key = cache_key(graph, options.key(profile, training, pins))

@@ -5,12 +5,14 @@ cached :class:`~partitioner.plan.Plan` for them, or ``None``; :meth:`PlanCache.p
 
 The key hashes the graph's fingerprint (op names, kinds, output shapes, parameters), the shape
 and dtype of every graph input and parameter, the options' key (device set with caps, objective,
-training, optimizer, pins, solver, gap, streaming, coarsening) and the plan format version. Plans
-are held in memory for the process and, with a ``plan_dir``, written there as ``plan-<key>.json``
-(atomically, through :meth:`Plan.save`) and read back by later processes. A file that does not load
-(corrupt, another format version) or does not match (another graph, device set, objective or
-training mode) is stale: a warning names it and why, and the caller solves again and replaces it;
-such a plan is never used. The files are ordinary plans: ``hetpart report`` and ``hetpart explain``
+training, optimizer, the pins the graph matched, solver, time limit, gap, streaming, coarsening)
+and the plan format version. Plans are held in memory for the process and, with a ``plan_dir``,
+written there as ``plan-<key>.json`` (atomically, through :meth:`Plan.save`) and read back by later
+processes. A file that does not load or verify (any error :meth:`Plan.load` raises: corrupt, cut
+off, another format version, sections that disagree), does not match (another graph or device set)
+or records other options than those asked for (:func:`disagreements`: a file copied or renamed, or
+keyed by an older hetpart) is stale: a warning names it and why, and the caller solves again and
+replaces it; such a plan is never used. The files are ordinary plans: ``hetpart report`` and ``hetpart explain``
 read them.
 
 Example:

@@ -2,7 +2,8 @@
 
 In: dynamo's ``GraphModule`` while dynamo is compiling it, and the captured
 :class:`~partitioner.ir.OpGraph`. Out: the model compiled (:func:`model_of`, read from the frame
-dynamo traces), a name for logs and plans (:func:`graph_name`: ``GPTNeoForCausalLM [0/0]``, and
+dynamo traces) and, for a graph break inside a submodule, the model that was compiled and the
+submodule's name in it (:func:`qualified`, :func:`under`), a name for logs and plans (:func:`graph_name`: ``GPTNeoForCausalLM [0/0]``, and
 :func:`graph_span`: ``transformer.wte … lm_head``), and the pins that apply to this graph
 (:func:`graph_pins`).
 
@@ -11,7 +12,7 @@ pin applies to the graphs whose ops it matches (op name or module path, as ``par
 and is left out of the others. A pin that matches no op of a graph and no module of the model is
 a typo, refused on the first graph compiled (before anything runs), as ``partition`` refuses it; a
 pin naming a module of the model that this graph does not run (another graph's, or a module with
-no ops such as dropout in eval mode) is logged at INFO for that graph. When the model cannot be
+no ops, such as an ``nn.Identity``) is logged at INFO for that graph. When the model cannot be
 read from dynamo's frame (a compiled function that takes no module) an unmatched pin is a warning:
 it may match another graph.
 
@@ -22,7 +23,9 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
+import inspect
 import logging
 from collections.abc import Collection, Mapping
 from typing import Any
@@ -50,6 +53,48 @@ def model_of() -> torch.nn.Module | None:
         frame_locals = InstructionTranslator.current_tx().f_locals
     except (ImportError, AttributeError):
         return None
+    return _module_in(frame_locals)
+
+
+def qualified(model: torch.nn.Module | None) -> tuple[torch.nn.Module | None, str]:
+    """The model a graph belongs to and the qualified name of ``model`` in it.
+
+    A graph break inside a submodule's forward makes dynamo compile that forward as a frame of its
+    own, whose module paths start at the submodule (``conv_layers.0``). The model the user compiled
+    is running further up the stack (``torch.compile(model)``'s wrapper, or ``model.compile()``'s
+    call); when it holds ``model``, the graph is its graph, under ``model``'s name there
+    (``wav2vec2.feature_extractor``). Otherwise ``model`` is the model (a function compiled and
+    called with it, or a model compiled on its own).
+
+    Example:
+        >>> qualified(model.encoder)   # while torch.compile(model) runs   # doctest: +SKIP
+        (model, 'encoder')
+    """
+    if model is None:
+        return None, ""
+    for root in _compiled_roots():  # innermost first
+        if root is model:
+            return model, ""
+        name = next((n for n, m in root.named_modules(remove_duplicate=False) if m is model), None)
+        if name is not None:
+            return root, name
+    return model, ""
+
+
+def under(graph: OpGraph, prefix: str) -> OpGraph:
+    """``graph`` with ``prefix`` before every module path (``""``: ``graph`` itself)."""
+    if not prefix:
+        return graph
+
+    def name(path: str) -> str:
+        return f"{prefix}.{path}" if path else prefix
+
+    ops = [dataclasses.replace(op, module_path=name(op.module_path)) for op in graph.ops.values()]
+    return OpGraph(graph.name, ops, graph.tensors.values(), graph.params.values(), graph.inputs, graph.outputs,
+                   source=graph.source, module_types={name(p): t for p, t in graph.module_types.items()})
+
+
+def _module_in(frame_locals: Mapping[str, Any]) -> torch.nn.Module | None:
     own = frame_locals.get("self")
     if isinstance(own, torch.nn.Module):
         return own
@@ -59,6 +104,23 @@ def model_of() -> torch.nn.Module | None:
         if found is not None:
             return found
     return None
+
+
+def _compiled_roots() -> list[torch.nn.Module]:
+    """The models being run under torch.compile now, innermost first: the model of each
+    ``torch.compile(model)`` wrapper on the Python stack, and each ``model.compile()``-ed model."""
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    out: list[torch.nn.Module] = []
+    frame = inspect.currentframe()
+    while frame is not None:
+        module = _module_in(frame.f_locals)
+        if isinstance(module, OptimizedModule) and isinstance(module._orig_mod, torch.nn.Module):
+            out.append(module._orig_mod)
+        elif module is not None and getattr(module, "_compiled_call_impl", None) is not None:
+            out.append(module)
+        frame = frame.f_back
+    return out
 
 
 def graph_name(gm: torch.fx.GraphModule, model: torch.nn.Module | None) -> str:
@@ -97,21 +159,24 @@ def graph_pins(graph: OpGraph, pins: Mapping[str, str], modules: Collection[str]
         {'head': 'cuda:0'}
     """
     applied = {pattern: device for pattern, device in pins.items() if _matches_an_op(graph, pattern)}
+    elsewhere = []
     for pattern in pins:
         if pattern in applied:
             continue
-        if modules is None:
-            log.warning("hetpart: graph %s: pin %r matches none of its ops (it may match another graph's)",
-                        graph.name, pattern)
-        elif any(_matches(path, pattern) for path in modules if path):
-            log.info("hetpart: graph %s: pin %r names a module of the model that this graph does not run "
-                     "(another graph's, or a module without ops); not applied here", graph.name, pattern)
+        if modules is None or any(_matches(path, pattern) for path in modules if path):
+            elsewhere.append(pattern)
         else:
             shown = ", ".join(sorted({op.module_path for op in graph.ops.values() if op.module_path})[:3])
             raise HetpartError(
                 f"pin {pattern!r} matches no module of the model and no op name or module path of graph "
                 f"{graph.name!r}; module paths look like {shown or '(none)'}: pin by the model's module "
                 f"paths (model.named_modules())")
+    if elsewhere and modules is None:
+        log.warning("hetpart: graph %s: pins %s match none of its ops (they may match another graph's)",
+                    graph.name, ", ".join(map(repr, elsewhere)))
+    elif elsewhere:
+        log.info("hetpart: graph %s: pins %s name modules of the model that this graph does not run (another "
+                 "graph's, or modules without ops); not applied here", graph.name, ", ".join(map(repr, elsewhere)))
     return applied
 
 
@@ -136,4 +201,4 @@ def module_paths(model: Any) -> set[str] | None:
     return {name for name, _ in model.named_modules(remove_duplicate=False)}
 
 
-__all__ = ["graph_name", "graph_pins", "graph_span", "model_of", "module_paths", "pin_matches"]
+__all__ = ["graph_name", "graph_pins", "graph_span", "model_of", "module_paths", "pin_matches", "qualified", "under"]
