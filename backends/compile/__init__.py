@@ -75,6 +75,7 @@ module       what it does
 ``emit``     :func:`emit_graph`: dynamo's graph rewritten to run a plan
 ``state``    parameters and buffers on the devices the plan names: kept copies, streaming
 ``mutation``  the inputs a graph updates in place (written back when placed elsewhere)
+``strict``   :class:`StrictCompile`: compiled graphs run under strict devices (logical devices that differ)
 ===========  ===================================================================================
 
 Example:

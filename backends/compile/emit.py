@@ -16,7 +16,11 @@ needs:
   :mod:`backends.compile.mutation`) and copies to another device is copied back at the end of
   the graph, so the caller's buffer gets the update (with copies on several devices, the last
   one's);
-* every output is returned on the device eager execution returns it on.
+* the model's own moves (``x.to(device)``, ``x.to(device=..., dtype=...)``, ``x.cuda()``,
+  ``x.cpu()``, ``x.to(other)``) land on the device the plan places their op on, as a factory's
+  ``device=`` does; only the copies ``place_module`` inserted are kept or streamed as model state;
+* every output is returned on the device eager execution returns it on (a real copy, even
+  between two logical devices bound to one physical device).
 
 Under autograd each op's backward runs where its forward ran (autograd's rule), so a training
 plan's placement holds for both passes.
@@ -58,13 +62,15 @@ def emit_graph(
     values = dict(zip((n.name for n in placeholders), example_inputs))
     arrivals = {name: v.device for name, v in values.items() if isinstance(v, torch.Tensor)}
     original = _output_devices(private, arrivals)
+    own = set(private.graph.nodes)
     place_module(private, plan, binding, arrivals)
     node_device = {op: torch.device(binding[d]) for op, d in plan.placement.items()}
-    copied = [n for n in private.graph.nodes if n.op == "call_method" and n.target == "to"
-              and n.args[0].op == "placeholder"]
+    _rebind_moves(private, node_device)
+    # the copies place_module inserted (the model's own .to ops are ops of the plan, not copies)
+    copied = [n for n in private.graph.nodes if n not in own and _is_copy_of_input(n)]
     mutated = mutated_inputs(gm, example_inputs) if copied else set()
-    _specialise_state_copies(private, plan, values, mutated)
     _write_back(private, [n for n in copied if n.args[0].name in mutated])
+    _specialise_state_copies(private, plan, values, [n for n in copied if n.args[0].name not in mutated])
     _return_where_eager_does(private, node_device, arrivals, original)
     private.graph.lint()
     private.recompile()
@@ -101,6 +107,56 @@ def _output_nodes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
     return list(dict.fromkeys(output.all_input_nodes))
 
 
+def _is_copy_of_input(node: torch.fx.Node) -> bool:
+    """``placeholder.to(device)``: the form of every copy ``place_module`` inserts for an input."""
+    return (node.op == "call_method" and node.target == "to" and len(node.args) == 2 and not node.kwargs
+            and isinstance(node.args[0], torch.fx.Node) and node.args[0].op == "placeholder"
+            and isinstance(node.args[1], torch.device))
+
+
+#: Tensor methods of the model's own that move their tensor to a device (dynamo records them as ``call_method``)
+MOVES = ("to", "cpu", "cuda")
+
+
+def _rebind_moves(gm: torch.fx.GraphModule, node_device: Mapping[str, torch.device]) -> None:
+    """A model's own move (``x.to(d)``, ``x.to(d, dtype)``, ``x.to(device=d, dtype=t)``, ``x.cuda()``,
+    ``x.cpu()``) lands on the physical device its op is placed on, as a factory's ``device=`` does:
+    the plan decides where every op's output lives, and the device the model wrote is the one it
+    ran on in eager. Its dtype and other arguments (``copy=``, ``non_blocking=``) are kept; a
+    tensor to match (``x.to(other)``) becomes its dtype and the op's device."""
+    for node in gm.graph.nodes:
+        device = node_device.get(node.name)
+        if device is None or node.op != "call_method" or node.target not in MOVES:
+            continue
+        if node.target != "to":  # x.cuda(device=None, non_blocking=False) / x.cpu(): a .to(device)
+            kept = {k: v for k, v in node.kwargs.items() if k in ("non_blocking", "memory_format")}
+            node.target, node.args, node.kwargs = "to", (node.args[0], device), kept
+            continue
+        args = list(node.args)
+        if len(args) > 1 and _names_device(args[1]):
+            args[1] = device
+        elif len(args) > 1 and isinstance(args[1], torch.fx.Node):  # x.to(other): other's device and dtype
+            other = _fake_value(args[1])
+            if isinstance(other, torch.Tensor):
+                args[1:2] = [device, other.dtype]
+        if "device" in node.kwargs:
+            node.kwargs = {**node.kwargs, "device": device}
+        node.args = tuple(args)
+
+
+def _fake_value(node: torch.fx.Node) -> Any:
+    """dynamo's fake value of ``node``, through the copies ``place_module`` inserted (they carry none)."""
+    while "val" not in node.meta and node.op == "call_method" and node.target == "to" \
+            and isinstance(node.args[0], torch.fx.Node):
+        node = node.args[0]
+    return node.meta.get("val")
+
+
+def _names_device(value: Any) -> bool:
+    """Whether a positional argument of ``Tensor.to`` is its device (not a dtype or a tensor)."""
+    return isinstance(value, (torch.device, str, int)) and not isinstance(value, bool)
+
+
 def _write_back(gm: torch.fx.GraphModule, copies: list[torch.fx.Node]) -> None:
     """``input.copy_(its copy)`` at the end of the graph, for inputs updated on another device."""
     output = next(n for n in gm.graph.nodes if n.op == "output")
@@ -110,19 +166,18 @@ def _write_back(gm: torch.fx.GraphModule, copies: list[torch.fx.Node]) -> None:
 
 
 def _specialise_state_copies(gm: torch.fx.GraphModule, plan: Any, values: Mapping[str, Any],
-                             mutated: set[str]) -> None:
-    """Turn the per-call ``.to`` of model state into kept copies or streamed fetches where allowed
-    (never for state the graph updates: its copy is written back each call)."""
+                             copied: list[torch.fx.Node]) -> None:
+    """Turn the per-call copies of model state (``placeholder.to(device)``, inserted by
+    ``place_module``) into kept copies or streamed fetches where allowed. ``copied`` holds no copy
+    of state the graph updates: that copy is written back each call, never kept."""
     copies = StateCopies()
     grad = torch.is_grad_enabled()
     streamed: list[tuple[torch.fx.Node, str, torch.fx.Node]] = []  # (placeholder, device, its .to node)
     kept: list[tuple[torch.fx.Node, str, torch.fx.Node]] = []
-    for node in gm.graph.nodes:
-        if node.op != "call_method" or node.target != "to" or node.args[0].op != "placeholder":
-            continue
+    for node in copied:
         ph = node.args[0]
         value = values.get(ph.name)
-        if not isinstance(value, torch.Tensor) or not is_state(ph, value) or ph.name in mutated:
+        if not isinstance(value, torch.Tensor) or not is_state(ph, value):
             continue
         device = str(node.args[1])
         if any(u.name in plan.weights for u in node.users):
@@ -169,7 +224,8 @@ def _return_where_eager_does(
         if want is None or have is None or _same(want, have):
             continue
         with gm.graph.inserting_before(output):
-            moved = gm.graph.call_method("to", (node, want))
+            # copy=True: a real copy even where both devices are one physical device (strict CPU tags)
+            moved = gm.graph.call_method("to", (node, want), {"copy": True})
         output.replace_input_with(node, moved)
 
 

@@ -57,6 +57,10 @@ class StateCopies:
     def __len__(self) -> int:
         return len(self._held)
 
+    def held(self) -> dict[tuple[str, str], torch.Tensor]:
+        """(name, device) -> the copy kept there, for every copy made so far."""
+        return {key: entry[3] for key, entry in self._held.items()}
+
     def __deepcopy__(self, memo: dict) -> StateCopies:  # a copied module starts with no copies
         return StateCopies()
 
