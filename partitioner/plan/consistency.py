@@ -6,14 +6,17 @@ In: a :class:`~partitioner.plan.record.Plan` whose fields are typed and whose na
 schedule that leaves out ops, memory over capacity or different from the device set's, weights
 streamed from the device that uses them, a transfer that leaves another device than its
 producer's or reaches one where no consumer runs (in a pipeline plan: a transfer that is not one
-of the tensors the pipeline section sends from a stage to the next). A hand-edited or damaged plan is refused here
-rather than run, and ``explain`` never calls such a placement "fits".
+of the tensors the pipeline section sends from a stage to the next), and what the placement itself
+implies (:mod:`partitioner.plan.implied`: memory below what it puts on a device, a crossing edge
+without its copy). A hand-edited or damaged plan is refused here rather than run, and ``explain``
+never calls such a placement "fits".
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from partitioner.plan.implied import check_implied
 from partitioner.plan.reader import _field, _key
 from partitioner.plan.values import _REPLAN
 
@@ -80,3 +83,4 @@ def check_sections(plan: Any, r: Any) -> None:
                 r.fail(path, f"streams {t.tensor!r}'s weights {t.src} -> {t.dst}, but the plan runs it on "
                              f"{plan.placement[t.tensor]!r} with weights on "
                              f"{plan.weights.get(t.tensor, plan.placement[t.tensor])!r}")
+    check_implied(plan, r)  # what the placement implies: memory floors and the copies it needs
