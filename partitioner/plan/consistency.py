@@ -74,13 +74,14 @@ def check_sections(plan: Any, r: Any) -> None:
                 continue  # a graph input: it starts on the host
             if t.src != plan.placement[producer]:
                 r.fail(_field(path, "from"), f"{t.src!r}, but {producer!r}, which makes {t.tensor!r}, runs on "
-                                             f"{plan.placement[producer]!r}; the transfers contradict the placement")
+                                             f"{plan.placement[producer]!r}; the transfers contradict the placement "
+                                             f"(was it edited?); {_REPLAN}")
             if plan.edges and t.dst not in consumers.get(producer, set()):
                 r.fail(_field(path, "to"), f"{t.dst!r}, but no consumer of {t.tensor!r} runs there; the "
-                                           f"transfers contradict the placement")
+                                           f"transfers contradict the placement (was it edited?); {_REPLAN}")
         elif t.kind == "weights" and t.tensor in plan.placement:
             if t.dst != plan.placement[t.tensor] or plan.weights.get(t.tensor, t.src) != t.src:
                 r.fail(path, f"streams {t.tensor!r}'s weights {t.src} -> {t.dst}, but the plan runs it on "
                              f"{plan.placement[t.tensor]!r} with weights on "
-                             f"{plan.weights.get(t.tensor, plan.placement[t.tensor])!r}")
+                             f"{plan.weights.get(t.tensor, plan.placement[t.tensor])!r}; {_REPLAN}")
     check_implied(plan, r)  # what the placement implies: memory floors and the copies it needs
