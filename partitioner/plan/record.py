@@ -206,7 +206,7 @@ class Plan:
             PosixPath('plan.json')
         """
         path = Path(path)
-        refuse_overwrite([path], force=force)
+        refuse_overwrite([path], force=force, forcing="force=True")  # a Python caller's keyword, not the CLI flag
         return write_atomic(path, self.to_json().encode("utf-8"))
 
     @classmethod

@@ -258,7 +258,7 @@ def test_a_missing_file_says_how_to_make_one(tmp_path: Path) -> None:
 def test_save_refuses_to_overwrite_without_force(tmp_path: Path) -> None:
     path = tmp_path / "plan.json"
     path.write_text("old")
-    with pytest.raises(HetpartError, match="exists: pass --force"):
+    with pytest.raises(HetpartError, match="exists: pass force=True"):  # the keyword a Python caller passes
         make_plan().save(path)
     assert path.read_text() == "old"
     make_plan().save(path, force=True)
