@@ -180,6 +180,23 @@ def test_plans_as_made_pass_the_graph_check(kwargs: dict) -> None:
     assert plan.edge_bytes and len(plan.edge_bytes) == len(plan.edges)
 
 
+def test_a_split_onnx_plan_passes_and_an_edited_one_is_refused(tmp_path: Path) -> None:
+    """ONNX tensors are named freely (``/layers/layers.1/Relu_output_0``), not after their producer op."""
+    from models.onnx_models import export_zoo
+    from partitioner.frontends.onnx import from_onnx
+
+    path = export_zoo("mlp", "tiny", tmp_path / "mlp.onnx")
+    graph = from_onnx(path)
+    ops = list(graph.ops)
+    plan = partition(path, devices="cpu-gpu-npu", pins={ops[1]: "cuda:0", ops[-1]: "npu:0"}, time_limit=10)
+    assert len(set(plan.placement.values())) > 1 and plan.transfers and plan.capture == "onnx"
+    loaded = Plan.from_json(plan.to_json())
+    loaded.check_graph(graph)
+    heavy = next(op for op in ops if plan.op_bytes[op][1] and plan.placement[op] == "cpu")
+    with pytest.raises(PlanFormatError, match=r'memory\["npu:0"\]\.used'):
+        Plan.from_dict(_moved(plan, heavy, "npu:0"), "edited.json")
+
+
 @pytest.fixture(scope="module")
 def pipeline_plan() -> Plan:
     torch.manual_seed(0)
