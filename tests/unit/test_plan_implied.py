@@ -159,6 +159,11 @@ def test_the_compile_backend_solves_again_for_an_edited_plan_in_plan_dir(
     assert [r.plan_from for r in second.records] == ["solved"]
     assert any("ignoring the cached plan" in m and 'memory["cuda:0"].used' in m for m in caplog.messages)
     assert Plan.load(saved).placement[heavy] == "cpu"  # the re-solved plan replaced the edited one
+    third = HetpartBackend()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(model, backend=third, options=options)(*inputs)
+    assert [r.plan_from for r in third.records] == ["disk"]  # a plan as made is served from plan_dir
 
 
 @pytest.mark.parametrize("kwargs", [
