@@ -28,7 +28,10 @@ plan`` on each profile, in this process (``partitioner.cli.main``). Each run is 
 plan's own fields), or ``batch`` (``hetpart fit`` of a training step, global batch 8 in micro-batches
 of 4: the batch section; ``check`` then compares accumulated gradients with full-batch ones), or
 ``precision`` (planned with ``--precision cuda:0=bf16,npu:0=bf16,cpu=fp32``: the precision section,
-whose ops decide the casts ``emit`` inserts and the tolerance ``check`` holds).
+whose ops decide the casts ``emit`` inserts and the tolerance ``check`` holds), or ``placement``: the
+``placed`` plan with no damage but its placement edited, every op moved to every other device and
+everything else (memory, transfers) left as recorded; every such file must be refused (0 accepted):
+the placement no longer implies the memory and copies the plan records.
 
 It prints the counts per command and kind of damage, and the first ``--show`` error messages.
 """
@@ -58,7 +61,7 @@ BIND = ("--bind", "cuda:0=cpu", "--bind", "npu:0=cpu")
 class Damaged:
     """One damaged file: what was done to it and its text."""
 
-    kind: str      # "truncated" | "deleted" | "wrong type"
+    kind: str      # "truncated" | "deleted" | "wrong type" | "moved"
     what: str      # "40%", "solver.gap", "placement.linear <- null"
     text: str
 
@@ -129,6 +132,18 @@ def deletions_and_wrong_types(tree: Any, dump: Any) -> Iterator[Damaged]:
             text = dump(damaged)
             if text is not None:
                 yield Damaged("wrong type", f"{name} <- {json.dumps(wrong)}", text)
+
+
+def moves(tree: Any) -> Iterator[Damaged]:
+    """Every op moved to every other device of the plan, nothing else changed (memory, transfers and
+    the rest left as recorded): what a hand edit of the placement alone gives."""
+    devices = list(tree["devices"]["devices"])  # DeviceSet.to_dict(): {name: device}
+    for op, device in tree["placement"].items():
+        for other in devices:
+            if other != device:
+                damaged = copy.deepcopy(tree)
+                damaged["placement"][op] = other
+                yield Damaged("moved", f"placement.{op} <- {json.dumps(other)}", json.dumps(damaged, indent=1))
 
 
 def toml_text(tree: dict) -> str | None:
@@ -228,16 +243,18 @@ def _outcome(code: int | None, err: str, accepted: str) -> tuple[str, str]:
 
 
 def sweep_plans(folder: Path, plan_text: str, run_accepted: int | None = None,
-                only: tuple[str, ...] | None = None) -> list[Run]:
+                only: tuple[str, ...] | None = None, moved: bool = False) -> list[Run]:
     """report, emit and check on every damaged plan; with ``run_accepted``, emit and check run on
     only that many of the plans ``report`` loads (they all load like the first: a quicker sweep);
-    with ``only``, the truncations and the damage to those fields (and what lies under them)."""
+    with ``only``, the truncations and the damage to those fields (and what lies under them); with
+    ``moved``, only the placement edits of :func:`moves` (each must be refused: none is harmless)."""
     from partitioner.plan import Plan
 
     original = Plan.from_json(plan_text)
     tree = json.loads(plan_text)
-    damaged = [*truncations(plan_text), *deletions_and_wrong_types(tree, lambda t: json.dumps(t, indent=1))]
-    if tree.get("fallbacks"):  # the first fallback plan, damaged three levels down in its own right
+    damaged = [*moves(tree)] if moved else \
+        [*truncations(plan_text), *deletions_and_wrong_types(tree, lambda t: json.dumps(t, indent=1))]
+    if tree.get("fallbacks") and not moved:  # the first fallback plan, damaged three levels down in its own right
         def embedded(inner: Any) -> str:
             whole = copy.deepcopy(tree)
             whole["fallbacks"][0]["plan"] = inner
@@ -293,13 +310,14 @@ def sweep_profiles(folder: Path, profile_path: Path) -> list[Run]:
     return runs
 
 
-VARIANTS = ("placed", "live", "batch", "precision")
+VARIANTS = ("placed", "live", "batch", "precision", "placement")
 
 
 def valid_plan_text(folder: Path, variant: str = "placed") -> str:
     """The plan every damaged plan starts from: three devices, a streamed weight, transfers (and, by
     ``variant``, fallback plans and a probe, a batch section, or a precision section)."""
     path = folder / "valid-plan.json"
+    variant = "placed" if variant == "placement" else variant  # the placement variant moves the placed plan's ops
     pins = ["--pin", "linear_1=cuda:0", "--pin", "linear_2=npu:0"]
     argv = {"placed": ["plan", MODEL, "--devices", "cpu-gpu-npu", *pins],
             "live": ["plan", MODEL, "--devices", "detect:cpu-gpu-npu", "--fallbacks", "0.5", *pins],
@@ -319,7 +337,7 @@ def run_sweep(folder: Path, run_accepted: int | None = None, variant: str = "pla
     :func:`sweep_plans` for ``run_accepted`` and ``only``; profiles only with the ``placed`` variant)."""
     from cost_models.profiles import builtin_profile_path
 
-    plans = sweep_plans(folder, valid_plan_text(folder, variant), run_accepted, only)
+    plans = sweep_plans(folder, valid_plan_text(folder, variant), run_accepted, only, moved=variant == "placement")
     return plans if variant != "placed" else [*plans, *sweep_profiles(folder, builtin_profile_path("cpu-gpu-npu"))]
 
 
@@ -328,7 +346,7 @@ def table(runs: list[Run]) -> str:
     outcomes = ("error", "harmless", "accepted", "silent success", "check failed", "traceback")
     lines = [f"{'command':<8} {'damage':<11} {'files':>5} " + " ".join(f"{o:>14}" for o in outcomes)]
     for command in ("report", "emit", "check", "plan"):
-        for kind in ("truncated", "deleted", "wrong type"):
+        for kind in ("truncated", "deleted", "wrong type", "moved"):
             row = [counts[(command, kind, o)] for o in outcomes]
             if sum(row):
                 lines.append(f"{command:<8} {kind:<11} {sum(row):>5} " + " ".join(f"{n:>14}" for n in row))
@@ -344,7 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-accepted", type=int, default=None, metavar="N",
                         help="run emit and check on only N of the damaged plans that load (default: all)")
     parser.add_argument("--variant", choices=VARIANTS, default="placed",
-                        help="the valid plan damaged: placed (default), live (probe, fallbacks), batch or precision")
+                        help="the valid plan damaged: placed (default), live (probe, fallbacks), batch, precision, "
+                             "or placement (the placed plan's ops moved to every other device, nothing else)")
     parser.add_argument("--only", default=None, metavar="FIELD[,FIELD]",
                         help="damage only these fields of the plan and what lies under them (e.g. precision), "
                              "besides the truncations (default: every field)")

@@ -4,7 +4,8 @@ In: a :class:`~partitioner.plan.Plan` and an op name or module path (a glob work
 :class:`Explanation`: its device and whether its weights are streamed, its predicted time on
 every device of the profile, the transfers it causes where it is and would cause on each other
 device (its inputs from their producers' devices, its outputs to its consumers' devices), the
-memory its parameters take against each device's room, and the pins and caps that bound it.
+memory its weights take against each device's room (a streamed op's weights take stream buffers
+where it computes, not their size: :func:`_fits`), and the pins and caps that bound it.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ class DeviceOption:
     device: str
     compute_s: float | None        # None: the device cannot run every op of the target
     transfer_s: float              # activations crossing into and out of the target from there
-    fits: bool                     # its parameters fit in the room left on the device
+    fits: bool                     # its weights (resident, or stream buffers where streamed) fit the device
     chosen: bool
 
 
@@ -82,14 +83,35 @@ def explain(plan: Plan, target: str) -> Explanation:
         times = [per_device.get(op, {}).get(device) for op in ops]
         compute = None if any(t is None for t in times) else sum(times)  # type: ignore[arg-type]
         traffic = _traffic(plan, ops, inside, producers, consumers, device)
-        used = plan.memory.get(device, {}).get("used", 0)
-        capacity = plan.memory.get(device, {}).get("capacity", plan.devices.device(device).memory)
-        here = sum(plan.op_bytes.get(op, (0, 0))[1] for op in ops if plan.weights.get(op, plan.placement[op]) == device)
-        fits = used - here + param_bytes <= capacity
-        options.append(DeviceOption(device, compute, traffic, fits, device in chosen))
+        options.append(DeviceOption(device, compute, traffic, _fits(plan, ops, device), device in chosen))
     pins = {op: d for op, d in dict(plan.constraints.get("pins", {})).items() if op in inside}
     return Explanation(target, ops, chosen, sum(1 for op in ops if op in plan.weights), param_bytes,
                        tuple(options), pins, _notes(plan, options, chosen, pins))
+
+
+def _fits(plan: Plan, ops: tuple[str, ...], device: str) -> bool:
+    """Whether the device's memory holds the target's weights if all of it ran there: its recorded use,
+    less the target's weights resident there now and its share of the stream buffers, plus what it
+    would hold there: the weights of its unstreamed ops (and of streamed ops whose weights live there),
+    and buffers for the ops that keep streaming (two of the largest for prefetch, one for sync). For
+    the device where it runs now this is the recorded use, which the plan's checks hold within capacity."""
+    size = {op: plan.op_bytes.get(op, (0, 0))[1] for op in plan.placement}
+    factor = 2 if plan.stream_mode == "prefetch" else 1
+    inside = set(ops)
+
+    def buffer(streamed: list[str]) -> int:
+        return factor * max((size[op] for op in streamed), default=0)
+
+    others = [op for op, home in plan.weights.items() if op not in inside and plan.placement[op] == device]
+    streaming_now = [op for op in ops if op in plan.weights and plan.placement[op] == device]
+    streaming_there = [op for op in ops if plan.weights.get(op, device) != device]
+    resident_now = sum(size[op] for op in ops if plan.weights.get(op, plan.placement[op]) == device)
+    resident_there = sum(size[op] for op in ops if plan.weights.get(op, device) == device)
+    used = plan.memory.get(device, {}).get("used", 0)
+    capacity = plan.memory.get(device, {}).get("capacity", plan.devices.device(device).memory)
+    moved = (used - resident_now + resident_there
+             + buffer(others + streaming_there) - buffer(others + streaming_now))
+    return moved <= capacity
 
 
 def _select(plan: Plan, target: str) -> tuple[str, ...]:

@@ -51,11 +51,12 @@ __all__ = ["FolderKind", "check_folder", "check_output", "foreign_entries", "ope
 
 
 def check_output(path: str | os.PathLike[str], *, force: bool, replace_special: bool = False,
-                 flag: str = "the output path") -> Path:
+                 flag: str = "the output path", forcing: str = "--force") -> Path:
     """Raise unless ``path`` can be written now: its folder exists and is writable, and the target
     is absent, or (with ``force``) a regular file (any kind of file with ``replace_special``).
 
-    ``flag`` names the path in the message about an empty one (``-o``, ``--write``).
+    ``flag`` names the path in the message about an empty one (``-o``, ``--write``); ``forcing`` is
+    what the caller passes to overwrite (``--force`` on the command line, ``force=True`` in Python).
 
     Raises:
         HetpartError: ``{path} exists: pass --force to overwrite it``, ``{path} is a FIFO, not a
@@ -82,12 +83,13 @@ def check_output(path: str | os.PathLike[str], *, force: bool, replace_special: 
                 if stat.S_ISLNK(st.st_mode) else "remove it first or choose another name")
         raise HetpartError(f"{path} is {kind}, not a regular file: hetpart replaces only regular files; {hint}")
     if not force:
-        raise HetpartError(f"{path} exists: pass --force to overwrite it")
+        raise HetpartError(f"{path} exists: pass {forcing} to overwrite it")
     return path
 
 
-def refuse_overwrite(paths: Iterable[Path], *, force: bool) -> None:
-    """:func:`check_output` for each of ``paths`` (all are checked before anything is written).
+def refuse_overwrite(paths: Iterable[Path], *, force: bool, forcing: str = "--force") -> None:
+    """:func:`check_output` for each of ``paths`` (all are checked before anything is written);
+    ``forcing`` names how the caller overwrites (``force=True`` for a Python API).
 
     Raises:
         HetpartError: the first path that cannot be written (see :func:`check_output`).
@@ -96,7 +98,7 @@ def refuse_overwrite(paths: Iterable[Path], *, force: bool) -> None:
         >>> refuse_overwrite([Path("gantt.png"), Path("memory.png")], force=True)   # doctest: +SKIP
     """
     for path in paths:
-        check_output(path, force=force)
+        check_output(path, force=force, forcing=forcing)
 
 
 def write_atomic(path: str | os.PathLike[str], data: bytes, *, replace_special: bool = False) -> Path:

@@ -9,7 +9,9 @@ The file (``format_version`` 1) holds these top-level keys, in this order::
                      optional "inputs": [{"shape", "dtype", optional "dynamic"} or {"value"}, ...]:
                      each positional input as passed (None and numbers by value), to
                      re-capture the model and check calls,
-                     optional "edges": [[producer op, consumer op], ...] to draw the graph,
+                     optional "edges": [[producer op, consumer op, bytes], ...]: the graph's edges
+                     and the bytes each carries (older plans: [producer op, consumer op]), to draw
+                     the graph and check the transfers against the placement,
                      optional "param_names": {op: [parameters it owns]} for device maps,
                      optional "op_bytes": {op: [output bytes, parameter bytes]}}
     devices         DeviceSet.to_dict(): the whole profile the plan was made for (caps applied)
@@ -49,7 +51,8 @@ is a :class:`PlanFormatError` naming the file and the field path (``solver.gap``
 
 Modules: ``record`` (the :class:`Plan` record), ``values`` (its value types and format
 constants), ``reader`` (reading and validating files), ``consistency`` (the sections agree
-with each other), ``device_map`` (the accelerate-style module view), ``summary`` (the text for
+with each other), ``implied`` (the memory and transfers the placement implies, from the plan alone
+and on the model's graph), ``device_map`` (the accelerate-style module view), ``summary`` (the text for
 people), ``from_solve`` (a plan from a solver's solution), ``pipeline`` (the optional pipeline section),
 ``batch`` (the optional batch section), ``live`` (the optional probe and fallbacks sections),
 ``precision`` (the optional precision section).

@@ -60,6 +60,9 @@ def check_batch(plan: Any, r: FieldReader) -> None:
         return
     if b["micro_batch"] < 1 or b["dim"] != 0:
         r.fail("batch", f"micro_batch must be at least 1 and dim 0, got {b['micro_batch']} and {b['dim']}")
+    if b["accumulation_steps"] < 1:
+        r.fail("batch.accumulation_steps", f"{b['accumulation_steps']}: a global step accumulates at least one "
+                                           f"micro-batch; re-plan: hetpart fit MODEL ... --global-batch G")
     if b["micro_batch"] * b["accumulation_steps"] != b["global_batch"]:
         r.fail("batch", f"micro_batch {b['micro_batch']} x accumulation_steps {b['accumulation_steps']} is not "
                         f"global_batch {b['global_batch']}; the three must agree")

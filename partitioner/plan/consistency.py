@@ -6,14 +6,17 @@ In: a :class:`~partitioner.plan.record.Plan` whose fields are typed and whose na
 schedule that leaves out ops, memory over capacity or different from the device set's, weights
 streamed from the device that uses them, a transfer that leaves another device than its
 producer's or reaches one where no consumer runs (in a pipeline plan: a transfer that is not one
-of the tensors the pipeline section sends from a stage to the next). A hand-edited or damaged plan is refused here
-rather than run, and ``explain`` never calls such a placement "fits".
+of the tensors the pipeline section sends from a stage to the next), and what the placement itself
+implies (:mod:`partitioner.plan.implied`: memory below what it puts on a device, a crossing edge
+without its copy). A hand-edited or damaged plan is refused here rather than run, and ``explain``
+never calls such a placement "fits".
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from partitioner.plan.implied import check_implied
 from partitioner.plan.reader import _field, _key
 from partitioner.plan.values import _REPLAN
 
@@ -71,12 +74,14 @@ def check_sections(plan: Any, r: Any) -> None:
                 continue  # a graph input: it starts on the host
             if t.src != plan.placement[producer]:
                 r.fail(_field(path, "from"), f"{t.src!r}, but {producer!r}, which makes {t.tensor!r}, runs on "
-                                             f"{plan.placement[producer]!r}; the transfers contradict the placement")
+                                             f"{plan.placement[producer]!r}; the transfers contradict the placement "
+                                             f"(was it edited?); {_REPLAN}")
             if plan.edges and t.dst not in consumers.get(producer, set()):
                 r.fail(_field(path, "to"), f"{t.dst!r}, but no consumer of {t.tensor!r} runs there; the "
-                                           f"transfers contradict the placement")
+                                           f"transfers contradict the placement (was it edited?); {_REPLAN}")
         elif t.kind == "weights" and t.tensor in plan.placement:
             if t.dst != plan.placement[t.tensor] or plan.weights.get(t.tensor, t.src) != t.src:
                 r.fail(path, f"streams {t.tensor!r}'s weights {t.src} -> {t.dst}, but the plan runs it on "
                              f"{plan.placement[t.tensor]!r} with weights on "
-                             f"{plan.weights.get(t.tensor, plan.placement[t.tensor])!r}")
+                             f"{plan.weights.get(t.tensor, plan.placement[t.tensor])!r}; {_REPLAN}")
+    check_implied(plan, r)  # what the placement implies: memory floors and the copies it needs

@@ -56,6 +56,7 @@ def fields_from_solution(
             InputSpec("tensor", graph.tensors[t].shape, graph.tensors[t].dtype) for t in graph.inputs),
         capture=capture,
         edges=tuple((u, v) for u, v in graph.dag.edges),
+        edge_bytes=tuple(b for _, _, b in graph.dag.edges(data="bytes")),
         param_names={op.name: tuple(n for p in op.owned_params for n in (p, *graph.params[p].aliases))
                      for op in graph.topological_order() if op.owned_params},
         op_bytes={op.name: (sum(graph.tensors[t].nbytes for t in op.outputs), op.param_bytes)

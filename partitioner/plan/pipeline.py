@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from partitioner.plan.values import _REPLAN
+
 if TYPE_CHECKING:
     from partitioner.plan.reader import FieldReader
     from partitioner.solvers.pipeline import PipelineCost
@@ -108,6 +110,7 @@ def check_pipeline(plan: Any, r: FieldReader) -> None:
     stages = section["stages"]
     if section["world_size"] != len(stages) or not stages:
         r.fail("pipeline.world_size", f"{section['world_size']}, but the plan lists {len(stages)} stages")
+    _check_counts(plan, r)
     names = plan.devices.names()
     per_device: dict[str, int] = {}
     for op, device in plan.placement.items():
@@ -130,6 +133,40 @@ def check_pipeline(plan: Any, r: FieldReader) -> None:
     outside = sorted(set(per_device) - {st["device"] for st in stages})
     if outside:
         r.fail("placement", f"ops are placed on {', '.join(outside)}, which is no pipeline stage")
+
+
+def _check_counts(plan: Any, r: FieldReader) -> None:
+    """The section's counts are those its stages run: at least one micro-batch (1F1B: one per stage),
+    each stage's micro-batches in flight as its schedule keeps them, its memory the memory section's,
+    and the ranks torchrun gives its hosts' processes."""
+    from partitioner.solvers.pipeline import PipelineSpec
+
+    section, stages = plan.pipeline, plan.pipeline["stages"]
+    M, S = section["micro_batches"], len(stages)
+    if M < 1:
+        r.fail("pipeline.micro_batches", f"{M}: a pipeline step runs at least one micro-batch; {_REPLAN} "
+                                         f"--micro-batches N")
+    if section["schedule"] == "1f1b" and M < S:
+        r.fail("pipeline.micro_batches", f"{M}, fewer than the {S} stages: 1F1B needs a micro-batch per stage; "
+                                         f"{_REPLAN} --micro-batches {S} or --schedule gpipe")
+    spec = PipelineSpec(M, section["schedule"])
+    hosts: dict[str, int] = {}
+    local: dict[str, int] = {}
+    for i, st in enumerate(stages):
+        path = f"pipeline.stages[{i}]"
+        if st["in_flight"] != spec.in_flight(i, S):
+            r.fail(f"{path}.in_flight", f"{st['in_flight']}, but stage {i} of {S} keeps {spec.in_flight(i, S)} "
+                                        f"micro-batches in flight under {section['schedule']} with {M}; {_REPLAN}")
+        used = plan.memory.get(st["device"], {}).get("used")
+        if used is not None and st["memory"] != used:
+            r.fail(f"{path}.memory", f"{st['memory']:,} bytes, but the memory section gives {st['device']} "
+                                     f"{used:,}; the two must agree; {_REPLAN}")
+        hosts.setdefault(st["host"], len(hosts))
+        local[st["host"]] = local.get(st["host"], -1) + 1
+        if (st["node_rank"], st["local_rank"]) != (hosts[st["host"]], local[st["host"]]):
+            r.fail(path, f"node_rank {st['node_rank']} and local_rank {st['local_rank']}, but torchrun numbers "
+                         f"this stage's process node_rank {hosts[st['host']]}, local_rank {local[st['host']]} "
+                         f"(hosts in the order of their first stage, a host's stages one after another)")
 
 
 def cost_from_record(plan: Any) -> PipelineCost:

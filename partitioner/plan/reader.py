@@ -67,11 +67,9 @@ def plan_fields(d: Any, source: str) -> dict[str, Any]:
         inputs=tuple(_read_input(r, v, f"model.inputs[{i}]")
                      for i, v in enumerate(r.array(model.get("inputs", []), "model.inputs"))),
         capture=r.string(model.get("capture", "export"), "model.capture"),
-        edges=tuple(_read_edge(r, v, f"model.edges[{i}]")
-                    for i, v in enumerate(r.array(model.get("edges", []), "model.edges"))),
+        **_read_edges(r, model.get("edges", [])),
         param_names=r.string_map(model.get("param_names", {}), "model.param_names", r.string_list),
-        op_bytes=r.string_map(model.get("op_bytes", {}), "model.op_bytes",
-                              lambda v, q: tuple(r.count(x, f"{q}[{i}]") for i, x in enumerate(r.array(v, q)))),
+        op_bytes=r.string_map(model.get("op_bytes", {}), "model.op_bytes", lambda v, q: _read_op_bytes(r, v, q)),
         constraints=_read_constraints(r, top.get("constraints", {})),
         costs=_read_costs(r, top.get("costs", {})),
         pipeline=read_pipeline(r, top.get("pipeline", {})),
@@ -136,11 +134,28 @@ def _read_costs(r: FieldReader, value: Any) -> dict[str, Any]:
     return out
 
 
-def _read_edge(r: FieldReader, value: Any, path: str) -> tuple[str, str]:
+def _read_edges(r: FieldReader, value: Any) -> dict[str, Any]:
+    """``model.edges``: ``[producer, consumer]`` or ``[producer, consumer, bytes]`` each (all alike),
+    as the ``edges`` and ``edge_bytes`` fields."""
+    edges, sizes = [], []
+    for i, item in enumerate(r.array(value, "model.edges")):
+        path = f"model.edges[{i}]"
+        entry = r.array(item, path)
+        if len(entry) not in (2, 3):
+            r.fail(path, f"expected [producer, consumer] or [producer, consumer, bytes], got {_show(item)}")
+        edges.append((r.string(entry[0], f"{path}[0]"), r.string(entry[1], f"{path}[1]")))
+        if len(entry) == 3:
+            sizes.append(r.count(entry[2], f"{path}[2]"))
+        if len(sizes) not in (0, len(edges)):
+            r.fail(path, f"{_show(item)}: every edge gives its bytes ([producer, consumer, bytes]) or none does")
+    return {"edges": tuple(edges), "edge_bytes": tuple(sizes)}
+
+
+def _read_op_bytes(r: FieldReader, value: Any, path: str) -> tuple[int, int]:
     pair = r.array(value, path)
     if len(pair) != 2:
-        r.fail(path, f"expected [producer, consumer], got {_show(value)}")
-    return r.string(pair[0], f"{path}[0]"), r.string(pair[1], f"{path}[1]")
+        r.fail(path, f"expected [output bytes, parameter bytes], got {_show(value)}")
+    return r.count(pair[0], f"{path}[0]"), r.count(pair[1], f"{path}[1]")
 
 
 def _read_input(r: FieldReader, value: Any, path: str) -> InputSpec:

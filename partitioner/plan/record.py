@@ -32,6 +32,7 @@ from cost_models.profiles import DeviceSet
 from partitioner.errors import HetpartError, PlanMismatch
 from partitioner.files import read_text, refuse_overwrite, write_atomic
 from partitioner.plan.batch import check_batch
+from partitioner.plan.implied import check_against_graph
 from partitioner.plan.live import FallbackPlan, check_fallbacks
 from partitioner.plan.pipeline import check_pipeline
 from partitioner.plan.precision import check_precision, graph_differences
@@ -88,6 +89,7 @@ class Plan:
     inputs: tuple[InputSpec, ...] = ()         # each positional input as passed when planning, for re-capture
     capture: str = "export"                    # how the model was captured ("export" | "symbolic_trace" | "onnx")
     edges: tuple[tuple[str, str], ...] = ()    # (producer op, consumer op) of every graph edge, for drawing
+    edge_bytes: tuple[int, ...] = ()           # bytes each edge carries, in the order of edges (() : not recorded)
     param_names: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)  # op -> its parameters
     op_bytes: Mapping[str, tuple[int, int]] = dataclasses.field(default_factory=dict)  # op -> (output, parameter) bytes
     constraints: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # pins, caps, streaming, alignment
@@ -111,6 +113,7 @@ class Plan:
             object.__setattr__(self, name, tuple(getattr(self, name)))
         object.__setattr__(self, "inputs", tuple(input_spec(v) for v in self.inputs))
         object.__setattr__(self, "edges", tuple((u, v) for u, v in self.edges))
+        object.__setattr__(self, "edge_bytes", tuple(self.edge_bytes))
         object.__setattr__(self, "op_bytes", MappingProxyType({op: tuple(b) for op, b in self.op_bytes.items()}))
         object.__setattr__(self, "constraints", _freeze(dict(self.constraints)))
         object.__setattr__(self, "costs", _freeze(dict(self.costs)))
@@ -125,6 +128,9 @@ class Plan:
         unknown = [e for e in self.edges if e[0] not in self.placement or e[1] not in self.placement]
         if unknown:
             reader.fail("model.edges", f"edge {unknown[0]} names an op that is not in placement")
+        if self.edge_bytes and len(self.edge_bytes) != len(self.edges):
+            reader.fail("model.edges", f"{len(self.edge_bytes)} of the {len(self.edges)} edges give their bytes; "
+                                       f"every edge [producer, consumer, bytes] or none does")
         object.__setattr__(self, "memory", _freeze(read_memory(reader, self.memory)))
         object.__setattr__(self, "predicted", _freeze(read_predicted(reader, self.predicted)))
         check_pipeline(self, reader)  # before the transfers are checked against its stages
@@ -148,7 +154,8 @@ class Plan:
                       "op_count": self.op_count, "modules": self.modules,
                       "param_ops": self.param_ops, "capture": self.capture,
                       "inputs": [spec.to_dict() for spec in self.inputs],
-                      "edges": [list(e) for e in self.edges],
+                      "edges": [[*e, b] for e, b in zip(self.edges, self.edge_bytes)] if self.edge_bytes
+                      else [list(e) for e in self.edges],
                       "param_names": {op: list(names) for op, names in self.param_names.items()},
                       "op_bytes": {op: list(pair) for op, pair in self.op_bytes.items()}},
             "devices": self.devices.to_dict(),
@@ -203,7 +210,7 @@ class Plan:
             PosixPath('plan.json')
         """
         path = Path(path)
-        refuse_overwrite([path], force=force)
+        refuse_overwrite([path], force=force, forcing="force=True")  # a Python caller's keyword, not the CLI flag
         return write_atomic(path, self.to_json().encode("utf-8"))
 
     @classmethod
@@ -250,7 +257,9 @@ class Plan:
     # -- checks against what the plan is used with --------------------------------------------
 
     def check_graph(self, graph: OpGraph) -> None:
-        """Raise PlanMismatch unless ``graph`` is the graph this plan was made for.
+        """Raise PlanMismatch unless ``graph`` is the graph this plan was made for, and the plan's
+        memory and transfers are what its placement needs on it
+        (:func:`partitioner.plan.implied.check_against_graph`).
 
         Example:
             >>> plan.check_graph(from_module(model, inputs))  # doctest: +SKIP
@@ -258,6 +267,7 @@ class Plan:
         found = graph.fingerprint()
         if found == self.fingerprint:
             self._check_ops(graph)
+            check_against_graph(self, graph)  # the memory and copies its placement needs on this graph
             return
         lines = [
             f"{self.source} was made for another graph:",

@@ -858,6 +858,19 @@ def explain_infeasibility(problem: Problem) -> str:
         d = min(p.device_names, key=lambda name: p.capacity[name])
         lines.append(f"no placement satisfies every memory cap and pin together; the tightest device is {d} "
                      f"with {p.capacity[d]:,} bytes")
-    hint = ("raise the caps (--memory), remove pins, or size a smaller micro-batch (hetpart fit, partition(batch=...))"
-            if p.options.training else "raise the caps (--memory), remove pins, or allow weight streaming")
-    return "no placement fits: " + "; ".join(lines) + f". To fix: {hint}."
+    return "no placement fits: " + "; ".join(lines) + f". To fix: {_fixes(p)}."
+
+
+def _fixes(p: Problem) -> str:
+    """What would change the answer: caps; pins where there are some; a smaller micro-batch for a
+    training step; weight streaming only where it is off and could be on (inference of a torch graph)."""
+    from partitioner.frontends.onnx_input import is_onnx_graph
+
+    fixes = ["raise the caps (--memory)"]
+    if p.pins:
+        fixes.append("remove pins")
+    if p.options.training:
+        fixes.append("size a smaller micro-batch (hetpart fit, partition(batch=...))")
+    elif not p.options.streaming and p.options.pipeline is None and not is_onnx_graph(p.original):
+        fixes.append("allow weight streaming (drop --no-streaming; streaming=True)")
+    return ", ".join(fixes[:-1]) + f" or {fixes[-1]}" if len(fixes) > 1 else fixes[0]

@@ -63,3 +63,17 @@ def test_damaged_live_batch_and_precision_plans_are_refused_or_harmless(tmp_path
         damaged = {r.damage.what for r in runs}
         assert section in damaged, variant
         assert all(r.outcome == "error" for r in runs if r.damage.what == section), variant
+
+
+def test_every_op_moved_to_every_other_device_is_refused(tmp_path: Path) -> None:
+    """The placement edited alone (memory and transfers as recorded): 0 accepted by report, emit or check."""
+    sweep = _sweep_module()
+    runs = sweep.run_sweep(tmp_path, variant="placement")
+    moved = {r.damage.what for r in runs}
+    assert len(moved) == 10 and 'placement.linear <- "cuda:0"' in moved, moved  # mlp:tiny: 5 ops x 2 other devices
+    assert {r.command for r in runs} == {"report", "emit", "check"} and {r.damage.kind for r in runs} == {"moved"}
+    accepted = [f"{r.command} {r.damage.what}: {r.outcome}" for r in runs if r.outcome != "error"]
+    assert not accepted, "\n".join(accepted)
+    for r in runs:  # each names the section the edit contradicts, and the fix
+        assert r.message.startswith("hetpart: error: ") and "re-plan" in r.message, r
+        assert "memory[" in r.message or "transfers" in r.message, r

@@ -94,14 +94,10 @@ class _Holder(torch.nn.Module):
 
 
 def test_split_leaf_module_is_named() -> None:
-    import dataclasses
-
     plan = partition(_Holder(), (torch.randn(3, 4),), "h200-host")
     ops = [op for op in plan.param_ops if plan.modules[op] == "affine"]
     assert len(ops) == 2
-    placement = dict(plan.placement)
-    placement[ops[0]] = "cuda:0" if placement[ops[0]] == "cpu" else "cpu"
-    split = dataclasses.replace(plan, placement=placement)
+    split = partition(_Holder(), (torch.randn(3, 4),), "h200-host", pins={ops[0]: "cpu", ops[1]: "cuda:0"})
     with pytest.raises(PlanMismatch, match="module affine is split across"):
         split.to_device_map()
     aligned = partition(_Holder(), (torch.randn(3, 4),), "h200-host", align_modules=["_TwoOps"],

@@ -277,11 +277,14 @@ def test_a_copied_fingerprint_does_not_make_a_plan_fit(spread_plan: Plan, mlp: t
         for field in fields:
             if change == "missing":
                 field.pop(op)
-            else:
-                field[op] = next(iter(field.values()))
+            else:  # (an extra op owning no parameters: the memory recorded stays what it needs)
+                field[op] = [0, 0] if field is d["model"]["op_bytes"] else next(iter(field.values()))
         d["schedule"] = [o for o in d["schedule"] if o != op] + ([op] if change == "extra" else [])
-        d["model"]["edges"] = [e for e in d["model"]["edges"] if op not in e]
-        d["transfers"] = []  # the edit is made consistent, so that loading the file passes
+        d["model"]["edges"] = [e for e in d["model"]["edges"] if op not in e[:2]]
+        # the edit is made consistent, so that loading the file passes: the copies left go where a
+        # remaining edge needs them
+        needed = {(u, d["placement"][u], d["placement"][v]) for u, v, _ in d["model"]["edges"]}
+        d["transfers"] = [t for t in d["transfers"] if (t["tensor"].split(".")[0], t["from"], t["to"]) in needed]
         d["model"]["op_count"] = len(d["placement"])
     plan = Plan.from_dict(d, "edited.json")
     assert plan.fingerprint == spread_plan.fingerprint

@@ -258,7 +258,7 @@ def test_a_missing_file_says_how_to_make_one(tmp_path: Path) -> None:
 def test_save_refuses_to_overwrite_without_force(tmp_path: Path) -> None:
     path = tmp_path / "plan.json"
     path.write_text("old")
-    with pytest.raises(HetpartError, match="exists: pass --force"):
+    with pytest.raises(HetpartError, match="exists: pass force=True"):  # the keyword a Python caller passes
         make_plan().save(path)
     assert path.read_text() == "old"
     make_plan().save(path, force=True)
@@ -364,11 +364,18 @@ def tiny_graphs() -> tuple[OpGraph, OpGraph]:
 
 
 def plan_for(graph: OpGraph) -> Plan:
+    """Every op of ``graph`` on the CPU, with the memory and copies that placement needs there."""
+    from partitioner.solvers.problem import Placement, Problem, evaluate
+
     ops = graph.topological_order()
     placement = {op.name: "cpu" for op in ops}
+    ev = evaluate(Problem(graph, DEVICES), Placement(placement))
     return make_plan(placement, modules={op.name: op.module_path for op in ops},
                      param_ops=tuple(op.name for op in ops if op.owned_params),
                      fingerprint=graph.fingerprint(), model_name=graph.name,
+                     memory={d: {"used": ev.memory[d], "capacity": ev.capacity[d]} for d in ev.memory},
+                     transfers=tuple(TransferInfo(t.tensor, t.src, t.dst, t.bytes, t.seconds, t.kind)
+                                     for t in ev.transfers),
                      predicted={"total_s": 1e-5, "per_device_s": {"cpu": 1e-5}, "per_link_s": {}})
 
 

@@ -290,6 +290,8 @@ def test_an_op_cut_from_a_fixed_settings_section_is_refused_against_the_graph() 
     quiet = next(op for op in plan.precision["ops"] if op not in crossing)
     edited = json.loads(plan.to_json())
     del edited["precision"]["ops"][quiet]
+    # its weights in float32 take more memory, which the file alone checks: the edit keeps that consistent
+    edited["memory"][plan.placement[quiet]]["used"] += plan.op_bytes[quiet][1]
     damaged = Plan.from_json(json.dumps(edited))  # the file alone reads
     with pytest.raises(PlanMismatch, match=rf"precision.ops\['{quiet}'\]: float32 where the setting .*bfloat16"):
         damaged.emit(module, {"cuda:0": "cpu", "npu:0": "cpu"})
