@@ -6,7 +6,6 @@ as torch.compile calls it), so each option change costs a solve, not a dynamo co
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import math
