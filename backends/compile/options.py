@@ -54,6 +54,18 @@ class CompileOptions:
             return self.plan.get(name)
         raise AttributeError(name)
 
+    def replace(self, **changes: Any) -> CompileOptions:
+        """These options with some replaced: ``device_map`` and ``plan_dir``, or plan options (checked
+        again by the record).
+
+        Example:
+            >>> parse_options({"devices": "h200-host"}).replace(memory={"cuda:0": "1GB"}).memory
+            {'cuda:0': '1GB'}
+        """
+        own = {k: changes.pop(k) for k in OWN if k in changes}
+        plan = self.plan.replace(**changes) if changes else self.plan
+        return dataclasses.replace(self, plan=plan, **own)
+
     def profile(self) -> DeviceSet:
         """The device set the plans are made for: the profile with the memory caps applied."""
         devices, memory = self.plan.hardware.devices, self.plan.hardware.memory

@@ -139,7 +139,7 @@ class SplitCaps:
                                    optimizer=options.optimizer)
         used = single.plan.memory["cpu"]["used"]
         cap = max(int(used * 0.85), max(single.problem.work_mem.values()) + 4096)
-        return dataclasses.replace(options, memory={"cpu": cap, "cuda:0": cap})
+        return options.replace(memory={"cpu": cap, "cuda:0": cap})
 
 
 def tensors(output: Any) -> list[torch.Tensor]:
