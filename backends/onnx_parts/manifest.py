@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from partitioner.errors import OnnxError
-from partitioner.plan.reader import FieldReader, ends_early
+from partitioner.plan.fields import FieldReader, ends_early
 
 FORMAT = "hetpart-onnx-parts"
 FORMAT_VERSION = 2

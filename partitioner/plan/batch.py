@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from partitioner.plan.reader import FieldReader
+    from partitioner.plan.fields import FieldReader
 
 __all__ = ["BATCH_KEYS", "batch_record", "read_batch", "check_batch", "summary_lines"]
 

@@ -17,14 +17,14 @@ from __future__ import annotations
 from typing import Any
 
 from partitioner.plan.implied import check_implied
-from partitioner.plan.reader import _field, _key
+from partitioner.plan.fields import _field, _key
 from partitioner.plan.values import _REPLAN
 
 __all__ = ["check_sections"]
 
 
 def check_sections(plan: Any, r: Any) -> None:
-    """Raise (through ``r``, the plan's :class:`~partitioner.plan.reader.FieldReader`) unless the
+    """Raise (through ``r``, the plan's :class:`~partitioner.plan.fields.FieldReader`) unless the
     schedule lists every op, memory is within and equal to the device set's capacities, streamed
     weights come from another device, and every transfer leaves its producer's device for a device
     where a consumer runs.

@@ -37,7 +37,7 @@ from partitioner.plan.values import _REPLAN
 
 if TYPE_CHECKING:
     from partitioner.ir import OpGraph
-    from partitioner.plan.reader import FieldReader
+    from partitioner.plan.fields import FieldReader
 
 __all__ = ["memory_floor", "check_implied", "check_against_graph"]
 

@@ -28,7 +28,7 @@ from partitioner.errors import HetpartError, NoPlanFits
 from partitioner.options import check_fractions
 
 if TYPE_CHECKING:
-    from partitioner.plan.reader import FieldReader
+    from partitioner.plan.fields import FieldReader
     from partitioner.plan.record import Plan
 
 __all__ = ["FallbackPlan", "check_fractions", "check_fallbacks", "read_probe", "read_fallbacks", "plan_needs",

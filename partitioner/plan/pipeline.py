@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from partitioner.plan.values import _REPLAN
 
 if TYPE_CHECKING:
-    from partitioner.plan.reader import FieldReader
+    from partitioner.plan.fields import FieldReader
     from partitioner.solvers.pipeline import PipelineCost
     from partitioner.solvers.problem import Placement, Problem
 

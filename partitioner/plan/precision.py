@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from cost_models.precision import DTYPES, FLOAT32, LOW, device_dtypes, itemsize_factor
 
 if TYPE_CHECKING:
-    from partitioner.plan.reader import FieldReader
+    from partitioner.plan.fields import FieldReader
     from partitioner.solvers.problem import Placement, Problem
 
 __all__ = ["precision_record", "read_precision", "check_precision", "graph_differences", "precision_lines",

@@ -36,7 +36,8 @@ from partitioner.plan.implied import check_against_graph
 from partitioner.plan.live import FallbackPlan, check_fallbacks
 from partitioner.plan.pipeline import check_pipeline
 from partitioner.plan.precision import check_precision, graph_differences
-from partitioner.plan.reader import FieldReader, check_references, parse_json, plan_fields, read_memory, read_predicted
+from partitioner.plan.fields import FieldReader, parse_json
+from partitioner.plan.reader import check_references, plan_fields, read_memory, read_predicted
 from partitioner.plan.values import (
     _REPLAN, FORMAT_VERSION, BaselineInfo, InputSpec, SolverInfo, TransferInfo, _freeze, _plain,
     _transfer_dict, input_spec,
