@@ -38,6 +38,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from backends.strict_devices import Site, StrictDevices, schema_name
+from backends.torch.attributes import attribute
 from backends.strict_report import DeviceReport, compare_with_plan
 from partitioner.errors import HetpartError
 
@@ -77,11 +78,12 @@ class StrictRun:
                                            for n, s in found.items()})
         self._inputs[forward.__code__] = list(inspect.signature(forward).parameters)[1:]
         state = [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]
+        known = {n for names in self.plan.param_names.values() for n in names}
+        state += _plain_tensors(module, known - {n for n, _ in state})  # constants the capture lifted
         for name, tensor in state:
             self.mode.name(tensor, canonical.get(name, name))
         # resident bytes count the tensors the plan places; one the forward never reads (a batch
         # norm's counter in eval mode) stays where the model had it, outside the plan
-        known = {n for names in self.plan.param_names.values() for n in names}
         self._state = [(n, t) for n, t in state if n in known or not known]
         return module
 
@@ -99,6 +101,20 @@ class StrictRun:
     def report(self, error: str = "") -> DeviceReport:
         """The last step's copies and the watched module's resident bytes beside the plan."""
         return compare_with_plan(self.plan, self.device_map, self.mode.copies, self.mode.resident(self._state), error)
+
+
+def _plain_tensors(module: torch.nn.Module, names: set[str]) -> list[tuple[str, torch.Tensor]]:
+    """The plan's tensors that are plain tensor attributes of ``module`` (neither parameter nor
+    buffer: a constant torch.export lifted, such as ``model.lifted_tensor_0``), by name."""
+    out = []
+    for name in sorted(names):
+        try:
+            value = attribute(module, name)
+        except AttributeError:
+            continue
+        if isinstance(value, torch.Tensor):
+            out.append((name, value))
+    return out
 
 
 def canonical_names(module: torch.nn.Module, plan: Any) -> dict[str, str]:
