@@ -167,7 +167,7 @@ def _cpu_s(pid: int) -> float:
 
 
 @pytest.mark.skipif(not Path("/proc/stat").exists(), reason="reads /proc")
-def test_the_meter_counts_other_processes_and_not_this_one(mlp, tmp_path: Path) -> None:  # noqa: ANN001
+def test_the_meter_counts_other_processes_and_not_this_one() -> None:
     meter = LoadMeter()
     started = time.thread_time()
     while time.thread_time() - started < 0.3:   # this process's own work ...
@@ -183,20 +183,10 @@ def test_the_meter_counts_other_processes_and_not_this_one(mlp, tmp_path: Path) 
         burned = sum(_cpu_s(p.pid) for p in burners) - sum(before)
         assert reading.others_s >= burned - reading.resolution_s   # every CPU second of the burners is counted
         assert reading.busy and "other processes used" in reading.describe()
-        # a real measurement under that load records it
-        graph, inputs = mlp
-        path = tmp_path / "m.json"
-        options = MeasureOptions(repeats=30, min_repeats=30)   # at most MAX_SAMPLES are kept
-        measure_ops(graph.source.module(), inputs, "cpu", options=options, cache=MeasurementCache.load(path))
-        # still busy: the warm-up, too short to tell, is waited out; the busy entries are reused and flagged
-        again = measure_ops(graph.source.module(), inputs, "cpu", options=options, cache=MeasurementCache.load(path))
-        assert again.passes == 0 and again.busy == set(again.ops)
     finally:
         for p in burners:
             p.kill()
             p.wait()
-    recorded = [e for e in entries(path).values() if e["samples"]]
-    assert recorded and all(e["busy"] and e["load"] > 0.4 for e in recorded)
 
 
 def test_two_profiles_saving_the_same_cache_keep_each_others_entries(tmp_path: Path) -> None:
