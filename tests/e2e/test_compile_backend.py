@@ -52,6 +52,15 @@ def leaves(value: object) -> list[torch.Tensor]:
     return [t for t in value if isinstance(t, torch.Tensor)]  # type: ignore[union-attr]
 
 
+def assert_same_gradients(model: torch.nn.Module, reference: torch.nn.Module, step: int) -> None:
+    """Every parameter's gradient equals the eager reference's (None where it has none)."""
+    for (pname, p), (_, q) in zip(model.named_parameters(), reference.named_parameters(), strict=True):
+        if q.grad is None:
+            assert p.grad is None, pname
+            continue
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=f"grad of {pname} at step {step}")
+
+
 def used_devices(plan: Plan) -> set[str]:
     return set(plan.placement.values())
 
@@ -86,11 +95,7 @@ def test_training_gives_eager_loss_and_gradients_over_three_steps(name: str) -> 
         loss.backward()
         loss_ref.backward()
         torch.testing.assert_close(loss, loss_ref, rtol=1e-4, atol=1e-4, msg=f"loss at step {step}")
-        for (pname, p), (_, q) in zip(model.named_parameters(), reference.named_parameters(), strict=True):
-            if q.grad is None:
-                assert p.grad is None, pname
-                continue
-            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=f"grad of {pname} at step {step}")
+        assert_same_gradients(model, reference, step)
         opt.step()
         opt_ref.step()
         opt.zero_grad()

@@ -18,7 +18,7 @@ import models
 from backends.compile import HetpartBackend
 from backends.compile.state import StateCopies
 from backends.compile.strict import StrictCompile
-from tests.e2e.test_compile_backend import PROFILE, leaves, split_caps, used_devices
+from tests.e2e.test_compile_backend import PROFILE, assert_same_gradients, leaves, split_caps, used_devices
 
 DEVICES = ("cpu", "cuda:0")
 
@@ -88,11 +88,7 @@ def test_training_on_distinct_devices_gives_eager_gradients_step_and_buffers(nam
         loss.backward()
         loss_ref.backward()
         torch.testing.assert_close(loss, loss_ref, rtol=1e-4, atol=1e-4, msg=f"loss at step {step}")
-        for (pname, p), (_, q) in zip(model.named_parameters(), reference.named_parameters(), strict=True):
-            if q.grad is None:
-                assert p.grad is None, pname
-                continue
-            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=f"grad of {pname} at step {step}")
+        assert_same_gradients(model, reference, step)
         opt.step()
         opt_ref.step()
         opt.zero_grad()
