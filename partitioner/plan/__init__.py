@@ -42,6 +42,9 @@ The file (``format_version`` 1) holds these top-level keys, in this order::
     fallbacks       optional [{"fraction", "plan"}, ...]: plans for less accelerator memory (plan.live)
     precision       optional {"setting", "ops": {op: "bfloat16" | "float16"}, "casts"}: ops computing
                     in 16 bits (see partitioner.plan.precision)
+    training_state  optional {"optimizer", "delayed_update", "params": {name: {"op", "compute", "weights",
+                    "state", "update", "exact"}}, "recompute", "step"}: where each parameter's weight,
+                    gradient and optimizer state live and how it is updated (partitioner.plan.training_state)
 
 A plan never holds a number that is not finite: where a value may be unknown (a bound, a gap,
 an infeasible baseline's time, a predicted time) inf and nan become ``None``, written ``null``;
@@ -55,7 +58,7 @@ with each other), ``implied`` (the memory and transfers the placement implies, f
 and on the model's graph), ``device_map`` (the accelerate-style module view), ``summary`` (the text for
 people), ``from_solve`` (a plan from a solver's solution), ``pipeline`` (the optional pipeline section),
 ``batch`` (the optional batch section), ``live`` (the optional probe and fallbacks sections),
-``precision`` (the optional precision section).
+``precision`` (the optional precision section), ``training_state`` (the optional training-state section).
 """
 
 from partitioner.plan.record import Plan

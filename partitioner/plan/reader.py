@@ -20,6 +20,7 @@ from partitioner.plan.fields import FieldReader, _field, _key, _show, ends_early
 from partitioner.plan.live import read_fallbacks, read_probe
 from partitioner.plan.pipeline import read_pipeline
 from partitioner.plan.precision import read_precision
+from partitioner.plan.training_state import read_training_state
 from partitioner.plan.values import (
     _BASELINE_KEYS, _MEMORY_KEYS, _MODEL_KEYS, _OBJECTIVES, _OPTIMIZERS, _PREDICTED_MAPS,
     _PREDICTED_OPTIONAL, _PREDICTED_REQUIRED, _REPLAN, _SOLVER_KEYS, _SOLVER_OPTIONAL, _STATUSES, _STREAM_MODES,
@@ -40,7 +41,7 @@ def plan_fields(d: Any, source: str) -> dict[str, Any]:
     if "format_version" in top:
         _check_version(r, top["format_version"])
     r.keys(top, "", TOP_LEVEL_KEYS, ("constraints", "costs", "pipeline", "batch", "probe", "fallbacks", "precision",
-                                         "request"))
+                                         "request", "training_state"))
     model = r.keys(top["model"], "model", _MODEL_KEYS, ("capture", "inputs", "edges", "param_names", "op_bytes"))
     return dict(
         model_name=r.string(model["name"], "model.name"),
@@ -76,6 +77,7 @@ def plan_fields(d: Any, source: str) -> dict[str, Any]:
         fallbacks=read_fallbacks(r, top.get("fallbacks", [])),
         precision=read_precision(r, top.get("precision", {})),
         request=_read_request(r, top.get("request", {})),
+        training_state=read_training_state(r, top.get("training_state", {})),
         source=source,
     )
 

@@ -37,6 +37,7 @@ from partitioner.plan.live import FallbackPlan, check_fallbacks
 from partitioner.plan.pipeline import check_pipeline
 from partitioner.plan.precision import check_precision, graph_differences
 from partitioner.plan.fields import FieldReader, parse_json
+from partitioner.plan.training_state import check_training_state
 from partitioner.plan.reader import check_references, plan_fields, read_memory, read_predicted
 from partitioner.plan.values import (
     _REPLAN, FORMAT_VERSION, BaselineInfo, InputSpec, SolverInfo, TransferInfo, _freeze, _plain,
@@ -101,6 +102,7 @@ class Plan:
     fallbacks: tuple[FallbackPlan, ...] = ()   # plans for less free memory, solved ahead of time (plan/live.py)
     precision: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # op -> 16-bit dtype (plan/precision.py)
     request: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # the options as asked (partitioner/options.py)
+    training_state: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # per parameter (plan/training_state.py)
     source: str = dataclasses.field(default="<plan>", compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -124,6 +126,7 @@ class Plan:
         object.__setattr__(self, "fallbacks", tuple(self.fallbacks))
         object.__setattr__(self, "precision", _freeze(dict(self.precision)))
         object.__setattr__(self, "request", _freeze(dict(self.request)))
+        object.__setattr__(self, "training_state", _freeze(dict(self.training_state)))
         object.__setattr__(self, "param_names",
                            MappingProxyType({op: tuple(names) for op, names in self.param_names.items()}))
         unknown = [e for e in self.edges if e[0] not in self.placement or e[1] not in self.placement]
@@ -139,6 +142,7 @@ class Plan:
         check_precision(self, reader)
         check_references(self, reader)
         check_fallbacks(self, reader)
+        check_training_state(self, reader)
 
     # -- JSON ---------------------------------------------------------------------------------
 
@@ -189,6 +193,8 @@ class Plan:
             out["precision"] = _plain(self.precision)
         if self.request:
             out["request"] = _plain(self.request)
+        if self.training_state:
+            out["training_state"] = _plain(self.training_state)
         return _plain(out)
 
     def to_json(self) -> str:

@@ -1,0 +1,214 @@
+"""The plan's optional ``training_state`` section: where each parameter's weight, gradient and
+optimizer state live, where its step runs, and how it is updated.
+
+In: a training problem and its placement (:func:`training_state_record`), or the section of a plan
+file (:func:`read_training_state`, checked field by field; :func:`check_training_state`, checked
+against the plan's placement, parameters and devices). Out: the section as plain values, and
+:func:`param_states`, one :class:`ParamState` per trainable parameter, which the emitted optimizer
+and module read. Inference plans, and training plans written before the section existed, have no
+section: every parameter then lives, and is stepped, where its op computes.
+
+The section::
+
+    training_state {"optimizer": "adam" | "adamw" | "sgd" | "sgd-momentum" | "adagrad" | "sparse-adam",
+                    "delayed_update": false,       # true: the step of iteration t runs beside t+1 (opted in)
+                    "params": {name: {"op": op,             # the op that owns it
+                                      "compute": device,    # where the op computes (reads the weight)
+                                      "weights": device,    # where the weight lives in forward and backward:
+                                                            # the compute device (resident) or the host (streamed)
+                                      "state": device,      # where its gradient goes, its optimizer state lives and
+                                                            # its step runs (a float32 master copy there when it
+                                                            # is not "weights")
+                                      "update": "dense" | "sparse",  # sparse: row-sparse gradient and step
+                                      "exact": true}},      # the update equals the optimizer's dense update
+                    "recompute": [op, ...],        # ops whose saved activations backward recomputes
+                    "step": {"per_device_s": {device: s},   # optimizer-step time on each device
+                             "hidden_s": s,                 # of it, what runs beside backward
+                             "exposed_s": s}}               # and what the step waits for after backward
+
+``weights`` differs from ``compute`` only for a streamed parameter (the plan's ``weights``
+mapping names its op too); ``state`` is ``weights`` or the host CPU; ``update`` is ``sparse`` only
+for a parameter read by one gather (embedding) op, and ``exact`` is false only for
+``sparse-adam`` (``torch.optim.SparseAdam``'s lazy moments) or a delayed update.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from partitioner.plan.fields import FieldReader
+    from partitioner.solvers.problem import Evaluation, Placement, Problem
+
+__all__ = ["OPTIMIZERS", "ParamState", "TRAINING_STATE_KEYS", "check_training_state", "param_states",
+           "read_training_state", "training_state_lines", "training_state_record"]
+
+TRAINING_STATE_KEYS = ("optimizer", "delayed_update", "params", "recompute", "step")
+PARAM_KEYS = ("op", "compute", "weights", "state", "update", "exact")
+#: optimizer names a training plan may carry (cost_models.training.Optimizer)
+OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw", "adagrad", "sparse-adam")
+UPDATES = ("dense", "sparse")
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamState:
+    """Where one trainable parameter lives and is stepped (see the module docstring)."""
+
+    name: str
+    op: str
+    compute: str
+    weights: str
+    state: str
+    update: str = "dense"
+    exact: bool = True
+
+    @property
+    def streamed(self) -> bool:
+        """The weight lives on another device than the one reading it (copied in both passes)."""
+        return self.weights != self.compute
+
+    @property
+    def offloaded(self) -> bool:
+        """Gradient, optimizer state and step live away from the weight (a master copy there)."""
+        return self.state != self.weights
+
+    @property
+    def sparse(self) -> bool:
+        return self.update == "sparse"
+
+
+def training_state_record(problem: Problem, placement: Placement, evaluation: Evaluation) -> dict[str, Any]:
+    """The ``training_state`` section of the plan of ``placement`` (empty: not a training plan)."""
+    from partitioner.solvers.train_state import step_times
+
+    if not problem.options.training or problem.options.pipeline is not None:
+        return {}
+    graph = problem.original
+    params: dict[str, dict[str, Any]] = {}
+    for n in problem.nodes:
+        compute = placement.device[n]
+        weights = placement.residence(n)
+        state = problem.state_device(placement, n)
+        for op_name in problem.members[n]:
+            op = graph.ops[op_name]
+            sparse = op_name in problem.sparse_ops
+            for pname in op.owned_params:
+                param = graph.params[pname]
+                if not param.trainable:
+                    continue
+                params[pname] = {"op": op_name, "compute": compute, "weights": weights, "state": state,
+                                 "update": "sparse" if sparse else "dense",
+                                 "exact": not (sparse and not problem.sparse_exact) and not problem.options.delayed_update}
+    recompute = [op for n in problem.nodes if n in placement.recompute for op in problem.members[n]]
+    per_device, hidden, exposed = step_times(problem, placement)
+    return {"optimizer": problem.options.optimizer.value, "delayed_update": problem.options.delayed_update,
+            "params": params, "recompute": recompute,
+            "step": {"per_device_s": per_device, "hidden_s": hidden, "exposed_s": exposed}}
+
+
+def read_training_state(r: FieldReader, value: Any) -> dict[str, Any]:
+    """``training_state``: the section as written (see the module docstring); ``{}`` when absent."""
+    if value == {}:
+        return {}
+    c = r.keys(r.mapping(value, "training_state"), "training_state", ("optimizer", "params"),
+               ("delayed_update", "recompute", "step"))
+    optimizer = r.string(c["optimizer"], "training_state.optimizer")
+    if optimizer not in OPTIMIZERS:
+        r.fail("training_state.optimizer", f"{optimizer!r} is not an optimizer hetpart plans; "
+                                           f"use one of {', '.join(OPTIMIZERS)}")
+    out: dict[str, Any] = {"optimizer": optimizer,
+                           "delayed_update": r.boolean(c.get("delayed_update", False), "training_state.delayed_update"),
+                           "params": r.string_map(c["params"], "training_state.params", lambda v, p: _param(r, v, p)),
+                           "recompute": list(r.string_list(c.get("recompute", []), "training_state.recompute"))}
+    if "step" in c:
+        s = r.keys(r.mapping(c["step"], "training_state.step"), "training_state.step",
+                   ("per_device_s", "hidden_s", "exposed_s"))
+        out["step"] = {"per_device_s": r.string_map(s["per_device_s"], "training_state.step.per_device_s", r.number),
+                       "hidden_s": r.number(s["hidden_s"], "training_state.step.hidden_s"),
+                       "exposed_s": r.number(s["exposed_s"], "training_state.step.exposed_s")}
+    return out
+
+
+def _param(r: FieldReader, value: Any, path: str) -> dict[str, Any]:
+    c = r.keys(r.mapping(value, path), path, ("op", "compute", "weights", "state"), ("update", "exact"))
+    out = {k: r.string(c[k], f"{path}.{k}") for k in ("op", "compute", "weights", "state")}
+    update = r.string(c.get("update", "dense"), f"{path}.update")
+    if update not in UPDATES:
+        r.fail(f"{path}.update", f"{update!r} is neither 'dense' nor 'sparse'")
+    out["update"] = update
+    out["exact"] = r.boolean(c.get("exact", True), f"{path}.exact")
+    return out
+
+
+def check_training_state(plan: Any, r: FieldReader) -> None:
+    """The section agrees with the rest of the plan: a training plan of the same optimizer; every
+    parameter is one its op owns; ``compute`` is where the plan places the op; ``weights`` is the
+    compute device, or the device the plan's ``weights`` mapping streams the op from; ``state`` is
+    ``weights`` or the host; a sparse update belongs to a gather op; recomputed ops are ops."""
+    section = plan.training_state
+    if not section:
+        return
+    if not plan.training:
+        r.fail("training_state", "an inference plan has no training state; re-plan with training=True")
+    if section["optimizer"] != plan.optimizer:
+        r.fail("training_state.optimizer", f"says {section['optimizer']!r} but the plan was made for "
+                                           f"{plan.optimizer!r}")
+    names = set(plan.devices.names())
+    host = plan.devices.host_device().name
+    for pname, ps in section["params"].items():
+        path = f"training_state.params[{pname!r}]"
+        op = ps["op"]
+        if op not in plan.placement:
+            r.fail(f"{path}.op", f"names {op!r}, which is not an op of the plan")
+        if plan.param_names and pname not in plan.param_names.get(op, ()):
+            r.fail(f"{path}.op", f"{op!r} does not own {pname!r} (it owns {', '.join(plan.param_names.get(op, ())) or 'nothing'})")
+        for key in ("compute", "weights", "state"):
+            if ps[key] not in names:
+                r.fail(f"{path}.{key}", f"{ps[key]!r} is not a device of the plan ({', '.join(sorted(names))})")
+        if ps["compute"] != plan.placement[op]:
+            r.fail(f"{path}.compute", f"says {ps['compute']} but the plan computes {op} on {plan.placement[op]}")
+        expected = plan.weights.get(op, plan.placement[op])
+        if ps["weights"] != expected:
+            r.fail(f"{path}.weights", f"says {ps['weights']} but the plan keeps {op}'s weights on {expected}")
+        if ps["state"] not in (ps["weights"], host):
+            r.fail(f"{path}.state", f"{ps['state']} is neither where the weight lives ({ps['weights']}) nor the "
+                                    f"host ({host}); re-plan rather than editing the file")
+    for i, op in enumerate(section["recompute"]):
+        if op not in plan.placement:
+            r.fail(f"training_state.recompute[{i}]", f"names {op!r}, which is not an op of the plan")
+
+
+def param_states(plan: Any) -> dict[str, ParamState]:
+    """One :class:`ParamState` per trainable parameter of a training plan; ``{}`` for a plan
+    without the section (each parameter is then stepped where its op computes)."""
+    section = plan.training_state
+    if not section:
+        return {}
+    return {name: ParamState(name, **{k: ps[k] for k in PARAM_KEYS}) for name, ps in section["params"].items()}
+
+
+def training_state_lines(plan: Any) -> list[str]:
+    """The summary's lines: where optimizer state lives, what updates sparsely, what is recomputed,
+    and how much of the step hides behind backward."""
+    section = plan.training_state
+    if not section:
+        return []
+    states = param_states(plan)
+    where: dict[str, int] = {}
+    for ps in states.values():
+        kind = "streamed" if ps.streamed else ("offloaded" if ps.offloaded else "resident")
+        key = f"{kind} (state on {ps.state})"
+        where[key] = where.get(key, 0) + 1
+    sparse = sum(ps.sparse for ps in states.values())
+    lines = [f"  training   {section['optimizer']}: " + ", ".join(f"{n} params {k}" for k, n in sorted(where.items()))
+             + (f"; {sparse} with row-sparse updates" if sparse else "")
+             + ("; delayed update (step t beside t+1)" if section.get("delayed_update") else "")]
+    step = section.get("step")
+    if step:
+        total = sum(step["per_device_s"].values())
+        lines.append(f"  step       optimizer {total * 1e3:.3g} ms in all, {step['hidden_s'] * 1e3:.3g} ms beside "
+                     f"backward, {step['exposed_s'] * 1e3:.3g} ms after it")
+    if section["recompute"]:
+        lines.append(f"  recompute  {len(section['recompute'])} ops recompute their activations in backward")
+    return lines
