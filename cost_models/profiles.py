@@ -28,6 +28,8 @@ The TOML shape (see DESIGN.md, "Devices and costs")::
                                              #   reaches half its efficiency (0: no such loss)
     grouped_backward_flops = 3.9e9           # optional: FLOP/s of a grouped (depthwise) convolution's
                                              #   backward, when slower than its class (0: as its class)
+    update_bandwidth = "40GB/s"              # optional: bytes/s an optimizer step and a dense gradient
+                                             #   fill stream at (0: the elementwise rate)
 
     [[links]]
     between = ["cpu", "cuda:0"]              # links are bidirectional
@@ -305,7 +307,8 @@ _DEVICE_REQUIRED = {
 }
 _DEVICE_FIELDS = (*_DEVICE_REQUIRED, "efficiency", "mem_efficiency", "fixed_latency",
                   "supported_ops", "host", "cache_size", "cache_bandwidth", "onnx_provider", "alloc_threshold",
-                  "first_touch_bandwidth", "dtypes", "matmul_half_rows", "grouped_backward_flops")
+                  "first_touch_bandwidth", "dtypes", "matmul_half_rows", "grouped_backward_flops",
+                  "update_bandwidth")
 _LINK_REQUIRED = {"between": 'between = ["cpu", "cuda:0"]', "bandwidth": 'bandwidth = "55GB/s"',
                   "latency": 'latency = "17us"'}
 _LINK_FIELDS = (*_LINK_REQUIRED, "pageable_bandwidth", "kind")
@@ -360,9 +363,14 @@ def _device_fields(name: str, raw: Mapping[str, Any], where: Where) -> dict[str,
         raise ProfileError(f"{where('grouped_backward_flops')}: {grouped!r} is not a FLOP/s rate from "
                            f"{LIMITS['flops'][0]:g} to {LIMITS['flops'][1]:g}; e.g. grouped_backward_flops = 3.9e9 "
                            f"(0: a grouped convolution's backward runs as its class)")
+    update = parse_bandwidth(raw.get("update_bandwidth", 0), where=where("update_bandwidth"))
+    if update:
+        _in_range(update, where("update_bandwidth"), "bandwidth", 'update_bandwidth = "40GB/s"',
+                  raw.get("update_bandwidth"))
     return dict(
         kind=kind,
         memory=memory,
+        update_bandwidth=update,
         matmul_half_rows=float(half_rows),
         grouped_backward_flops=float(grouped),
         peak_flops=_peak_table(raw["peak_flops"], where("peak_flops")),
@@ -481,6 +489,8 @@ class Device:
     dtypes: tuple[str, ...] | None = None        # dtypes it computes in (None: all; cost_models.precision)
     matmul_half_rows: float = 0.0                # rows per weight at which a matmul reaches half its efficiency
     grouped_backward_flops: float = 0.0          # FLOP/s of a grouped convolution's backward (0: as its class)
+    update_bandwidth: float = 0.0                # bytes/s of an optimizer step and a dense gradient fill
+                                                 # (0: the elementwise streaming rate)
 
     def __post_init__(self) -> None:
         name = _device_name(self.name, "Device.name")
@@ -862,6 +872,9 @@ class DeviceSet:
             if d.grouped_backward_flops:
                 out.append(f"grouped_backward_flops = {_toml_num(d.grouped_backward_flops)}  "
                            f"# {d.grouped_backward_flops / 1e9:.2f} GFLOP/s in a grouped convolution's backward")
+            if d.update_bandwidth:
+                out.append(f"update_bandwidth = {_toml_num(d.update_bandwidth)}  "
+                           f"# {format_rate(d.update_bandwidth)} in an optimizer step")
             if d.alloc_threshold:
                 out += [f"alloc_threshold = {d.alloc_threshold}  # {format_bytes(d.alloc_threshold)}",
                         f"first_touch_bandwidth = {_toml_num(d.first_touch_bandwidth)}  "

@@ -379,9 +379,14 @@ def global_step_seconds(problem: Problem, placement: Placement, evaluation: Eval
     opt = {d: 0.0 for d in problem.device_names}
     if problem.options.training:
         for n in problem.nodes:
-            home = placement.residence(n)
+            home = placement.state_device(n)
             opt[home] += problem.opt_step[n][home]
     links = steps * max(evaluation.per_link_s.values(), default=0.0)  # links run beside compute
+    if problem.train_state and problem.options.objective is Objective.LATENCY:
+        # host steps run beside the last micro-batch's backward (solvers/train_state.py); steps on
+        # accelerators once, after it
+        once = sum(s for d, s in opt.items() if d != problem.host)
+        return max((steps - 1) * (evaluation.critical_path_s - once) + evaluation.total_s, links)
     if problem.options.objective is Objective.THROUGHPUT:
         return max([*(steps * (evaluation.per_device_s[d] - opt[d]) + opt[d] for d in opt), links])
     once = sum(opt.values()) if problem.options.objective is Objective.LATENCY else max(opt.values(), default=0.0)

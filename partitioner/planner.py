@@ -28,7 +28,8 @@ from partitioner.options import META, MAX_TIME_LIMIT, Hardware, PlanOptions, Sou
 from partitioner.fallbacks import with_fallbacks
 from partitioner.plan import Plan
 from partitioner.plan.values import InputSpec
-from partitioner.solvers import BASELINE_NAMES, ONNX_BASELINE_NAMES, run_baseline
+from partitioner.solvers import BASELINE_NAMES, ONNX_BASELINE_NAMES, TRAINING_BASELINES, run_baseline
+from partitioner.solvers.problem import accelerator_devices
 from partitioner.solvers.bounds import memory_aware_lower_bound, physical_lower_bound
 from partitioner.solvers.ilp import ProgressFn, relative_gap, solve_ilp, status_for_gap
 from partitioner.solvers.multilevel import solve_multilevel
@@ -156,7 +157,9 @@ def partition_outcome(
                                optimizer=request.train.optimizer)
     problem = Problem(coarse.graph, profile, options_, pins=cons.pins, members=coarse.members, original=graph,
                       costs=cost_model)
-    baselines = {name: _evaluated(problem, run_baseline(name, problem, no_split=cons.no_split))
+    dense = _dense_problem(problem)
+    baselines = {name: _evaluated(dense if name in DENSE_BASELINES else problem,
+                                  run_baseline(name, problem, no_split=cons.no_split))
                  for name in _baseline_names(problem)}
     time_limit, gap = search.time_limit, search.gap
     deadline = started + time_limit - _finishing_time(problem, baselines, time_limit)
@@ -192,6 +195,8 @@ def _solver_options(request: PlanOptions, spec: PipelineSpec | None, dtypes: Any
         optimizer=parse_optimizer(request.train.optimizer),
         streaming=cons.streaming and not onnx_graph and spec is None, link_budget=dict(cons.link_budget or {}),
         contiguous_stages=cons.contiguous_stages, pipeline=spec, precision=dtypes,
+        offload=bool(request.train.offload), recompute=bool(request.train.recompute),
+        sparse_updates=bool(request.train.sparse_updates), delayed_update=bool(request.train.delayed_update),
     )
 
 
@@ -366,7 +371,23 @@ def _baseline_names(problem: Problem) -> list[str]:
     if problem.options.pipeline is not None:  # splits users make today; greedy / HEFT make no pipeline
         return [f"single:{d}" for d in problem.device_names] + list(PIPELINE_BASELINES)
     onnx = ONNX_BASELINE_NAMES if is_onnx_graph(problem.original) else ()
-    return [f"single:{d}" for d in problem.device_names] + list(BASELINE_NAMES) + list(onnx)
+    offload = TRAINING_BASELINES if problem.train_state and accelerator_devices(problem.devices) else ()
+    return [f"single:{d}" for d in problem.device_names] + list(BASELINE_NAMES) + list(onnx) + list(offload)
+
+
+#: Baselines of tools users run today, which update embedding tables densely: priced on a problem
+#: without row-sparse updates (hetpart's own single-device and HEFT placements keep them).
+DENSE_BASELINES = frozenset({"greedy", "sequential-fill", *TRAINING_BASELINES})
+
+
+def _dense_problem(problem: Problem) -> Problem:
+    """``problem`` without row-sparse updates (itself where it has none)."""
+    if not problem.sparse_ops:
+        return problem
+    dense = Problem(problem.graph, problem.devices, dataclasses.replace(problem.options, sparse_updates=False),
+                    members=problem.members, original=problem.original, costs=problem.costs)
+    dense.pins, dense.allowed = problem.pins, problem.allowed  # the same pins, resolved once
+    return dense
 
 
 def _evaluated(problem: Problem, solution: Solution) -> tuple[Solution, Evaluation]:

@@ -74,7 +74,11 @@ def _check_memory(problem: Problem, placement: Placement, evaluation: Evaluation
     out = []
     params = {d: 0 for d in problem.device_names}
     for n in problem.nodes:
-        params[placement.residence(n)] += problem.least_param_mem(n)  # 16 bits: as few as half
+        if placement.state.get(n) == problem.host and placement.residence(n) != problem.host:
+            params[placement.residence(n)] += problem.weight_mem[n]  # its optimizer state lives on the host
+            params[problem.host] += problem.offload_mem[n]
+        else:
+            params[placement.residence(n)] += problem.least_param_mem(n)  # 16 bits: as few as half
     for d in problem.device_names:
         if evaluation.memory[d] < params[d]:
             out.append(f"memory on {d} is reported as {evaluation.memory[d]:,} bytes, below its parameters ({params[d]:,})")

@@ -22,8 +22,12 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                     help="plan exactly this micro-batch (it must divide N) instead of searching the divisors of N")
     ft.add_argument("--training", action="store_true",
                     help="plan a training step (required: accumulation is over gradients)")
-    ft.add_argument("--optimizer", default="adam", choices=["sgd", "sgd-momentum", "adam"])
+    ft.add_argument("--optimizer", default="adam", choices=["sgd", "sgd-momentum", "adam", "adamw", "adagrad", "sparse-adam"])
     ft.add_argument("--objective", default="latency", choices=["latency", "throughput", "makespan"])
+    ft.add_argument("--no-offload", dest="offload", action="store_false",
+                    help="keep each parameter's optimizer state and step with its weights")
+    ft.add_argument("--no-recompute", dest="recompute", action="store_false",
+                    help="save every activation for backward (no recompute), so activations bound the micro-batch")
     add_caps_and_pins(ft)
     ft.add_argument("--solver", default="auto", help="auto, highs, cbc, or a baseline (see hetpart plan)")
     ft.add_argument("--time-limit", type=float, default=60.0, metavar="S", help="time limit of each solve, seconds")

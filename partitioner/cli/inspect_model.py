@@ -15,7 +15,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     ins.add_argument("--devices", default="h200-host", metavar="PROFILE", help="built-in profile or TOML file")
     ins.add_argument("--capture", default="export", choices=["export", "symbolic_trace"])
     ins.add_argument("--training", action="store_true", help="cost a training step (forward + backward)")
-    ins.add_argument("--optimizer", default="adam", choices=["sgd", "sgd-momentum", "adam"])
+    ins.add_argument("--optimizer", default="adam", choices=["sgd", "sgd-momentum", "adam", "adamw", "adagrad", "sparse-adam"])
     ins.add_argument("--top", type=int, default=15, metavar="N", help="show the N most expensive ops (0: all)")
     ins.add_argument("--json", action="store_true", help="print JSON instead of a table")
     add_input_shape(ins)

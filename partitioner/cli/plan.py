@@ -32,7 +32,17 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     pl.add_argument("--objective", default="latency", choices=["latency", "throughput", "makespan"])
     add_caps_and_pins(pl)
     pl.add_argument("--training", action="store_true", help="plan a training step")
-    pl.add_argument("--optimizer", default="adam", choices=["sgd", "sgd-momentum", "adam"])
+    pl.add_argument("--optimizer", default="adam",
+                    choices=["sgd", "sgd-momentum", "adam", "adamw", "adagrad", "sparse-adam"])
+    pl.add_argument("--no-offload", dest="offload", action="store_false",
+                    help="training: keep each parameter's optimizer state and step with its weights")
+    pl.add_argument("--no-recompute", dest="recompute", action="store_false",
+                    help="training: save every activation for backward (no recompute)")
+    pl.add_argument("--dense-updates", dest="sparse_updates", action="store_false",
+                    help="training: update embedding tables densely even where a row-sparse update is exact")
+    pl.add_argument("--delayed-update", action="store_true",
+                    help="training: the host's optimizer step of one iteration runs beside the next (changes "
+                         "the training: ZeRO-Offload's delayed parameter update)")
     pl.add_argument("--solver", default="auto",
                     help="auto, highs, cbc, or a baseline: greedy, sequential-fill, heft, single:DEVICE; "
                          "pipelines: pipeline-dp, pippy-equal-size, deepspeed-parameters, flop-balanced")

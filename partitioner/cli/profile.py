@@ -17,7 +17,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                     help="detect: this machine's CPU and GPUs; or a profile whose present devices are measured")
     add_bind(pr)
     pr.add_argument("--training", action="store_true", help="also measure backward and the optimizer step")
-    pr.add_argument("--optimizer", default="adam", choices=["sgd", "sgd-momentum", "adam"])
+    pr.add_argument("--optimizer", default="adam", choices=["sgd", "sgd-momentum", "adam", "adamw", "adagrad", "sparse-adam"])
     pr.add_argument("--repeats", type=positive_int, default=7, metavar="N", help="timed passes at most (median)")
     pr.add_argument("--threads", type=positive_int, metavar="N", help="torch intra-op threads while measuring")
     pr.add_argument("--capture", default="export", choices=["export", "symbolic_trace"])

@@ -97,13 +97,15 @@ def check_implied(plan: Any, r: FieldReader) -> None:
 
 
 def _check_weight_copies(plan: Any, r: FieldReader) -> None:
-    """The weight copies between two devices carry the streamed parameters between them."""
+    """The weight copies between two devices carry the streamed parameters between them (twice in
+    training: forward and backward)."""
     if any(op not in plan.op_bytes for op in plan.weights):
         return  # a plan without op_bytes (hand-made, or older) says no weight sizes
+    passes = 2 if plan.training else 1
     implied: dict[tuple[str, str], int] = {}
     for op, home in plan.weights.items():
         pair = (home, plan.placement[op])
-        implied[pair] = implied.get(pair, 0) + plan.op_bytes[op][1]
+        implied[pair] = implied.get(pair, 0) + passes * plan.op_bytes[op][1]
     recorded: dict[tuple[str, str], int] = {}
     for t in plan.transfers:
         if t.kind == "weights":

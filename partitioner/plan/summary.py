@@ -12,6 +12,7 @@ from cost_models.units import format_bytes, format_seconds
 from partitioner.plan.batch import summary_lines as batch_lines
 from partitioner.plan.pipeline import summary_lines
 from partitioner.plan.precision import precision_lines
+from partitioner.plan.training_state import training_state_lines
 from partitioner.plan.values import TransferInfo
 from partitioner.terminal import one_line
 
@@ -32,6 +33,7 @@ def summary_text(plan: Any) -> str:
     lines += summary_lines(plan)
     lines += batch_lines(plan)
     lines += precision_lines(plan)
+    lines += training_state_lines(plan)
     busy = plan.predicted["per_device_s"]
     for device, ops in plan.per_device_ops().items():
         mem = plan.memory.get(device, {})

@@ -80,7 +80,7 @@ class ParamState:
 
 def training_state_record(problem: Problem, placement: Placement, evaluation: Evaluation) -> dict[str, Any]:
     """The ``training_state`` section of the plan of ``placement`` (empty: not a training plan)."""
-    from partitioner.solvers.train_state import step_times
+    from partitioner.solvers.train_state import step_split
 
     if not problem.options.training or problem.options.pipeline is not None:
         return {}
@@ -89,7 +89,7 @@ def training_state_record(problem: Problem, placement: Placement, evaluation: Ev
     for n in problem.nodes:
         compute = placement.device[n]
         weights = placement.residence(n)
-        state = problem.state_device(placement, n)
+        state = placement.state_device(n)
         for op_name in problem.members[n]:
             op = graph.ops[op_name]
             sparse = op_name in problem.sparse_ops
@@ -101,7 +101,7 @@ def training_state_record(problem: Problem, placement: Placement, evaluation: Ev
                                  "update": "sparse" if sparse else "dense",
                                  "exact": not (sparse and not problem.sparse_exact) and not problem.options.delayed_update}
     recompute = [op for n in problem.nodes if n in placement.recompute for op in problem.members[n]]
-    per_device, hidden, exposed = step_times(problem, placement)
+    per_device, hidden, exposed = step_split(problem, placement, evaluation.critical_path_s, evaluation.total_s)
     return {"optimizer": problem.options.optimizer.value, "delayed_update": problem.options.delayed_update,
             "params": params, "recompute": recompute,
             "step": {"per_device_s": per_device, "hidden_s": hidden, "exposed_s": exposed}}

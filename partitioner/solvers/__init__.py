@@ -6,7 +6,8 @@ fill with ``dispatch_model``'s run-time semantics), ``sequential-fill`` (the sam
 where placed), ``heft`` (list scheduling by upward rank); for ONNX graphs also ``ort-fallback``
 (onnxruntime's provider order) and ``openvino-pipeline`` (OpenVINO HETERO's split by weight bytes);
 for pipeline problems the splits users make today (``pipeline_baselines.py``) and the exact chain
-dynamic program (``pipeline_dp.py``).
+dynamic program (``pipeline_dp.py``); for training, the offload systems ``zero-offload``,
+``fsdp2-offload`` and ``torchao-offload`` (``offload_baselines.py``).
 All are costed by :func:`~partitioner.solvers.problem.evaluate`.
 """
 
@@ -17,6 +18,7 @@ from collections.abc import Sequence
 from partitioner.errors import SolverUnavailable
 from partitioner.solvers.greedy import solve_greedy, solve_sequential_fill
 from partitioner.solvers.heft import solve_heft
+from partitioner.solvers.offload_baselines import TRAINING_BASELINES, run_training_baseline
 from partitioner.solvers.openvino_pipeline import solve_openvino_pipeline
 from partitioner.solvers.ort_fallback import solve_ort_fallback
 from partitioner.solvers.pipeline_baselines import PIPELINE_BASELINES, run_pipeline_baseline
@@ -45,6 +47,8 @@ def run_baseline(name: str, problem: Problem, *, no_split: Sequence[str] = ()) -
         return solve_heft(problem)
     if name in PIPELINE_BASELINES:
         return run_pipeline_baseline(name, problem)
+    if name in TRAINING_BASELINES:
+        return run_training_baseline(name, problem)
     if name == "ort-fallback":
         return solve_ort_fallback(problem)
     if name == "openvino-pipeline":

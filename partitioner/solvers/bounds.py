@@ -30,6 +30,7 @@ import logging
 from partitioner.solvers.milp import Milp, Term
 from partitioner.solvers.pipeline import Schedule
 from partitioner.solvers.problem import Objective, Problem, StreamMode
+from partitioner.solvers.train_state import grad_hop_s, update_hop_s
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,8 @@ log = logging.getLogger(__name__)
 def fastest(problem: Problem, node: str) -> float:
     """A node's time on its fastest allowed device, with its cheapest optimizer step."""
     compute = min(problem.least_compute(node, d) for d in problem.compute[node])
-    step = min(problem.opt_step[node].values()) if problem.options.training else 0.0
+    hidden = problem.train_state and problem.options.objective is Objective.LATENCY  # host steps beside backward
+    step = min(problem.opt_step[node].values()) if problem.options.training and not hidden else 0.0
     return compute + step
 
 
@@ -61,6 +63,10 @@ def physical_lower_bound(problem: Problem) -> float:
         return total
     spread = total / len(problem.device_names)
     if objective is Objective.THROUGHPUT:
+        if problem.train_state:  # a node's step may run on another device than its compute (the host)
+            single = [max(min(problem.least_compute(n, d) for d in problem.compute[n]),
+                          min(problem.opt_step[n].values())) for n in problem.nodes]
+            return max([spread, *single])
         return max(spread, max(best.values(), default=0.0))
     # makespan: the schedule ends after its longest path of compute, and the optimizer steps run
     # after it, each device's one after another (the busiest device's steps, at least their average
@@ -113,13 +119,28 @@ def _program(p: Problem, scale: float) -> Milp:
             m.at_most(f"stream_le_x[{n}][{d}]", [(1.0, v), (-1.0, x[n][d])], 0.0)
     time_terms: dict[str, list[Term]] = {d: [] for d in p.device_names}  # per device: compute, issue
     step_terms: dict[str, list[Term]] = {d: [] for d in p.device_names}  # per device: optimizer steps
+    # training state (solvers/train_state.py): o = state on the host, weights on d; c = recompute
+    o = {n: {d: m.column(f"o[{n}][{d}]", upper=1.0) for d in x[n] if d != p.host} for n in p.offloadable}
+    c = {n: {d: m.column(f"c[{n}][{d}]", upper=1.0) for d in x[n]} for n in p.recomputable}
+    for n, per_d in o.items():
+        for d, v in per_d.items():
+            m.at_most(f"offload_le_x[{n}][{d}]", [(1.0, v), (-1.0, x[n][d])] + ([(1.0, s[n][d])] if d in s.get(n, {}) else []), 0.0)
+    for n, per_d in c.items():
+        for d, v in per_d.items():
+            m.at_most(f"recompute_le_x[{n}][{d}]", [(1.0, v), (-1.0, x[n][d])], 0.0)
     for n in p.nodes:
         for d, v in x[n].items():
             time_terms[d].append((scale * p.least_compute(n, d), v))
-            if p.opt_step[n][d]:  # no streaming in training: the step runs where the node runs
+            if p.opt_step[n][d]:  # the step runs where the state lives: with the weights, or on the host
                 step_terms[d].append((scale * p.opt_step[n][d], v))
+                if d != p.host:
+                    away = [w for w in (s.get(n, {}).get(d), o.get(n, {}).get(d)) if w is not None]
+                    step_terms[d] += [(-scale * p.opt_step[n][d], w) for w in away]
+                    step_terms[p.host] += [(scale * p.opt_step[n][p.host], w) for w in away]
         for d, v in s.get(n, {}).items():
             time_terms[d].append((scale * p.node_stream_issue_s(n, d), v))
+        for d, v in c.get(n, {}).items():
+            time_terms[d].append((scale * min(p.fwd_in[n][d].values()), v))
     spec = p.options.pipeline
     in_flight = 1 if spec is None else spec.micro_batches if spec.schedule is Schedule.GPIPE else 1
     for d in p.device_names:
@@ -129,6 +150,10 @@ def _program(p: Problem, scale: float) -> Milp:
         for n in p.nodes:
             if d in x[n]:
                 terms += [(mu * p.least_param_mem(n), x[n][d]), (mu * in_flight * p.least_saved(n), x[n][d])]
+                if d in o.get(n, {}):
+                    terms.append((-mu * (p.param_mem[n] - p.weight_mem[n]), o[n][d]))
+                if d in c.get(n, {}):
+                    terms.append((-mu * in_flight * p.least_saved(n), c[n][d]))
                 if p.least_work_mem(n):
                     m.at_least(f"working_set[{n}][{d}]", work, [(mu * p.least_work_mem(n), x[n][d])])
             if d in s.get(n, {}):
@@ -137,6 +162,7 @@ def _program(p: Problem, scale: float) -> Milp:
                            [(mu * p.stream_buffer_bytes(n, StreamMode.PREFETCH), s[n][d])])
             if d == p.host:
                 terms += [(mu * p.param_mem[n], v) for v in s.get(n, {}).values()]
+                terms += [(mu * p.offload_mem[n], v) for v in o.get(n, {}).values()]
         m.at_most(f"mem_cap[{d}]", terms + [(1.0, work), (1.0, buffer)], mu * p.capacity[d])
     T = m.column("T", cost=1.0)
     if spec is not None:  # (M - 1) bottleneck + every stage's time + the slowest optimizer step
@@ -146,6 +172,10 @@ def _program(p: Problem, scale: float) -> Milp:
             m.at_least(f"optimizer[{d}]", step, step_terms[d])
         m.at_least("step", T, [t for d in p.device_names for t in time_terms[d]]
                    + [(float(spec.micro_batches - 1), bottleneck), (1.0, step)])
+    elif p.options.objective is Objective.LATENCY and p.train_state:  # host steps may hide behind backward
+        m.at_least("critical_path", T, [t for d in p.device_names for t in time_terms[d]]
+                   + [t for d in p.device_names if d != p.host for t in step_terms[d]])
+        m.at_least("host_load", T, time_terms[p.host] + step_terms[p.host])
     elif p.options.objective is Objective.LATENCY:
         m.at_least("critical_path", T, [t for d in p.device_names for t in time_terms[d] + step_terms[d]])
     else:
@@ -154,6 +184,14 @@ def _program(p: Problem, scale: float) -> Milp:
     for label in p.link_labels:
         terms = [(scale * p.node_stream_hop_s(n, p.host, d, label), v)
                  for n, per_d in s.items() for d, v in per_d.items() if label in p.hops(p.host, d)]
+        for n in p.nodes:  # gradients out (streamed or offloaded), updated weights back (offloaded)
+            if p.options.training and p.grad_bytes[n]:
+                for d, v in list(s.get(n, {}).items()) + list(o.get(n, {}).items()):
+                    if label in p.hops(d, p.host):
+                        terms.append((scale * grad_hop_s(p, n, d, label), v))
+            for d, v in o.get(n, {}).items():
+                if label in p.hops(p.host, d):
+                    terms.append((scale * update_hop_s(p, n, d, label), v))
         if terms:
             m.at_least(f"link_load[{label}]", T, terms)
     return m

@@ -17,6 +17,9 @@ memory ``unit.memory`` per byte, chosen by ``ilp.py`` so that the numbers stay w
   ``y[t,a,b] <= x[producer,a]`` where the producer has several possible sources. A copy whose two
   ends are fixed is a constant and no column stands for it (so it is counted once);
 * ``z[p,d]``: a shared parameter is copied to ``d`` where a reader runs and it is not resident;
+* training state (:mod:`partitioner.solvers.train_state_rows`): ``o[v,d]`` (optimizer state on the
+  host, weights on ``d``), ``c[v,d]`` (recompute), and with ``latency`` the host worker's chain
+  (``S``, ``Q``, ``W``); in training ``s[v,d]`` streams the weights in both passes;
 * ``mem_cap[d]``: resident parameters + saved activations + largest working set + largest stream
   buffer ``<= capacity``; each largest as a staircase of binaries ``work[d][k]`` /
   ``stream_buffer[d][k]`` ("something of at least the k-th size is on d", see
@@ -65,6 +68,7 @@ from collections.abc import Mapping
 from partitioner.solvers.milp import Column, Milp, Term, value
 from cost_models.precision import FLOAT32, LOW
 from partitioner.solvers.problem import Objective, Placement, Problem, StreamMode, list_schedule, node_dtypes
+from partitioner.solvers.train_state_rows import TrainStateColumns
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +113,7 @@ class Formulation:
         self._assignment()
         self._dtypes()
         self._streaming()
+        self.ts = TrainStateColumns(self)
         self._copies()
         self._halves()
         self._casts()
@@ -126,13 +131,19 @@ class Formulation:
             from partitioner.solvers.makespan import add_makespan
 
             self.makespan = add_makespan(self)
+        elif objective is Objective.LATENCY and problem.train_state:
+            accelerators = [d for d in problem.device_names if d != problem.host]
+            sequential = self.compute_terms(steps=accelerators) + self.copy_terms() + self.shared_terms() \
+                + self.issue_terms() + self.ts.recompute_terms()
+            self.ts.latency_rows(self.T, sequential)
         elif objective is Objective.LATENCY:
             self.ge("critical_path", self.T, self.compute_terms() + self.copy_terms() + self.shared_terms()
                     + self.issue_terms())
         else:
             for d in problem.device_names:
                 self.ge(_name("device_load", d), self.T,
-                        self.compute_terms(d) + self.shared_terms(d) + self.issue_terms(d))
+                        self.compute_terms(d) + self.shared_terms(d) + self.issue_terms(d)
+                        + self.ts.recompute_terms(d))
         for label in problem.link_labels:
             terms = self.link_terms(label)
             if terms:
@@ -392,6 +403,7 @@ class Formulation:
                 for a in self.dtypes_on(n, d):
                     if p.saved_at[n][a]:
                         terms.append((mu * p.saved_at[n][a], self.r(n, d, a)))
+                terms += self.ts.memory_terms(n, d)
             work = [(n, mu * p.work_mem_at[n][a], self.r(n, d, a)) for n in p.nodes for a in self.dtypes_on(n, d)]
             work = [(n, w, z) for n, w, z in work if w > 0]
             streamed = [(n, mu * p.stream_buffer_bytes(n, StreamMode.PREFETCH), self.sv[n][d])
@@ -466,8 +478,9 @@ class Formulation:
         for n, per_d in self.sv.items():
             for d, s in per_d.items():
                 if label in p.hops(p.host, d):
-                    terms.append((mu * p.param_bytes[n] if budget else tu * p.node_stream_hop_s(n, p.host, d, label), s))
-        return terms
+                    terms.append((mu * p.stream_passes * p.param_bytes[n] if budget
+                                  else tu * p.node_stream_hop_s(n, p.host, d, label), s))
+        return terms + self.ts.link_terms(label, budget)
 
     def _link_budgets(self) -> None:
         for label, limit in self.p.options.link_budget.items():
@@ -513,8 +526,11 @@ class Formulation:
     def _stream_classes(self) -> list[tuple[str, list[str]]]:
         """(device, nodes in topological order) whose weights are interchangeable when streamed to
         the device: same bytes, same stream copies, no shared parameter, one dtype there. Of two such
-        nodes on the device, which one streams changes no cost and no memory."""
+        nodes on the device, which one streams changes no cost and no memory. (None in training:
+        where a node sits in backward decides when its host step can start.)"""
         p = self.p
+        if p.options.training:
+            return []
         with_shared = {n for sp in p.shared for n in (sp.owner, *sp.users)}
         classes: dict[tuple, list[str]] = {}
         for n, per_d in self.sv.items():
@@ -584,17 +600,18 @@ class Formulation:
 
     # -- objective terms ----------------------------------------------------------------------
 
-    def compute_terms(self, device: str | None = None) -> list[Term]:
-        """Compute time of every node (on ``device`` only, when given) and the optimizer steps."""
+    def compute_terms(self, device: str | None = None, *, steps: list[str] | None = None) -> list[Term]:
+        """Compute time of every node (on ``device`` only, when given) and the optimizer steps (on
+        the devices ``steps`` only, when given)."""
         p, tu = self.p, self.units.time
         terms: list[Term] = []
         for n in p.nodes:
             for d in self.allowed[n]:
                 if device is None or d == device:
                     terms += [(tu * p.compute_in[n][d][a], self.r(n, d, a)) for a in self.dtypes_on(n, d)]
-            for d in p.device_names:  # the optimizer step runs where the parameters live
-                if p.opt_step[n][d] and (device is None or d == device):
-                    terms += [(tu * p.opt_step[n][d] * c, v) for c, v in self.resident(n, d)]
+            for d in p.device_names:  # the optimizer step runs where the optimizer state lives
+                if p.opt_step[n][d] and (device is None or d == device) and (steps is None or d in steps):
+                    terms += [(tu * p.opt_step[n][d] * c, v) for c, v in self.ts.state_terms(n, d)]
         return terms + self.cast_terms(device)
 
     def issue_terms(self, device: str | None = None) -> list[Term]:
@@ -645,6 +662,7 @@ class Formulation:
                 seen = 1.0 if seen or dev[n] == d1 else 0.0
         if p.options.objective is Objective.MAKESPAN:
             self.makespan.start_values(values, placement, list_schedule(p, placement))
+        self.ts.start_values(values, placement, dtype)
         self._propagate(values)
         for cp, u, _ in self.halves:  # the copy happens and its producer holds the tensor in 16 bits
             y = values[cp.term.index] if isinstance(cp.term, Column) else float(cp.term)
@@ -688,7 +706,8 @@ class Formulation:
             a = max(per, key=lambda k: values[per[k].index]) if per else p.default_dtype(n, d)
             if a != FLOAT32:
                 precision[n] = a
-        return Placement(device, streamed, StreamMode.PREFETCH, order, precision)
+        state, recompute = self.ts.answer(values, device)
+        return Placement(device, streamed, StreamMode.PREFETCH, order, precision, state, recompute)
 
 
 def interchangeable_devices(problem: Problem) -> list[tuple[str, str]]:

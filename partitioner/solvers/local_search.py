@@ -14,7 +14,9 @@ move is costed incrementally (:class:`_State` keeps every sum and maximum of
 each tensor it touches recosted once, and nodes already where a move would put them are left out:
 on the MoE decoder's 359-node level 0.65 -> 0.42 s, same result); for ``makespan`` by
 :func:`~partitioner.solvers.problem.evaluate` itself (its graphs are small: coarsened above 60
-nodes). Tests check the incremental cost against ``evaluate`` after every accepted move.
+nodes). Tests check the incremental cost against ``evaluate`` after every accepted move. Link
+budgets, stage order and training state (where optimizer state lives, host steps beside backward)
+are not modelled incrementally: such a problem keeps its start.
 """
 
 from __future__ import annotations
@@ -236,8 +238,9 @@ def improve(problem: Problem, start: Solution, *, deadline: float | None = None)
                           StreamMode.PREFETCH, start.placement.order)
     if problem.options.objective is Objective.MAKESPAN:
         placement = _search_makespan(problem, placement, deadline)
-    elif problem.options.link_budget or problem.options.contiguous_stages:
-        placement = placement  # budgets and stage order are not modelled incrementally: keep the start
+    elif problem.options.link_budget or problem.options.contiguous_stages or problem.train_state:
+        # budgets, stage order and training state (solvers/train_state.py) are not modelled incrementally
+        placement = start.placement
     else:
         placement = _search(problem, placement, deadline)
     before, after = rank(problem, start.placement), rank(problem, placement)

@@ -24,6 +24,13 @@ Semantics (documented once, here):
 * a parameter shared by several nodes (tied weights) is resident with its owner; another user
   on a device where it is not resident copies it in every step, synchronously, costed from the
   slowest source (it adds to the critical path and to the destination's busy time);
+* training state (:mod:`partitioner.solvers.train_state`): a trainable node's optimizer state lives
+  with its weights (``resident``), or on the host while the weights stay on the computing device
+  (``Placement.state``: the gradient crosses to the host as backward produces it, the host steps,
+  the updated weights cross back), or the weights themselves live on the host and are streamed in
+  both passes; a gather's table may update row-sparse (``Problem.sparse_ops``); a node may
+  recompute its activations in backward (``Placement.recompute``). With ``latency``, host steps run
+  beside backward, each once its gradient is complete (see that module);
 * objectives: ``latency`` = max(sum of compute and critical-path copies, busiest link);
   ``throughput`` = max(busiest device, busiest link); ``makespan`` = list schedule of the nodes
   in the placement's order (devices run concurrently, a node starts when its device is free and
@@ -65,6 +72,9 @@ from cost_models.training import (
 from partitioner.errors import HetpartError, UnsupportedOp
 from partitioner.ir import OpGraph
 from partitioner.solvers.pipeline import PipelineSpec, evaluate_pipeline
+from partitioner.solvers.train_state import (
+    cost_training_state, grad_hop_s, grad_s, gradient_leaves, offloaded, step_schedule, update_hop_s, update_s,
+)
 
 
 class Objective(str, enum.Enum):
@@ -94,6 +104,10 @@ class Options:
     contiguous_stages: bool = False            # devices form a pipeline: no edge goes back to an earlier stage
     pipeline: PipelineSpec | None = None       # plan pipeline stages (solvers/pipeline.py semantics) instead
     precision: Precision | None = None         # dtypes per device (cost_models/precision.py); None: as traced
+    offload: bool = True                       # training: may optimizer state live on the host, away from its weights
+    recompute: bool = True                     # training: may a node recompute its activations in backward
+    delayed_update: bool = False               # training: the host step of iteration t runs beside t+1 (opted in)
+    sparse_updates: bool = True                # training: may gathers' tables update row-sparse (where allowed)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,10 +124,18 @@ class Placement:
     stream_mode: StreamMode = StreamMode.PREFETCH
     order: tuple[str, ...] = ()
     precision: Mapping[str, str] = dataclasses.field(default_factory=dict)  # node -> dtype (absent: the default)
+    state: Mapping[str, str] = dataclasses.field(default_factory=dict)  # training: node -> host holding its
+                                                                        # optimizer state away from its weights
+    recompute: frozenset[str] = frozenset()    # training: nodes recomputing their activations in backward
+    overlap: bool = True                       # training: host steps start as gradients arrive (False: after backward)
 
     def residence(self, node: str) -> str:
         """The device holding ``node``'s own parameters."""
         return self.streamed.get(node, self.device[node])
+
+    def state_device(self, node: str) -> str:
+        """The device holding ``node``'s optimizer state and running its step."""
+        return self.state.get(node, self.residence(node))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,10 +233,11 @@ class Problem:
         self._cost_nodes()
         self.tensors = self._cross_tensors()
         self.shared = self._shared_params()
+        cost_training_state(self)
         self.link_labels = tuple(link.label for link in devices.links)
         self.streamable = tuple(
             n for n in self.nodes
-            if self.options.streaming and not self.options.training and self.param_bytes[n] > 0
+            if self.options.streaming and self.param_bytes[n] > 0 and (not self.options.training or self.train_state)
         )
 
     # -- construction -------------------------------------------------------------------------
@@ -515,17 +538,31 @@ class Problem:
         """Seconds a prefetched weight copy to ``dst`` adds to its node: the route's latency."""
         return sum(link.latency for link in self.devices.route(self.host, dst))
 
+    @property
+    def stream_passes(self) -> int:
+        """Copies of a streamed weight per step: forward only, or forward and backward (training)."""
+        return 2 if self.options.training else 1
+
     def node_stream_s(self, node: str, src: str, dst: str, mode: StreamMode) -> float:
-        """Seconds per step to stream every member op's weights of ``node`` (one copy per op)."""
-        return sum(self.stream_s(b, src, dst, mode) for b in self.stream_parts[node])
+        """Seconds per step to stream every member op's weights of ``node`` (one copy per op and pass)."""
+        return self.stream_passes * sum(self.stream_s(b, src, dst, mode) for b in self.stream_parts[node])
 
     def node_stream_issue_s(self, node: str, dst: str) -> float:
-        """Issue latency a prefetched ``node`` pays on ``dst``: once per member op's copy."""
-        return len(self.stream_parts[node]) * self.stream_issue_s(dst)
+        """Issue latency a prefetched ``node`` pays on ``dst``: once per member op's copy and pass."""
+        return self.stream_passes * len(self.stream_parts[node]) * self.stream_issue_s(dst)
 
     def node_stream_hop_s(self, node: str, src: str, dst: str, label: str, pinned: bool = True) -> float:
-        """Seconds link ``label`` is busy streaming ``node``'s weights (one copy per member op)."""
-        return sum(self.hop_s(b, src, dst, label, pinned) for b in self.stream_parts[node])
+        """Seconds link ``label`` is busy streaming ``node``'s weights (one copy per member op and pass)."""
+        return self.stream_passes * sum(self.hop_s(b, src, dst, label, pinned) for b in self.stream_parts[node])
+
+    @functools.cache  # noqa: B019
+    def one_way_s(self, nbytes: int, src: str, dst: str) -> float:
+        """Seconds to copy ``nbytes`` once from ``src`` to ``dst`` (a gradient out, an updated weight back)."""
+        return self.costs.transfer_time(nbytes, src, dst, self.devices).seconds if src != dst and nbytes else 0.0
+
+    def state_device(self, placement: Placement, node: str) -> str:
+        """Where ``node``'s optimizer state lives and its step runs under ``placement``."""
+        return placement.state_device(node)
 
     def stream_buffer_bytes(self, node: str, mode: StreamMode) -> int:
         """Device buffer ``node``'s streamed weights need: its largest member copy, once or twice."""
@@ -556,11 +593,15 @@ class Problem:
         set, saved activations and its parameters, or its stream buffer where it may stream them
         there. When it does not, no feasible placement puts it there."""
         need = []
-        for a in self.choices[node].get(device, (FLOAT32,)):
+        dtypes = self.choices[node].get(device, (FLOAT32,))
+        for a in dtypes:
             weights = self.param_mem_at[node][a]
             if node in self.streamable and device != self.host and a == FLOAT32:
                 weights = min(weights, self.stream_buffer_bytes(node, StreamMode.PREFETCH))
-            need.append(self.work_mem_at[node][a] + self.saved_at[node][a] + weights)
+            if node in self.offloadable and device != self.host:  # optimizer state on the host
+                weights = min(weights, self.weight_mem[node])
+            saved = 0 if node in self.recomputable and len(dtypes) == 1 else self.saved_at[node][a]
+            need.append(self.work_mem_at[node][a] + saved + weights)
         return min(need) <= self.capacity[device]
 
     def buffer_factor(self, mode: StreamMode) -> int:
@@ -608,14 +649,22 @@ def evaluate(problem: Problem, placement: Placement) -> Evaluation:
             if t.kind == "weights":
                 pinned = placement.stream_mode is not StreamMode.SYNC
                 link_load[label] += p.node_stream_hop_s(t.tensor, t.src, t.dst, label, pinned)
+            elif t.kind == "gradient":
+                link_load[label] += grad_hop_s(p, t.tensor, t.src, label)
+            elif t.kind == "update":
+                link_load[label] += update_hop_s(p, t.tensor, t.dst, label)
             else:
                 factor = 2 if p.options.training else 1
                 link_load[label] += factor * p.hop_s(t.bytes, t.src, t.dst, label)
+    violations += _state_violations(p, placement)
     busy = {d: 0.0 for d in p.device_names}
     opt = {d: 0.0 for d in p.device_names}
     for n in p.nodes:
         busy[x[n]] += p.compute_in[n].get(x[n], {}).get(dtype[n], float("inf")) + casts[n]
-        opt[placement.residence(n)] += p.opt_step[n][placement.residence(n)]
+        if n in placement.recompute:
+            busy[x[n]] += p.fwd_in.get(n, {}).get(x[n], {}).get(dtype[n], 0.0)
+        home = placement.state_device(n)
+        opt[home] += p.opt_step[n][home]
     for t in transfers:
         if t.kind == "param":
             busy[t.dst] += t.seconds
@@ -626,7 +675,11 @@ def evaluate(problem: Problem, placement: Placement) -> Evaluation:
         critical += sum(t.seconds for t in transfers if t.kind == "weights")
     schedule: dict[str, tuple[float, float]] = {}
     objective = p.options.objective
-    if objective is Objective.LATENCY:
+    if objective is Objective.LATENCY and p.train_state:  # host steps beside backward (solvers/train_state.py)
+        critical += sum(busy.values()) + sum(s for d, s in opt.items() if d != p.host)
+        worker = 0.0 if p.options.delayed_update else step_schedule(p, placement, critical, dtype)
+        total = max([critical, worker, busy[p.host] + opt[p.host], *link_load.values()])
+    elif objective is Objective.LATENCY:
         critical += sum(busy.values()) + sum(opt.values())
         total = max([critical, *link_load.values()])
     elif objective is Objective.THROUGHPUT:
@@ -707,13 +760,34 @@ def _transfers(p: Problem, placement: Placement) -> list[Transfer]:
                 out.append(Transfer(t.name, src, dst, nbytes, p.transfer_s(nbytes, src, dst)))
     for n, home in placement.streamed.items():
         if home != x[n] and p.param_bytes[n]:
-            out.append(Transfer(n, home, x[n], p.param_bytes[n],
+            out.append(Transfer(n, home, x[n], p.stream_passes * p.param_bytes[n],
                                 p.node_stream_s(n, home, x[n], placement.stream_mode), "weights"))
     for sp in p.shared:
         home = placement.residence(sp.owner)
         for dst in dict.fromkeys(x[u] for u in sp.users):
             if dst != home:
                 out.append(Transfer(sp.name, home, dst, sp.bytes, p.shared_param_s(sp, dst), "param"))
+    if p.options.training:
+        for n in p.nodes:
+            if gradient_leaves(p, placement, n):
+                out.append(Transfer(n, x[n], p.host, p.grad_bytes[n], grad_s(p, n, x[n]), "gradient"))
+            if offloaded(p, placement, n):
+                out.append(Transfer(n, p.host, x[n], p.trainable[n], update_s(p, n, x[n]), "update"))
+    return out
+
+
+def _state_violations(p: Problem, placement: Placement) -> list[str]:
+    """Training-state choices the problem does not offer or that say nothing possible."""
+    out = []
+    for n, home in placement.state.items():
+        if home != p.host:
+            out.append(f"op {n} keeps its optimizer state on {home}: state lives with its weights or on the host {p.host}")
+        elif not p.train_state or not p.trainable[n]:
+            out.append(f"op {n} offloads its optimizer state, which needs a training problem (objective latency or "
+                       f"throughput) and trainable parameters")
+    for n in placement.recompute:
+        if not p.train_state or not p.saved[n]:
+            out.append(f"op {n} recomputes its activations, which needs a training problem and saved activations")
     return out
 
 
@@ -728,11 +802,16 @@ def memory_use(p: Problem, placement: Placement) -> dict[str, int]:
     for n in p.nodes:
         d, a = x[n], dtype[n]
         streams = n in placement.streamed and placement.streamed[n] != d
-        params[placement.residence(n)] += p.param_mem[n] if streams else p.param_mem_at[n].get(a, p.param_mem[n])
+        if offloaded(p, placement, n):
+            params[d] += p.weight_mem[n]
+            params[p.host] += p.offload_mem[n]
+        else:
+            params[placement.residence(n)] += p.param_mem[n] if streams else p.param_mem_at[n].get(a, p.param_mem[n])
         if streams:
             buffers[d] = max(buffers[d], p.stream_buffer_bytes(n, placement.stream_mode))
         work[d] = max(work[d], p.work_mem_at[n].get(a, p.work_mem[n]))
-        saved[d] += p.saved_at[n].get(a, p.saved[n])
+        if n not in placement.recompute:
+            saved[d] += p.saved_at[n].get(a, p.saved[n])
     return {d: params[d] + buffers[d] + work[d] + saved[d] for d in p.device_names}
 
 

@@ -9,6 +9,10 @@ something independent of the ILP and of coarsening.
 Precision (``Options.precision``): every dtype a node may compute in on its device is tried too,
 a streamed node in float32 only.
 
+Training state (``partitioner.solvers.train_state``): each trainable node computing on an
+accelerator with its weights resident keeps its optimizer state there or on the host, and each
+node that may recompute (in one dtype on its device, as the ILP offers it) does or does not.
+
 Makespan: the list schedule depends only on the order of the nodes sharing a device, so every
 topological order is tried (few at these sizes).
 """
@@ -40,7 +44,10 @@ def expand(problem: Problem, placement: Placement) -> tuple[Problem, Placement]:
                 for op in problem.members[n] if original.param_bytes[op]}
     order = tuple(op for n in (placement.order or problem.nodes) for op in problem.members[n])
     precision = {op: problem.op_dtype(op, a) for n, a in placement.precision.items() for op in problem.members[n]}
-    return original, Placement(device, streamed, placement.stream_mode, order, precision)
+    state = {op: home for n, home in placement.state.items() for op in problem.members[n] if original.trainable[op]}
+    recompute = frozenset(op for n in placement.recompute for op in problem.members[n] if original.saved[op])
+    return original, Placement(device, streamed, placement.stream_mode, order, precision, state, recompute,
+                               placement.overlap)
 
 
 def original_problem(problem: Problem) -> Problem:
@@ -59,7 +66,20 @@ def placements(problem: Problem) -> Iterator[Placement]:
         for mask in itertools.product((False, True), repeat=len(optional)):
             streamed = {n: host for n, on in zip(optional, mask) if on}
             for dtypes in itertools.product(*(_dtypes(problem, n, device[n], n in streamed) for n in problem.nodes)):
-                yield Placement(device, streamed, StreamMode.PREFETCH, precision=dict(zip(problem.nodes, dtypes)))
+                precision = dict(zip(problem.nodes, dtypes))
+                for state, recompute in _training_states(problem, device, streamed):
+                    yield Placement(device, streamed, StreamMode.PREFETCH, precision=precision, state=state,
+                                    recompute=recompute)
+
+
+def _training_states(problem: Problem, device: dict, streamed: dict) -> Iterator[tuple[dict, frozenset]]:
+    """Every (state, recompute) the ILP may choose with these devices and streams."""
+    offload = [n for n in problem.offloadable if device[n] != problem.host and n not in streamed]
+    again = [n for n in problem.recomputable if len(problem.choices[n][device[n]]) == 1]
+    for mask in itertools.product((False, True), repeat=len(offload)):
+        state = {n: problem.host for n, on in zip(offload, mask) if on}
+        for mask2 in itertools.product((False, True), repeat=len(again)):
+            yield state, frozenset(n for n, on in zip(again, mask2) if on)
 
 
 def _dtypes(problem: Problem, node: str, device: str, streamed: bool) -> tuple[str, ...]:
@@ -83,6 +103,7 @@ def count_candidates(problem: Problem) -> int:
         options = sum((2 if n in streamable and d != problem.host else 1) * len(problem.choices[n][d])
                       for d in problem.allowed[n])
         per_node *= options
+    per_node *= 2 ** (len(problem.offloadable) + len(problem.recomputable))  # at most: training-state choices
     return per_node * (len(orders(problem)) if problem.options.objective is Objective.MAKESPAN else 1)
 
 
@@ -98,7 +119,7 @@ def optimum(problem: Problem) -> tuple[float, Placement | None]:
     for placement in placements(problem):
         for order in all_orders:
             candidate = Placement(placement.device, placement.streamed, placement.stream_mode, order,
-                                  placement.precision)
+                                  placement.precision, placement.state, placement.recompute)
             original, flat = expand(problem, candidate)
             ev = evaluate(original, flat)
             if ev.feasible and ev.total_s < best:

@@ -76,8 +76,9 @@ def instances(draw: st.DrawFn) -> tuple[Problem, dict]:
                             draw(st.sampled_from((None, 2))))
         objective, streaming = Objective.THROUGHPUT, False
     try:
+        # training state choices (offload, recompute) are certified by tests/property/test_training_state.py
         problem = Problem(problem_graph, profile, Options(objective=objective, streaming=streaming, training=training,
-                                                          pipeline=spec),
+                                                          pipeline=spec, offload=False, recompute=False),
                           pins=pins, members=members, original=graph)
     except Exception:  # a pin on a device that cannot run the op: not an instance
         assume(False)

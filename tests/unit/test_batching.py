@@ -30,7 +30,9 @@ def gpt_tiny():
 @pytest.fixture(scope="module")
 def fit(gpt_tiny):
     module, inputs = gpt_tiny
-    return fit_batch(module, inputs, "h200-host", global_batch=64, memory=CAPS, time_limit=10)
+    # every activation saved (no recompute) and state with its weights: memory grows with the batch
+    return fit_batch(module, inputs, "h200-host", global_batch=64, memory=CAPS, time_limit=10, recompute=False,
+                     offload=False)
 
 
 def test_the_largest_fitting_micro_batch_is_chosen_and_the_next_larger_does_not_fit(fit, gpt_tiny) -> None:
@@ -103,7 +105,8 @@ def test_time_per_global_step_pays_the_optimizer_once(fit) -> None:
 def test_partition_batch_auto_gives_the_same_micro_batch(gpt_tiny) -> None:
     module, inputs = gpt_tiny
     tokens = inputs_at_batch(inputs, 16)
-    plan = partition(module, tokens, "h200-host", memory=CAPS, training=True, batch="auto", time_limit=10)
+    plan = partition(module, tokens, "h200-host", memory=CAPS, training=True, batch="auto", time_limit=10,
+                     recompute=False, offload=False)
     assert plan.batch["global_batch"] == 16 and plan.batch["micro_batch"] == 8
     fixed = partition(module, tokens, "h200-host", memory=CAPS, training=True, batch=4, time_limit=10)
     assert fixed.batch["micro_batch"] == 4 and fixed.batch["accumulation_steps"] == 4
@@ -162,7 +165,7 @@ def test_fit_refuses_inference_pipelines_and_bad_batch_values(gpt_tiny) -> None:
 def test_hetpart_fit_prints_the_micro_batch_steps_memory_and_time(capsys, tmp_path) -> None:
     out_file = tmp_path / "plan.json"
     code = main(["fit", "gpt:tiny", "--training", "--global-batch", "16", "--memory", "cuda:0=1MB",
-                 "--memory", "cpu=1MB", "--time-limit", "10", "-o", str(out_file)])
+                 "--memory", "cpu=1MB", "--time-limit", "10", "--no-recompute", "--no-offload", "-o", str(out_file)])
     out, err = capsys.readouterr()
     assert code == 0, err
     assert "global batch 16 = 2 x micro-batch 8 (gradient accumulation)" in out
@@ -177,6 +180,7 @@ def test_hetpart_fit_in_bf16_fits_a_larger_micro_batch_under_the_same_caps(capsy
     out_file = tmp_path / "plan.json"
     code = main(["fit", "gpt:tiny", "--training", "--global-batch", "16", "--memory", "cuda:0=1MB",
                  "--memory", "cpu=1MB", "--time-limit", "10", "--precision", "cuda:0=bf16,cpu=bf16",
+                 "--no-recompute", "--no-offload",
                  "-o", str(out_file)])
     out, err = capsys.readouterr()
     assert code == 0, err

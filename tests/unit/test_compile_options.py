@@ -51,7 +51,7 @@ def _raised_by_compiled_call(options: dict) -> BaseException:
     ({"devices": PROFILE, "memory": {"cuda:0": "lots"}}, UnitError, "memory cap for cuda:0: 'lots' is not valid"),
     ({"devices": PROFILE, "memory": {"tpu:9": "1GB"}}, ProfileError, "no device 'tpu:9' in profile"),
     ({"devices": PROFILE, "optimizer": "lion", "training": True}, HetpartError,
-     "option 'optimizer' must be one of sgd, sgd-momentum, adam; got 'lion'"),
+     "option 'optimizer' must be one of sgd, sgd-momentum, adam, adamw, adagrad, sparse-adam; got 'lion'"),
     ({"devices": 5}, HetpartError, "option 'devices' must be a built-in profile name"),
     ({"devices": PROFILE, "plan_dir": 5}, HetpartError, "option 'plan_dir' must be the path of a folder"),
 ])
@@ -128,6 +128,10 @@ CHANGED = {
     "align_modules": ("Linear",),
     "link_budget": {"cpu<->cuda:0": 10**9},
     "contiguous_stages": True,
+    "offload": False,
+    "recompute": False,
+    "sparse_updates": False,
+    "delayed_update": True,
 }
 #: the options each change sets
 CHANGES = {name: {name: value} for name, value in CHANGED.items()}

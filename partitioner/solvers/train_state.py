@@ -1,0 +1,252 @@
+"""Training state as part of a placement: where each trainable node's optimizer state lives, how
+its gradient gets there, row-sparse updates, recompute, and when host steps run.
+
+In: a :class:`~partitioner.solvers.problem.Problem` in training mode (:func:`cost_training_state`
+fills its per-node numbers when it is built) and a
+:class:`~partitioner.solvers.problem.Placement`. Out: those numbers, and :func:`step_schedule`,
+when the host's optimizer steps end, which :func:`~partitioner.solvers.problem.evaluate` and the
+ILP (:mod:`partitioner.solvers.train_state_rows`) both use.
+
+Semantics (``DESIGN.md``, "Training state is placement"). For a node with trainable parameters
+(``P`` trainable bytes, ``F`` frozen, ``G`` gradient bytes: ``P``, or the rows a batch can touch
+for a row-sparse table; ``k`` state copies of the optimizer):
+
+* **resident** (the default): weights, gradient and state on the computing device ``d``
+  (``F + P + G + kP`` there); the step runs there, in its stream, after the node's backward;
+* **offloaded** (``Placement.state[node] = host``): the weights stay on ``d`` (``F + P``), the host
+  holds a float32 master copy, the gradient and the state (``P + G + kP``); the gradient crosses
+  ``d -> host`` as backward produces it (``G`` bytes), the host steps, and the updated weights
+  cross back (``P`` bytes);
+* **streamed** (``Placement.streamed``): everything lives on the host (``F + P + G + kP``), the
+  weights are copied to ``d`` in forward and again in backward (two copies per step, a reused
+  buffer on ``d``), the gradient crosses back (``G``), and the host steps;
+* a node computing on the host keeps everything there and the host steps.
+
+A **row-sparse** update (a trainable gather whose table no other op reads, when the optimizer
+allows: exactly for SGD and Adagrad, lazily for ``sparse-adam``, :func:`cost_models.training.sparse_update`)
+writes no dense gradient in backward and steps only the rows a batch can touch. A node that
+**recomputes** (``Placement.recompute``) saves no activations and runs its forward again in
+backward.
+
+When host steps run (objective ``latency``). The devices run the step's forward and backward one
+op after another (``S``: compute, copies, stream issue, and the steps resident on accelerators).
+Backward reaches a node's gradient at ``G_n = S - (backward time of the nodes before it)`` at the
+latest; its gradient arrives on the host a copy later; one host worker steps the nodes in the
+order their gradients arrive, each once its gradient is there and the previous step is done; an
+offloaded node's updated weights then cross back. The step ends at the latest of ``S``, the last
+updated weight's arrival, the host's total work (its compute and every host step) and each
+link's load. With ``Placement.overlap`` false (what ZeRO-Offload, FSDP2 and torchao do), host steps
+start only after backward. With ``Options.delayed_update`` (ZeRO-Offload's one-step delayed
+update, opted in) the host's steps of one iteration run beside the next one's forward and
+backward: the worker's chain no longer waits, and only the host's total work and the links bound
+the step. Other objectives (throughput, makespan, pipeline stages) price each step on its state's
+device; streaming, offload and recompute are offered with ``latency`` and ``throughput`` only.
+"""
+
+from __future__ import annotations
+
+from cost_models.training import dense_gradient_time, sparse_update
+from partitioner.ir import OpClass
+
+# Problem and Placement (partitioner.solvers.problem) are annotations only: problem.py imports this
+# module, which imports nothing back.
+
+__all__ = ["cost_training_state", "step_schedule", "step_split"]
+
+
+def cost_training_state(p: Problem) -> None:
+    """Fill ``p``'s training-state numbers: ``train_state`` (choices offered), ``sparse_ops``,
+    ``grad_bytes``, ``weight_mem``, ``offload_mem``, ``fwd_in`` / ``bwd_in`` (forward and backward
+    seconds per device and dtype), ``offloadable`` and ``recomputable``; and re-price parameter
+    memory, optimizer steps and sparse gathers' backward."""
+    o = p.options
+    p.train_state = bool(o.training and o.pipeline is None and o.objective.value != "makespan")
+    p.sparse_exact = o.optimizer.sparse_exact
+    p.grad_bytes = dict(p.trainable)
+    p.weight_mem = dict(p.param_bytes)
+    p.offload_mem = {n: 0 for n in p.nodes}
+    p.fwd_in, p.bwd_in = {}, {}
+    p.grad_parts = {n: () for n in p.nodes}    # per member op: gradient bytes (one copy each)
+    p.update_parts = {n: () for n in p.nodes}  # per member op: trainable weight bytes (one copy back each)
+    p.sparse_ops = frozenset()
+    p.offloadable, p.recomputable = (), ()
+    p.op_order = tuple(op.name for op in p.original.topological_order())  # backward runs it in reverse
+    p.node_of = {op: n for n in p.nodes for op in p.members[n]}
+    p.op_bwd, p.op_step, p.op_grad = {}, {}, {}
+    if not o.training:
+        return
+    graph = p.original
+    p.sparse_ops = frozenset(_sparse_ops(p))
+    k = o.optimizer.state_copies
+    for n in p.nodes:
+        ops = [graph.ops[m] for m in p.members[n]]
+        step_bytes = {op.name: _update_bytes(p, op) for op in ops}
+        grad = sum(step_bytes.values())
+        trainable = p.trainable[n]
+        frozen = p.param_bytes[n] - trainable
+        p.grad_bytes[n] = grad
+        p.grad_parts[n] = tuple(b for b in step_bytes.values() if b)
+        p.update_parts[n] = tuple(op.trainable_param_bytes for op in ops if op.trainable_param_bytes)
+        p.param_mem[n] = frozen + trainable + grad + k * trainable
+        p.offload_mem[n] = trainable + grad + k * trainable
+        p.param_mem_at[n] = {a: p.param_mem[n] for a in p.param_mem_at[n]}  # float32 masters in training
+        p.opt_step[n] = {d.name: sum(p.costs.optimizer_step_time(b, d, o.optimizer).seconds
+                                     for b in step_bytes.values()) for d in p.devices.devices}
+        for op in ops:
+            p.op_grad[op.name] = step_bytes[op.name]
+            p.op_step[op.name] = {d.name: p.costs.optimizer_step_time(step_bytes[op.name], d, o.optimizer).seconds
+                                  for d in p.devices.devices}
+            p.op_bwd[op.name] = {}
+        p.fwd_in[n], p.bwd_in[n] = {}, {}
+        for d, per_a in p.compute_in[n].items():
+            device = p.devices.device(d)
+            p.fwd_in[n][d], p.bwd_in[n][d] = {}, {}
+            for a in per_a:
+                fwd_total = 0.0
+                for op in ops:
+                    fwd, bwd = _fwd_bwd(p, op, device, p.op_dtype(op.name, a))
+                    p.op_bwd[op.name].setdefault(d, {})[a] = bwd
+                    fwd_total += fwd
+                    if op.name in p.sparse_ops:
+                        per_a[a] = max(per_a[a] - dense_gradient_time(op, device).seconds, 0.0)
+                p.fwd_in[n][d][a] = min(fwd_total, per_a[a])
+                p.bwd_in[n][d][a] = per_a[a] - p.fwd_in[n][d][a]
+            p.compute[n][d] = per_a[p.choices[n][d][0]]
+    if p.train_state and o.offload:
+        p.offloadable = tuple(n for n in p.nodes if p.trainable[n] > 0)
+    if p.train_state and o.recompute:
+        p.recomputable = tuple(n for n in p.nodes if p.saved[n] > 0
+                               and not all(graph.ops[m].op_class is OpClass.VIEW for m in p.members[n]))
+
+
+def _fwd_bwd(p: Problem, op, device, dtype: str) -> tuple[float, float]:  # noqa: ANN001
+    """``op``'s forward and backward seconds on ``device`` in ``dtype`` (a row-sparse gather's
+    backward without its dense gradient)."""
+    if dtype == "float32":
+        total, fwd = p.costs.training_op_time(op, device).seconds, p.costs.op_time(op, device).seconds
+    else:
+        total = p.costs.op_time_in(op, device, dtype, training=True).seconds
+        fwd = p.costs.op_time_in(op, device, dtype).seconds
+    if op.name in p.sparse_ops:
+        total -= dense_gradient_time(op, device).seconds
+    fwd = min(fwd, max(total, 0.0))
+    return fwd, max(total - fwd, 0.0)
+
+
+def _sparse_ops(p: Problem) -> list[str]:
+    """Trainable gathers whose table may update row-sparse: the optimizer allows it, the op owns
+    its table alone (no other op reads it: a tied weight's gradient is dense) and reads it with
+    one index tensor."""
+    if not p.options.optimizer.sparse_rows or not p.options.sparse_updates:
+        return []
+    shared = {sp.name for sp in p.shared}
+    out = []
+    for op in p.original.ops.values():
+        if op.op_class is not OpClass.GATHER or not op.trainable_param_bytes or len(op.owned_params) != 1:
+            continue
+        (name,) = op.owned_params
+        param = p.original.params[name]
+        if name in shared or set(param.users) - {op.name} or not param.shape:
+            continue
+        if _update_bytes_of(p, op, param) is not None:
+            out.append(op.name)
+    return out
+
+
+def _index_elements(p: Problem, op) -> int:  # noqa: ANN001 - an Op
+    """Elements of the gather's index input (the rows one batch reads at most)."""
+    sizes = [p.original.tensors[t] for t in op.inputs if t in p.original.tensors]
+    ints = [t for t in sizes if t.dtype.startswith(("int", "uint"))]
+    return max((_numel(t.shape) for t in ints), default=0)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    out = 1
+    for s in shape:
+        out *= s
+    return out
+
+
+def _update_bytes_of(p: Problem, op, param) -> int | None:  # noqa: ANN001
+    rows = _index_elements(p, op)
+    if rows <= 0:
+        return None
+    return sparse_update(op, param.shape[0], rows, p.options.optimizer)
+
+
+def _update_bytes(p: Problem, op) -> int:  # noqa: ANN001 - an Op
+    """Trainable bytes ``op``'s gradient and step move per iteration (its rows when sparse)."""
+    if op.name in p.sparse_ops:
+        (name,) = op.owned_params
+        touched = _update_bytes_of(p, op, p.original.params[name])
+        if touched is not None:
+            return touched
+    return op.trainable_param_bytes
+
+
+def grad_s(p: Problem, n: str, src: str) -> float:
+    """Seconds ``n``'s gradients take from ``src`` to the host (one copy per member op)."""
+    return sum(p.one_way_s(b, src, p.host) for b in p.grad_parts[n])
+
+
+def update_s(p: Problem, n: str, dst: str) -> float:
+    """Seconds ``n``'s updated weights take from the host to ``dst`` (one copy per member op)."""
+    return sum(p.one_way_s(b, p.host, dst) for b in p.update_parts[n])
+
+
+def grad_hop_s(p: Problem, n: str, src: str, label: str) -> float:
+    return sum(p.hop_s(b, src, p.host, label) for b in p.grad_parts[n])
+
+
+def update_hop_s(p: Problem, n: str, dst: str, label: str) -> float:
+    return sum(p.hop_s(b, p.host, dst, label) for b in p.update_parts[n])
+
+
+def offloaded(p: Problem, placement: Placement, n: str) -> bool:
+    """``n`` keeps its weights on its computing device and its optimizer state on the host."""
+    return placement.state.get(n) == p.host and placement.residence(n) == placement.device[n] != p.host
+
+
+def gradient_leaves(p: Problem, placement: Placement, n: str) -> bool:
+    """``n``'s gradient crosses to the host (offloaded or streamed, computing off the host)."""
+    return p.trainable[n] > 0 and placement.device[n] != p.host and placement.state_device(n) == p.host
+
+
+def step_schedule(p: Problem, placement: Placement, sequential: float, dtype: dict[str, str]) -> float:
+    """When the host's last optimizer step (and the updated weights it sends back) ends, given the
+    devices' sequential time ``sequential`` (see the module docstring); 0.0 without host steps."""
+    x, host = placement.device, p.host
+    before = 0.0
+    prefix: dict[str, float] = {}
+    for op in p.op_order:  # per original op, so a coarse node's members step as they would alone
+        n = p.node_of[op]
+        prefix[op] = before
+        before += p.op_bwd[op].get(x[n], {}).get(dtype[n], 0.0)
+    worker = end = 0.0
+    for op in reversed(p.op_order):
+        n = p.node_of[op]
+        if not p.op_grad[op] or placement.state_device(n) != host:
+            continue
+        ready = sequential - prefix[op]
+        if x[n] != host:
+            ready += p.one_way_s(p.op_grad[op], x[n], host)
+        if not placement.overlap:
+            ready = max(ready, sequential)
+        worker = max(worker, ready) + p.op_step[op][host]
+        back = p.one_way_s(p.original.ops[op].trainable_param_bytes, host, x[n]) if offloaded(p, placement, n) else 0.0
+        end = max(end, worker + back)
+    return end
+
+
+def step_split(p: Problem, placement: Placement, sequential: float, total: float) -> tuple[dict[str, float], float, float]:
+    """Optimizer-step seconds per device, and of them the seconds hidden beside backward and the
+    seconds exposed after it (accelerator steps run in their stream: exposed)."""
+    per_device = {d: 0.0 for d in p.device_names}
+    for n in p.nodes:
+        if p.trainable[n]:
+            d = placement.state_device(n)
+            per_device[d] += p.opt_step[n][d]
+    host_steps = per_device[p.host]
+    in_stream = sum(s for d, s in per_device.items() if d != p.host)
+    after = max(0.0, min(total - sequential, host_steps)) if p.train_state else host_steps
+    return per_device, max(0.0, host_steps - after), in_stream + after
