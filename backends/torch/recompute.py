@@ -14,8 +14,8 @@ recomputation.
 :func:`region_runs` is the grouping alone, shared with the generated file
 (:mod:`backends.torch.source`), which writes each run as a nested function of ``forward``.
 
-Refused: an op that writes a tensor in place (recomputing it would write twice), and a module
-called whole (a symbolic trace's ``call_module``: its parameters would be registered twice).
+Refused: an op that writes a tensor in place, or a normalization updating running statistics in
+training (recomputing either would write twice), and a module called whole (a symbolic trace's ``call_module``: its parameters would be registered twice).
 Recompute needs autograd: under ``torch.no_grad`` a region simply runs (checkpoint saves nothing
 then, as nothing would be saved anyway). A plan with recomputed ops is a training plan: an
 inference plan with a ``training_state`` section is refused when the plan is made
@@ -38,7 +38,8 @@ import torch.utils.checkpoint
 
 from partitioner.errors import HetpartError
 
-__all__ = ["REGION_PREFIX", "checkpoint_recomputed", "recompute_regions", "recomputed_ops", "region_runs"]
+__all__ = ["REGION_PREFIX", "check_recomputable", "checkpoint_recomputed", "recompute_regions", "recomputed_ops",
+           "region_runs"]
 
 REGION_PREFIX = "_hetpart_recompute_"
 
@@ -93,6 +94,21 @@ def check_recomputable(node: torch.fx.Node) -> None:
     if schema is not None and schema.is_mutable:
         raise HetpartError(f"cannot recompute {node.name} ({node.target}): it writes a tensor in place, and "
                            f"backward's recomputation would write it again; drop it from training_state.recompute")
+    if schema is not None and _updates_statistics(node, [a.name for a in schema.arguments]):
+        raise HetpartError(f"cannot recompute {node.name} ({node.target}): in training it updates running "
+                           f"statistics, and backward's recomputation would update them again; drop it from "
+                           f"training_state.recompute")
+
+
+def _updates_statistics(node: torch.fx.Node, names: list[str]) -> bool:
+    """A normalization in training mode with running statistics (batch norm, instance norm)."""
+    flag = next((n for n in ("training", "use_input_stats") if n in names), None)
+    if flag is None or "running_mean" not in names:
+        return False
+    def value(name: str) -> Any:
+        i = names.index(name)
+        return node.args[i] if i < len(node.args) else node.kwargs.get(name)
+    return value(flag) is True and isinstance(value("running_mean"), torch.fx.Node)
 
 
 def checkpoint_recomputed(gm: torch.fx.GraphModule, plan: Any) -> list[list[str]]:
@@ -154,7 +170,7 @@ def _checkpoint_region(gm: torch.fx.GraphModule, run: list[torch.fx.Node], attr:
         call = graph.call_function(torch.utils.checkpoint.checkpoint, (fn, *inputs), {"use_reentrant": False})
         items = [graph.call_function(operator.getitem, (call, i)) for i in range(len(outputs))]
     for node, item in zip(outputs, items):
-        item.meta = dict(node.meta)
+        item.meta = {**node.meta, "hetpart_value": node.meta.get("hetpart_value", node.name)}  # its name in the plan
         node.replace_all_uses_with(item, delete_user_cb=lambda user: user not in inside)
     for node in reversed(run):
         graph.erase_node(node)

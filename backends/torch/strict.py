@@ -192,7 +192,9 @@ def _fx_site(node: torch.fx.Node, plan: Any) -> Site | None:
 
 
 def _tensor_name(node: torch.fx.Node, plan: Any) -> str:
-    """The plan's name of the value of ``node``: a parameter's target, an op's or input's name."""
+    """The plan's name of the value of ``node``: a parameter's target, an op's or input's name (an
+    output of a checkpointed region, and its placeholder inside a later one, carries the op's name
+    in ``meta["hetpart_value"]``)."""
     if node.op == "get_attr":
         return str(node.target)
-    return node.meta.get("hetpart_op", node.name)
+    return node.meta.get("hetpart_op", node.meta.get("hetpart_value", node.name))

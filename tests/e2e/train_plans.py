@@ -21,12 +21,13 @@ from partitioner.solvers.problem import Options, Placement, Problem, Solution, S
 
 def training_plan(model: torch.nn.Module, inputs: tuple, *, device: Mapping[str, str] | None = None,
                   default: str = "cuda:0", streamed: Collection[str] = (), profile: str = "cpu-gpu-npu") -> Plan:
-    """The training plan of a hand-made placement issued in graph order; ``streamed`` ops keep
-    their weights on the host."""
+    """The training plan of a hand-made placement issued in graph order (an op its device cannot
+    run goes to ``default``); ``streamed`` ops keep their weights on the host."""
     graph = from_module(model, inputs)
     problem = Problem(graph, load_profile(profile), Options(training=True))
     host = problem.host
-    placed = {n: (device or {}).get(n, default) for n in problem.nodes}
+    wanted = {n: (device or {}).get(n, default) for n in problem.nodes}
+    placed = {n: d if d in problem.allowed[n] else default for n, d in wanted.items()}  # npu:0 runs no mean
     placement = Placement(placed, {n: host for n in streamed}, StreamMode.PREFETCH, tuple(problem.nodes))
     return Plan.from_solution(problem, Solution("hand", placement, Status.HEURISTIC), evaluate(problem, placement))
 

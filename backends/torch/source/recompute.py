@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from backends.torch.recompute import recomputed_ops, region_runs
+from backends.torch.recompute import check_recomputable, recomputed_ops, region_runs
 
 if TYPE_CHECKING:
     from backends.torch.source.forward import Statement, _Part
@@ -38,6 +38,9 @@ def checkpoint_runs(parts: Sequence[_Part], tail_used: set[str], plan: Any, name
         return False
     runs = [region_runs(part.statements, plan.placement, recompute,
                         lambda s: s.node.name if s.node.name in plan.placement else "") for part in parts]
+    for part_runs in runs:
+        for statement in (s for run in part_runs for s in run if s.node.name in recompute):
+            check_recomputable(statement.node)
     functions = iter([names.make("recompute", "recompute_") for part_runs in runs for _ in part_runs])
     named = [[next(functions) for _ in part_runs] for part_runs in runs]  # in the file's order
     for index, part in enumerate(parts):
