@@ -20,44 +20,16 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from backends.compare import _table
 from backends.strict_devices import StrictDevices
+from backends.strict_report import Observed, ParamRow, training_table
 from partitioner.plan.training_state import param_states
 
-__all__ = ["Observed", "ParamRow", "observe_params", "param_rows", "training_state_report"]
-
-
-@dataclasses.dataclass(frozen=True)
-class Observed:
-    """What a run showed of one parameter (None: not seen)."""
-
-    weights: str | None = None    # logical device of the weight
-    gradient: str | None = None   # "sparse" | "dense" (None: no gradient yet)
-    state: str | None = None      # logical device of its optimizer state
-
-
-@dataclasses.dataclass(frozen=True)
-class ParamRow:
-    """One parameter: the plan's devices and update, and what the run showed."""
-
-    name: str
-    op: str
-    compute: str
-    weights: str
-    state: str            # its gradient goes there too
-    update: str           # "dense" | "sparse"
-    seen: Observed = Observed()
-
-    @property
-    def ok(self) -> bool:
-        return ((self.seen.weights in (None, self.weights)) and (self.seen.gradient in (None, self.update))
-                and (self.seen.state in (None, self.state)))
+__all__ = ["Observed", "ParamRow", "observe_params", "param_rows", "training_state_report", "training_table"]
 
 
 def observe_params(mode: StrictDevices, module: torch.nn.Module, plan: Any,
@@ -87,23 +59,14 @@ def param_rows(plan: Any, observed: Mapping[str, Observed] | None = None) -> lis
 
 
 def training_state_report(plan: Any, observed: Mapping[str, Observed] | None = None) -> list[str]:
-    """The table of :func:`param_rows` (empty for a plan without the section); a run's columns
-    only when ``observed`` is given."""
+    """The table of :func:`param_rows` under a title (empty for a plan without the section); the
+    run's columns only when ``observed`` is given."""
     rows = param_rows(plan, observed)
     if not rows:
         return []
-    header = ["parameter", "op", "computes on", "weight on", "gradient to", "state on", "update"]
-    if observed is not None:
-        header += ["weight seen", "gradient seen", "state seen", ""]
-    table = [header]
-    for r in rows:
-        cells = [r.name, r.op, r.compute, r.weights, r.state, r.state, r.update]
-        if observed is not None:
-            cells += [r.seen.weights or "-", r.seen.gradient or "-", r.seen.state or "-", "ok" if r.ok else "DIFFERS"]
-        table.append(cells)
     section = plan.training_state
     lines = [f"training state ({section['optimizer']}): where each parameter's weight, gradient and state live"]
-    lines += _table(table, indent="  ")
+    lines += training_table(rows, seen=observed is not None)
     if section.get("recompute"):
         lines.append(f"  recomputed in backward: {', '.join(section['recompute'])}")
     return lines

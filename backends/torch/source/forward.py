@@ -23,7 +23,7 @@ from torch.export.graph_signature import OutputKind
 
 from backends.strict_devices import Site, schema_name
 from backends.torch.source.layout import Layout, tensor_placeholders
-from backends.torch.source.recompute import checkpoint_runs
+from backends.torch.source.recompute import Statement, checkpoint_runs
 from backends.torch.source.template import (
     IDENT, Names, comment_text, device_literal, device_tag, joined, literal, torch_name, wrapped,
 )
@@ -59,18 +59,6 @@ class _Part:
     statements: list[Statement] = dataclasses.field(default_factory=list)  # one per op, in order
 
 
-@dataclasses.dataclass
-class Statement:
-    """The lines one op added to its part: ``lines[start:end]`` (its copies, fetches, module
-    comment and call), the names they define and the names they read."""
-
-    node: torch.fx.Node
-    start: int
-    end: int
-    defined: list[str]
-    used: set[str]
-
-
 class ForwardPrinter:
     """Prints the forward of the lifted graph in the plan's issue order (see the module docstring)."""
 
@@ -91,7 +79,7 @@ class ForwardPrinter:
         parts = self._parts(_issue_order(self.graph, self.plan.schedule))
         tail = _Part("")
         tail.lines, out_spec = self._epilogue(tail)
-        checkpoints = checkpoint_runs(parts, tail.used, self.plan, self.names)
+        checkpoints = checkpoint_runs(parts, tail.used, self.plan, lambda: self.names.make("recompute", "recompute_"))
         body: list[str] = []
         sites: dict[int, Site] = {}
         freed: set[str] = set()

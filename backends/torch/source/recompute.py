@@ -1,8 +1,8 @@
 """Recomputed runs in a generated file: nested functions called through ``torch.utils.checkpoint``.
 
-In: the printed parts of a forward (:mod:`backends.torch.source.forward`: each op's statement with
-the names it defines and reads), the names the return reads, the plan and the file's
-:class:`~backends.torch.source.template.Names`. Out: the parts with every maximal run of recomputed
+In: the printed parts of a forward (:mod:`backends.torch.source.forward`: each op's
+:class:`Statement`, with the names it defines and reads), the names the return reads, the plan and
+a maker of the file's fresh identifiers. Out: the parts with every maximal run of recomputed
 ops (:func:`backends.torch.recompute.region_runs`, the grouping ``plan.emit`` uses: consecutive
 in issue order on one device, with their copies and fetches) written as::
 
@@ -19,20 +19,33 @@ reads stay local to it and are never freed by forward's ``del``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch.fx
 
 from backends.torch.recompute import check_recomputable, recomputed_ops, region_runs
 
-if TYPE_CHECKING:
-    from backends.torch.source.forward import Statement, _Part
-    from backends.torch.source.template import Names
-
-__all__ = ["checkpoint_runs"]
+__all__ = ["Statement", "checkpoint_runs"]
 
 
-def checkpoint_runs(parts: Sequence[_Part], tail_used: set[str], plan: Any, names: Names) -> bool:
-    """Rewrite the recomputed runs of ``parts`` in place; whether there were any."""
+@dataclasses.dataclass
+class Statement:
+    """The lines one op added to its part: ``lines[start:end]`` (its copies, fetches, module
+    comment and call), the names they define and the names they read."""
+
+    node: torch.fx.Node
+    start: int
+    end: int
+    defined: list[str]
+    used: set[str]
+
+
+def checkpoint_runs(parts: Sequence[Any], tail_used: set[str], plan: Any, new_name: Callable[[], str]) -> bool:
+    """Rewrite the recomputed runs of ``parts`` (the printer's parts: ``lines``, ``sites``,
+    ``defined``, ``used`` and their :class:`Statement` list) in place; ``new_name()`` gives each
+    run's function a fresh identifier of the file; returns whether there were any."""
     recompute = recomputed_ops(plan)
     if not recompute:
         return False
@@ -41,7 +54,7 @@ def checkpoint_runs(parts: Sequence[_Part], tail_used: set[str], plan: Any, name
     for part_runs in runs:
         for statement in (s for run in part_runs for s in run if s.node.name in recompute):
             check_recomputable(statement.node)
-    functions = iter([names.make("recompute", "recompute_") for part_runs in runs for _ in part_runs])
+    functions = iter([new_name() for part_runs in runs for _ in part_runs])
     named = [[next(functions) for _ in part_runs] for part_runs in runs]  # in the file's order
     for index, part in enumerate(parts):
         later_parts = set(tail_used).union(*(p.used for p in parts[index + 1:]))
@@ -51,7 +64,7 @@ def checkpoint_runs(parts: Sequence[_Part], tail_used: set[str], plan: Any, name
     return any(runs)
 
 
-def _rewrite(part: _Part, run: list[Statement], after: set[str], fn: str) -> None:
+def _rewrite(part: Any, run: list[Statement], after: set[str], fn: str) -> None:
     defined = [n for s in run for n in s.defined]
     inside = set(defined)
     free = sorted({n for s in run for n in s.used} - inside)
