@@ -22,7 +22,11 @@ logical devices to real ones (``{"cuda:0": "cpu"}`` runs any plan on a CPU-only 
   :class:`~backends.torch.streaming.WeightStreamer`: on CUDA, copies run on a side stream a
   few ops ahead, ordered by events; on a CPU binding the same path makes plain copies.
 
-A plan with a ``precision`` section gets its casts from :mod:`backends.torch.precision`.
+A plan with a ``precision`` section gets its casts from :mod:`backends.torch.precision`. A training
+plan's ``training_state`` section (:mod:`partitioner.plan.training_state`) is followed by three
+passes: row-sparse tables (:mod:`backends.torch.sparse_grads`), streamed weights fetched again in
+backward rather than kept (:mod:`backends.torch.train_streaming`; any training plan that streams)
+and recomputed runs under ``torch.utils.checkpoint`` (:mod:`backends.torch.recompute`).
 
 The generated ``forward`` is ordinary fx Python code (``module.code``): no interpreter at run time.
 """

@@ -266,3 +266,22 @@ def test_recomputing_a_batch_norm_in_training_is_refused() -> None:
     plan = with_training_state(training_plan(model, (torch.randn(8, 4),)), model, recompute=["batch_norm"])
     with pytest.raises(HetpartError, match=r"cannot recompute batch_norm .* updates running statistics"):
         plan.emit(model, {"cuda:0": "cpu:1"})
+
+
+def test_the_training_check_shows_each_parameters_state_beside_the_run() -> None:
+    """``check_plan(..., training=True, strict_devices=True)``: the row-sparse gradient is compared
+    as the dense one it equals, and the report's table says where each weight, gradient and state
+    lives, the run's weight device and gradient layout beside the plan's."""
+    from backends.torch import check_plan
+
+    model, inputs = _small("emb-transformer")
+    plan = training_plan(model, inputs, streamed=["embedding"])
+    plan = with_training_state(plan, model, sparse=["emb.weight"], state_on_host=["layers.0.mlp.ff1.weight"],
+                               recompute=["gelu"])
+    report = check_plan(plan, model, inputs, training=True, strict_devices=True, repeat=1)
+    text = report.to_text()
+    assert report.passed, text
+    rows = {line.split()[0]: line.split() for line in text.splitlines() if line.startswith("  ") and len(line.split()) == 11}
+    assert rows["emb.weight"][1:] == ["embedding", "cuda:0", "cpu", "cpu", "cpu", "sparse", "cpu", "sparse", "-", "ok"]
+    assert rows["layers.0.mlp.ff1.weight"][3:7] == ["cuda:0", "cpu", "cpu", "dense"]
+    assert len(rows) == len(list(model.parameters()))

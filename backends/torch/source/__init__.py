@@ -18,7 +18,9 @@ Out: the text of a Python module (:func:`source_text`) or that file written atom
   ``PartitionedModel()`` alone has empty parameters.
 
 It behaves as ``plan.emit(model, device_map)``: same parameter homes, streamed weights, issue
-order and factory devices; transfers are written per *logical* device pair, so a copy between
+order and factory devices, and for a training plan the same row-sparse gathers, streamed weights
+fetched again in backward (hetpart's ``TrainingStreamer``) and recomputed runs (nested functions
+called through ``torch.utils.checkpoint``, :mod:`.recompute`); transfers are written per *logical* device pair, so a copy between
 two devices bound to one physical device is a no-op rather than absent.
 
 Safety: nothing the model or the plan file supplies (module and parameter names, node names, the
