@@ -119,7 +119,8 @@ def emit_module(
     gm = unlifted_module(graph)
     _match_persistence(gm, model)
     tensors = {name for name, t in graph.tensors.items() if t.dtype != NOT_A_TENSOR}
-    mark_sparse_gradients(plan, {n.name: n for n in gm.graph.nodes}, _param_readers(gm))
+    if plan.training_state:  # row-sparse tables (a no-op without sparse updates)
+        mark_sparse_gradients(plan, {n.name: n for n in gm.graph.nodes}, _param_readers(gm))
     gm = place_module(gm, plan, binding, tensors=tensors)
     apply_precision(gm, plan)  # casts where the plan computes in 16 bits (a no-op without a precision section)
     if plan.training:

@@ -157,7 +157,7 @@ def _checkpoint_region(gm: torch.fx.GraphModule, run: list[torch.fx.Node], attr:
         for arg in node.all_input_nodes:
             if arg not in inside and arg not in env:
                 env[arg] = sub.placeholder(arg.name)
-                env[arg].meta = dict(arg.meta)
+                env[arg].meta = {**arg.meta, "hetpart_value": _plan_name(arg)}  # what strict devices call it
                 inputs.append(arg)
         env[node] = sub.node_copy(node, lambda n: env[n])
     outputs = [n for n in run if any(u not in inside for u in n.users)]
@@ -174,6 +174,13 @@ def _checkpoint_region(gm: torch.fx.GraphModule, run: list[torch.fx.Node], attr:
         node.replace_all_uses_with(item, delete_user_cb=lambda user: user not in inside)
     for node in reversed(run):
         graph.erase_node(node)
+
+
+def _plan_name(node: torch.fx.Node) -> str:
+    """The plan's name of ``node``'s value (as :func:`backends.torch.strict.fx_sites` names copies)."""
+    if node.op == "get_attr":
+        return str(node.target)
+    return node.meta.get("hetpart_op", node.meta.get("hetpart_value", node.name))
 
 
 def recompute_regions(module: torch.nn.Module) -> Iterator[torch.fx.GraphModule]:

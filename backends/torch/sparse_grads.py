@@ -73,6 +73,10 @@ def mark_sparse_gradients(plan: Any, ops: Mapping[str, torch.fx.Node],
             raise HetpartError(f"training_state gives {ps.name} a sparse update by op {ps.op}, which is not in the "
                                f"captured graph: the plan is not this model's")
         index = sparse_argument(node.target)
+        if node.op == "call_module":
+            raise HetpartError(f"training_state gives {ps.name} a sparse update, but {ps.op} calls module "
+                               f"{node.target} whole (symbolic_trace capture), whose sparse flag cannot be set "
+                               f"here; re-plan with capture 'export'")
         if index is None:
             raise HetpartError(f"training_state gives {ps.name} a sparse update, but its op {ps.op} "
                                f"({node.target}) is no gather (embedding, embedding_bag): its gradient is dense; "
