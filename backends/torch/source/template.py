@@ -280,7 +280,10 @@ def _header(plan: Any, layout: Layout) -> list[str]:
         "# PartitionedModel() alone has EMPTY parameters (uninitialised memory): never run it unloaded.",
         "# The forward is the graph torch.export captured (in the mode the model was in then).",
     ]
-    if layout.streamed:
+    if layout.streamed and plan.training:
+        lines.append("# Streamed weights are fetched by hetpart's TrainingStreamer (again in backward, not kept "
+                     "between the passes): hetpart must be installed.")
+    elif layout.streamed:
         lines.append("# Streamed weights are fetched by hetpart's WeightStreamer: hetpart must be installed.")
     else:
         lines.append("# Needs only torch.")
