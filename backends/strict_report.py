@@ -12,7 +12,9 @@ anything else an ``activation`` transfer, each keyed (tensor, from, to, kind) li
 ``plan.transfers``. An empty tensor moves no bytes and is no transfer (the plan omits it too).
 Resident bytes are compared with the parameter bytes the plan puts on each device (each op's own,
 where its weights live); the plan's memory figure, which adds activations and stream buffers, is
-shown beside them.
+shown beside them. A training plan with a ``training_state`` section adds one row per parameter:
+where the plan keeps its weight, gradient and optimizer state, beside what the run showed
+(:mod:`backends.strict_training`).
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ from backends.compare import _table
 from backends.strict_devices import Copy
 from cost_models.units import format_bytes
 
-__all__ = ["DeviceReport", "DeviceRow", "LinkRow", "compare_with_plan", "observed_transfers", "planned_parameters",
-           "planned_transfers"]
+__all__ = ["DeviceReport", "DeviceRow", "LinkRow", "Observed", "ParamRow", "compare_with_plan", "observed_transfers",
+           "planned_parameters", "planned_transfers", "training_table"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -64,6 +66,49 @@ class DeviceRow:
 
 
 @dataclasses.dataclass(frozen=True)
+class Observed:
+    """What a run showed of one parameter (None: not seen)."""
+
+    weights: str | None = None    # logical device of the weight
+    gradient: str | None = None   # "sparse" | "dense" (None: no gradient yet)
+    state: str | None = None      # logical device of its optimizer state
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamRow:
+    """One parameter: the plan's devices and update, and what the run showed."""
+
+    name: str
+    op: str
+    compute: str
+    weights: str
+    state: str            # its gradient goes there too
+    update: str           # "dense" | "sparse"
+    seen: Observed = Observed()
+
+    @property
+    def ok(self) -> bool:
+        return ((self.seen.weights in (None, self.weights)) and (self.seen.gradient in (None, self.update))
+                and (self.seen.state in (None, self.state)))
+
+
+def training_table(rows: Sequence[ParamRow], seen: bool = True) -> list[str]:
+    """The rows as a table (nothing for no rows); the run's columns when ``seen``."""
+    if not rows:
+        return []
+    header = ["parameter", "op", "computes on", "weight on", "gradient to", "state on", "update"]
+    if seen:
+        header += ["weight seen", "gradient seen", "state seen", ""]
+    table = [header]
+    for r in rows:
+        cells = [r.name, r.op, r.compute, r.weights, r.state, r.state, r.update]
+        if seen:
+            cells += [r.seen.weights or "-", r.seen.gradient or "-", r.seen.state or "-", "ok" if r.ok else "DIFFERS"]
+        table.append(cells)
+    return _table(table, indent="  ")
+
+
+@dataclasses.dataclass(frozen=True)
 class DeviceReport:
     """A strict-devices run beside its plan: copies per link, bytes per device, differences."""
 
@@ -72,10 +117,12 @@ class DeviceReport:
     devices: tuple[DeviceRow, ...]
     differences: tuple[str, ...]            # transfers only the run or only the plan has
     error: str = ""                         # the DeviceMismatch that stopped the run
+    training: tuple[ParamRow, ...] = ()     # a training plan's state per parameter, beside the run's
 
     @property
     def passed(self) -> bool:
-        return not self.error and not self.differences and all(r.ok for r in (*self.links, *self.devices))
+        return not self.error and not self.differences and all(r.ok for r in (*self.links, *self.devices,
+                                                                                  *self.training))
 
     def to_text(self) -> str:
         """The tables ``hetpart check --strict-devices`` prints."""
@@ -93,6 +140,7 @@ class DeviceReport:
         rows += [[r.device, f"{r.resident:,}", f"{r.plan_params:,}", format_bytes(r.plan_used),
                   "ok" if r.ok else "DIFFERS"] for r in self.devices]
         lines += _table(rows, indent="  ")
+        lines += training_table(self.training)
         lines += [f"  differs: {d}" for d in self.differences[:10]]
         if len(self.differences) > 10:
             lines.append(f"  ... and {len(self.differences) - 10} more")

@@ -2,23 +2,26 @@
 
 Modules:
 
-============  ===================================================================================
-module        what it does
-============  ===================================================================================
-``module``    :func:`emit_module`: the captured graph with explicit transfers, weights on their
-              devices, the plan's issue order and streamed weights (``Plan.emit``);
-              ``place_module``: the same steps on a graph captured elsewhere (``backends.compile``)
-``source``    :func:`emit_source`: the same placement as one readable Python file
-              (``Plan.emit_source``); a generator in three parts (layout, forward, template)
-``streaming`` :class:`WeightStreamer`: host-resident weights copied to the computing device per
-              call, prefetched on a CUDA side stream
-``precision`` :func:`apply_precision`: casts where the plan computes in 16 bits, float32 master
-              weights in training, :class:`LossScaler` for float16 training
-``check``     :func:`check_plan`: the emitted module beside the original, outputs and gradients
-``strict``    :class:`StrictRun`: an emitted module (or generated file) under strict devices
-``live``      :func:`emit_live`: a plan with its fallback plans; before each call the one that
-              fits the memory free now runs (a probe reads it; switches are logged)
-============  ===================================================================================
+===================  =====================================================================================
+module               what it does
+===================  =====================================================================================
+``module``           :func:`emit_module`: the captured graph with explicit transfers, weights on their
+                     devices, the plan's issue order and streamed weights (``Plan.emit``);
+                     ``place_module``: the same steps on a graph captured elsewhere (``backends.compile``)
+``source``           :func:`emit_source`: the same placement as one readable Python file
+                     (``Plan.emit_source``); a generator in three parts (layout, forward, template)
+``streaming``        :class:`WeightStreamer`: host-resident weights copied to the computing device per
+                     call, prefetched on a CUDA side stream
+``precision``        :func:`apply_precision`: casts where the plan computes in 16 bits, float32 master
+                     weights in training, :class:`LossScaler` for float16 training
+``sparse_grads``     a training plan's row-sparse tables: their gathers called with ``sparse=True``
+``train_streaming``  streamed weights in training: fetched again in backward, not kept
+``recompute``        the ops a training plan recomputes, under ``torch.utils.checkpoint`` per run
+``check``            :func:`check_plan`: the emitted module beside the original, outputs and gradients
+``strict``           :class:`StrictRun`: an emitted module (or generated file) under strict devices
+``live``             :func:`emit_live`: a plan with its fallback plans; before each call the one that
+                     fits the memory free now runs (a probe reads it; switches are logged)
+===================  =====================================================================================
 
 Example:
     >>> from backends.torch import BACKEND

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -39,6 +40,7 @@ from torch.utils import _pytree as pytree
 
 from backends.binding import bind_devices
 from backends.compare import MISSING, CheckReport, compare, interleaved_medians
+from backends.strict_training import observe_params, param_rows
 from backends.torch.precision import SCALER_ATTR
 from backends.torch.strict import StrictRun
 from partitioner.errors import DeviceMismatch, HetpartError, PlanMismatch
@@ -114,6 +116,9 @@ def check_plan(
             try:
                 emit_outs, emit_grads = run_emitted(emitted, args, call=lambda m, a: _strict_forward(strict, m, a))
                 devices = strict.report()
+                if training and plan.training_state:  # where each weight, gradient and state lives
+                    seen = observe_params(strict.mode, emitted, plan)
+                    devices = dataclasses.replace(devices, training=tuple(param_rows(plan, seen)))
             except DeviceMismatch as exc:  # the verdict; the numbers are still compared
                 devices = strict.report(error=str(exc))
                 emit_outs, emit_grads = run_emitted(emitted, args)
@@ -173,7 +178,7 @@ def _accumulated(steps: int, whole: Callable[..., tuple[dict, dict]]) -> Callabl
         if not keep:
             return {}, {}
         outs = {k: v.detach() for k, v in _outputs(concat_outputs(step.outputs)).items()}
-        return outs, {name: p.grad for name, p in params.items() if p.requires_grad}
+        return outs, {name: _dense(p.grad) for name, p in params.items() if p.requires_grad}
 
     return run
 
@@ -277,8 +282,13 @@ def _training_step(module: torch.nn.Module, args: tuple, *, keep: bool = True,
             p.grad = None
     if not keep:
         return {}, {}
-    grads = {name: p.grad for name, p in params.items() if p.requires_grad}
+    grads = {name: _dense(p.grad) for name, p in params.items() if p.requires_grad}
     return {k: v.detach() for k, v in outs.items()}, grads
+
+
+def _dense(grad: torch.Tensor | None) -> torch.Tensor | None:
+    """A row-sparse gradient (an embedding the plan updates sparsely) as the dense one it equals."""
+    return grad.to_dense() if grad is not None and grad.layout is not torch.strided else grad
 
 
 def _synchronizer(devices: Sequence[str]) -> Callable[[], None]:

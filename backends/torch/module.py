@@ -22,7 +22,11 @@ logical devices to real ones (``{"cuda:0": "cpu"}`` runs any plan on a CPU-only 
   :class:`~backends.torch.streaming.WeightStreamer`: on CUDA, copies run on a side stream a
   few ops ahead, ordered by events; on a CPU binding the same path makes plain copies.
 
-A plan with a ``precision`` section gets its casts from :mod:`backends.torch.precision`.
+A plan with a ``precision`` section gets its casts from :mod:`backends.torch.precision`. A training
+plan's ``training_state`` section (:mod:`partitioner.plan.training_state`) is followed by three
+passes: row-sparse tables (:mod:`backends.torch.sparse_grads`), streamed weights fetched again in
+backward rather than kept (:mod:`backends.torch.train_streaming`; any training plan that streams)
+and recomputed runs under ``torch.utils.checkpoint`` (:mod:`backends.torch.recompute`).
 
 The generated ``forward`` is ordinary fx Python code (``module.code``): no interpreter at run time.
 """
@@ -43,8 +47,11 @@ import torch.fx
 from backends.binding import bind_devices
 from backends.torch.attributes import attribute, rebind_tensor
 from backends.torch.precision import apply_precision
+from backends.torch.recompute import checkpoint_recomputed
 from backends.torch.replaced import remember
-from backends.torch.streaming import WeightStreamer
+from backends.torch.sparse_grads import mark_sparse_gradients
+from backends.torch.streaming import STREAMER_ATTR, WeightStreamer
+from backends.torch.train_streaming import TrainingStreamer, install_refetch
 from partitioner.errors import HetpartError, PlanMismatch
 from partitioner.frontends.fx import capture_mode, from_module
 from partitioner.frontends.inputs import check_call, examples
@@ -52,8 +59,6 @@ from partitioner.frontends.names import check_fx_names, check_graph_targets
 from partitioner.ir import NOT_A_TENSOR, OpGraph
 
 log = logging.getLogger(__name__)
-
-STREAMER_ATTR = "_hetpart_streamer"
 
 
 def example_inputs_for(plan: Any) -> tuple[Any, ...]:
@@ -114,8 +119,13 @@ def emit_module(
     gm = unlifted_module(graph)
     _match_persistence(gm, model)
     tensors = {name for name, t in graph.tensors.items() if t.dtype != NOT_A_TENSOR}
+    if plan.training_state:  # row-sparse tables (a no-op without sparse updates)
+        mark_sparse_gradients(plan, {n.name: n for n in gm.graph.nodes}, _param_readers(gm))
     gm = place_module(gm, plan, binding, tensors=tensors)
     apply_precision(gm, plan)  # casts where the plan computes in 16 bits (a no-op without a precision section)
+    if plan.training:
+        _train_streamed(gm)
+    checkpoint_recomputed(gm, plan)  # a no-op without training_state.recompute
     if plan.inputs:
         gm.register_forward_pre_hook(PlannedInputs(plan.inputs, _input_names(model)), prepend=True)
     remember(model, gm)  # an optimizer over model.parameters() would train nothing: refused at its step
@@ -232,6 +242,28 @@ def _param_uses(gm: torch.fx.GraphModule) -> dict[str, list[torch.fx.Node]]:
             for name, _ in [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]:
                 uses.setdefault(f"{node.target}.{name}", []).append(node)
     return uses
+
+
+def _param_readers(gm: torch.fx.GraphModule) -> dict[str, list[torch.fx.Node]]:
+    """Attribute tensor (each of its names) → every op node reading it under any name (tied weights)."""
+    uses = _param_uses(gm)
+    groups: dict[int, list[str]] = {}
+    for target in uses:
+        groups.setdefault(id(attribute(gm, target)), []).append(target)
+    out: dict[str, list[torch.fx.Node]] = {}
+    for targets in groups.values():
+        readers = list(dict.fromkeys(u for t in targets for u in uses[t]))
+        out.update({t: readers for t in targets})
+    return out
+
+
+def _train_streamed(gm: torch.fx.GraphModule) -> None:
+    """A training module's streamed weights: fetched again in backward, not kept between the
+    passes, gradients copied back to the host weights as they are (:mod:`backends.torch.train_streaming`)."""
+    streamer = getattr(gm, STREAMER_ATTR)
+    if streamer.order:
+        setattr(gm, STREAMER_ATTR, TrainingStreamer(gm, list(streamer.devices.items())))
+        install_refetch(gm)
 
 
 def _parameter_homes(gm: torch.fx.GraphModule, plan: Any) -> dict[str, str]:

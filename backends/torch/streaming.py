@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+STREAMER_ATTR = "_hetpart_streamer"  # the emitted module's attribute holding its streamer
 LOOKAHEAD = 2  # weights in flight ahead of the one being used: double buffering
 
 
@@ -38,7 +39,7 @@ class WeightStreamer:
                 tensor.data = tensor.data.pin_memory()
 
     def __deepcopy__(self, memo: dict) -> WeightStreamer:  # a copied module gets its own streamer
-        return WeightStreamer(memo.get(id(self._module), self._module), list(self.devices.items()))
+        return type(self)(memo.get(id(self._module), self._module), list(self.devices.items()))
 
     def _host(self, target: str) -> torch.Tensor:
         owner, _, attr = target.rpartition(".")
@@ -49,7 +50,7 @@ class WeightStreamer:
         """The weight ``target`` on ``device`` (fetched ahead of time where the device allows)."""
         dev = torch.device(device)
         if dev.type != "cuda":
-            return self._host(target).to(dev)
+            return self._copy(self._host(target), dev, non_blocking=False)
         i = self._index[target]
         if i == 0:
             self._pending.clear()
@@ -64,6 +65,11 @@ class WeightStreamer:
         tensor.record_stream(current)
         return tensor
 
+    def _copy(self, host: torch.Tensor, device: torch.device, non_blocking: bool) -> torch.Tensor:
+        """The host weight's copy on ``device`` (a training streamer copies through its own
+        autograd function, :mod:`backends.torch.train_streaming`)."""
+        return host.to(device, non_blocking=non_blocking)
+
     def _issue(self, i: int) -> None:
         target = self.order[i]
         dev = torch.device(self.devices[target])
@@ -71,7 +77,7 @@ class WeightStreamer:
             self._stream = torch.cuda.Stream(dev)
         self._stream.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(self._stream):
-            tensor = self._host(target).to(dev, non_blocking=True)
+            tensor = self._copy(self._host(target), dev, non_blocking=True)
             event = torch.cuda.Event()
             event.record(self._stream)
         self._pending[i] = (tensor, event)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import inspect
 import re
 from collections.abc import Mapping
+from types import CodeType
 from typing import Any
 
 import torch
@@ -39,6 +40,7 @@ import torch.utils._pytree as pytree
 
 from backends.strict_devices import Site, StrictDevices, schema_name
 from backends.torch.attributes import attribute
+from backends.torch.recompute import recompute_regions
 from backends.strict_report import DeviceReport, compare_with_plan
 from partitioner.errors import HetpartError
 
@@ -73,9 +75,13 @@ class StrictRun:
         """
         forward = type(module).forward
         canonical = canonical_names(module, self.plan)
-        found = fx_sites(module, self.plan) if sites is None else sites
-        self.mode.watch(forward.__code__, {n: s._replace(tensor=canonical.get(s.tensor, s.tensor))
-                                           for n, s in found.items()})
+        if sites is None:  # plan.emit's module, and the checkpointed regions it calls (their own fx code)
+            watched = [(forward.__code__, fx_sites(module, self.plan))]
+            watched += [(type(r).forward.__code__, fx_sites(r, self.plan)) for r in recompute_regions(module)]
+        else:  # a generated file: its line map covers the functions nested in forward (recomputed runs)
+            watched = [(code, sites) for code in _nested_codes(forward.__code__)]
+        for code, found in watched:
+            self.mode.watch(code, {n: s._replace(tensor=canonical.get(s.tensor, s.tensor)) for n, s in found.items()})
         self._inputs[forward.__code__] = list(inspect.signature(forward).parameters)[1:]
         state = [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]
         known = {n for names in self.plan.param_names.values() for n in names}
@@ -101,6 +107,15 @@ class StrictRun:
     def report(self, error: str = "") -> DeviceReport:
         """The last step's copies and the watched module's resident bytes beside the plan."""
         return compare_with_plan(self.plan, self.device_map, self.mode.copies, self.mode.resident(self._state), error)
+
+
+def _nested_codes(code: CodeType) -> list[CodeType]:
+    """``code`` and the code of every function defined inside it, at any depth."""
+    out = [code]
+    for const in code.co_consts:
+        if isinstance(const, CodeType):
+            out += _nested_codes(const)
+    return out
 
 
 def _plain_tensors(module: torch.nn.Module, names: set[str]) -> list[tuple[str, torch.Tensor]]:
@@ -177,7 +192,9 @@ def _fx_site(node: torch.fx.Node, plan: Any) -> Site | None:
 
 
 def _tensor_name(node: torch.fx.Node, plan: Any) -> str:
-    """The plan's name of the value of ``node``: a parameter's target, an op's or input's name."""
+    """The plan's name of the value of ``node``: a parameter's target, an op's or input's name (an
+    output of a checkpointed region, and its placeholder inside a later one, carries the op's name
+    in ``meta["hetpart_value"]``)."""
     if node.op == "get_attr":
         return str(node.target)
-    return node.meta.get("hetpart_op", node.name)
+    return node.meta.get("hetpart_op", node.meta.get("hetpart_value", node.name))

@@ -18,7 +18,9 @@ Out: the text of a Python module (:func:`source_text`) or that file written atom
   ``PartitionedModel()`` alone has empty parameters.
 
 It behaves as ``plan.emit(model, device_map)``: same parameter homes, streamed weights, issue
-order and factory devices; transfers are written per *logical* device pair, so a copy between
+order and factory devices, and for a training plan the same row-sparse gathers, streamed weights
+fetched again in backward (hetpart's ``TrainingStreamer``) and recomputed runs (nested functions
+called through ``torch.utils.checkpoint``, :mod:`.recompute`); transfers are written per *logical* device pair, so a copy between
 two devices bound to one physical device is a no-op rather than absent.
 
 Safety: nothing the model or the plan file supplies (module and parameter names, node names, the
@@ -43,12 +45,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.fx
 
 from backends.binding import bind_devices
 from backends.strict_devices import Site
 from backends.torch.module import capture_for
 from backends.torch.source.forward import ForwardPrinter
-from backends.torch.source.layout import plan_layout
+from backends.torch.source.layout import plan_layout, tensor_placeholders
+from backends.torch.sparse_grads import mark_sparse_gradients
 from backends.torch.source.template import Names, render
 from partitioner.errors import HetpartError, VerificationError
 from partitioner.files import refuse_overwrite, write_atomic
@@ -129,7 +133,8 @@ def _generate(plan: Any, model: torch.nn.Module, device_map: Mapping[str, str] |
         raise HetpartError(f"emit_source needs a plan captured with torch.export, not {plan.capture!r}: "
                            f"re-plan with capture='export' (CLI: --capture export)")
     binding = bind_devices(plan, device_map)
-    program = capture_for(plan, model, example_inputs).source
+    program = capture_for(plan, model, example_inputs).source  # a fresh capture: its graph is ours to change
+    mark_sparse_gradients(plan, {n.name: n for n in program.graph_module.graph.nodes}, _readers(program, model))
     names = Names()
     layout = plan_layout(plan, model, program, binding, names)
     text, sites = render(plan, layout, ForwardPrinter(plan, program, layout, names).lines())
@@ -138,3 +143,18 @@ def _generate(plan: Any, model: torch.nn.Module, device_map: Mapping[str, str] |
     except SyntaxError as err:  # a generator bug, never the user's: say where
         raise VerificationError(f"generated source does not compile at line {err.lineno}: {err.msg}") from err
     return text, sites
+
+
+def _readers(program: Any, model: torch.nn.Module) -> dict[str, list[torch.fx.Node]]:
+    """Each lifted tensor's name → every op reading it under any of its names (tied weights)."""
+    named = dict(model.named_parameters(remove_duplicate=False))
+    named.update(model.named_buffers(remove_duplicate=False))
+    groups: dict[int, list[str]] = {}
+    placeholders = tensor_placeholders(program)
+    for target in placeholders:
+        groups.setdefault(id(named.get(target, placeholders[target])), []).append(target)
+    out: dict[str, list[torch.fx.Node]] = {}
+    for targets in groups.values():
+        readers = list(dict.fromkeys(u for t in targets for u in placeholders[t].users if u.op != "output"))
+        out.update({t: readers for t in targets})
+    return out

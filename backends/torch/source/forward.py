@@ -4,6 +4,8 @@ In: the plan, the exported program, the :class:`~backends.torch.source.layout.La
 file's :class:`~backends.torch.source.template.Names`. Out: a :class:`Body` (forward's inputs, the
 lines reading weights, the parts with their ``.to(DEVICE_...)`` copies and streamed fetches, the
 return). Each part is one run of ops on one logical device; values no later part reads are freed.
+The ops a training plan recomputes become checkpointed nested functions
+(:mod:`backends.torch.source.recompute`).
 """
 
 from __future__ import annotations
@@ -20,11 +22,12 @@ import torch.utils._pytree as pytree
 from torch.export.graph_signature import OutputKind
 
 from backends.strict_devices import Site, schema_name
-from backends.torch.module import STREAMER_ATTR
 from backends.torch.source.layout import Layout, tensor_placeholders
+from backends.torch.source.recompute import Statement, checkpoint_runs
 from backends.torch.source.template import (
     IDENT, Names, comment_text, device_literal, device_tag, joined, literal, torch_name, wrapped,
 )
+from backends.torch.streaming import STREAMER_ATTR
 from partitioner.errors import HetpartError, PlanMismatch, UnsupportedOp
 
 
@@ -43,6 +46,7 @@ class Body:
     lines: list[str]          # the parts, buffer updates and the return
     out_spec: str | None      # the output's tree spec (JSON) when the return needs it
     sites: dict[int, Site] = dataclasses.field(default_factory=dict)  # index in lines -> what it does
+    checkpoints: bool = False  # recomputed runs call torch.utils.checkpoint
 
 
 @dataclasses.dataclass
@@ -52,6 +56,7 @@ class _Part:
     sites: list[Site | None] = dataclasses.field(default_factory=list)  # beside lines
     defined: list[str] = dataclasses.field(default_factory=list)   # values to free after the part
     used: set[str] = dataclasses.field(default_factory=set)
+    statements: list[Statement] = dataclasses.field(default_factory=list)  # one per op, in order
 
 
 class ForwardPrinter:
@@ -74,6 +79,7 @@ class ForwardPrinter:
         parts = self._parts(_issue_order(self.graph, self.plan.schedule))
         tail = _Part("")
         tail.lines, out_spec = self._epilogue(tail)
+        checkpoints = checkpoint_runs(parts, tail.used, self.plan, lambda: self.names.make("recompute", "recompute_"))
         body: list[str] = []
         sites: dict[int, Site] = {}
         freed: set[str] = set()
@@ -88,7 +94,7 @@ class ForwardPrinter:
             freed.update(dead)
             if dead:  # values no later part reads: free them, as the fx code of plan.emit does
                 body += wrapped("del ", dead)
-        return Body(self.inputs, self.weights, body + [""] + tail.lines, out_spec, sites)
+        return Body(self.inputs, self.weights, body + [""] + tail.lines, out_spec, sites, checkpoints)
 
     # -- naming ----------------------------------------------------------------------------------
 
@@ -117,12 +123,16 @@ class ForwardPrinter:
                 parts.append(_Part(device, [self._header(len(parts) + 1, device)], [None]))
                 module = None
             part = parts[-1]
+            start, first, outer = len(part.lines), len(part.defined), part.used
+            part.used = set()
             self._statement(node, part)  # any transfers, then the call: the module comment goes between
             path = self.plan.modules.get(node.name, "")
             if path and path != module:
                 part.lines.insert(len(part.lines) - 1, f"# {comment_text(path)}")
                 part.sites.insert(len(part.sites) - 1, None)
             module = path or module
+            part.statements.append(Statement(node, start, len(part.lines), part.defined[first:], part.used))
+            part.used = outer | part.used
         return parts
 
     def _header(self, index: int, device: str) -> str:

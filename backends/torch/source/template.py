@@ -45,7 +45,8 @@ _HELPERS = ("_submodule", "_parameter", "_buffer", "_alias", "_get", "load_weigh
 
 
 _RESERVED = frozenset(
-    set(dir(builtins)) | {"self", "torch", "pytree", "WeightStreamer", CLASS_NAME, "build", "_OUT_SPEC", *_HELPERS}
+    set(dir(builtins)) | {"self", "torch", "pytree", "WeightStreamer", "TrainingStreamer", "install_refetch",
+                          CLASS_NAME, "build", "_OUT_SPEC", *_HELPERS}
 )
 
 
@@ -121,7 +122,7 @@ def wrapped(head: str, names: list[str], width: int = 88) -> list[str]:
     return lines + [line]
 
 
-def init_lines(layout: Layout) -> list[str]:
+def init_lines(layout: Layout, training: bool = False) -> list[str]:
     lines = []
     for t in layout.tensors:
         device = layout.device_var[t.device] if t.device else device_literal(t.value.device)
@@ -138,7 +139,11 @@ def init_lines(layout: Layout) -> list[str]:
             lines.append(f"_buffer(self, {name}, {_value(t.qualified, t.value, device)}, persistent=False)")
     if layout.streamed:
         pairs = ", ".join(f"({ascii(t)}, str({layout.device_var[d]}))" for t, d in layout.streamed)
-        lines.append(f"self.{STREAMER_ATTR} = WeightStreamer(self, [{pairs}])")
+        if training:  # fetched again in backward, not kept (backends.torch.train_streaming)
+            lines.append(f"self.{STREAMER_ATTR} = TrainingStreamer(self, [{pairs}])")
+            lines.append("install_refetch(self)")
+        else:
+            lines.append(f"self.{STREAMER_ATTR} = WeightStreamer(self, [{pairs}])")
     return lines
 
 
@@ -275,7 +280,10 @@ def _header(plan: Any, layout: Layout) -> list[str]:
         "# PartitionedModel() alone has EMPTY parameters (uninitialised memory): never run it unloaded.",
         "# The forward is the graph torch.export captured (in the mode the model was in then).",
     ]
-    if layout.streamed:
+    if layout.streamed and plan.training:
+        lines.append("# Streamed weights are fetched by hetpart's TrainingStreamer (again in backward, not kept "
+                     "between the passes): hetpart must be installed.")
+    elif layout.streamed:
         lines.append("# Streamed weights are fetched by hetpart's WeightStreamer: hetpart must be installed.")
     else:
         lines.append("# Needs only torch.")
@@ -288,7 +296,11 @@ def render(plan: Any, layout: Layout, body: Body) -> tuple[str, dict[int, Site]]
                                    "", "import torch"]
     if body.out_spec is not None:
         out.append("import torch.utils._pytree as pytree")
-    if layout.streamed:
+    if body.checkpoints:
+        out.append("import torch.utils.checkpoint")
+    if layout.streamed and plan.training:
+        out.append("from backends.torch.train_streaming import TrainingStreamer, install_refetch  # hetpart's streamer")
+    elif layout.streamed:
         out.append("from backends.torch import WeightStreamer  # hetpart's streamer")
     out += ["", "# The plan's devices and the devices they run on here (edit to re-bind)."]
     for device, var in layout.device_var.items():
@@ -301,7 +313,7 @@ def render(plan: Any, layout: Layout, body: Body) -> tuple[str, dict[int, Site]]
             '    """Parameters on the devices that use them; forward issues the parts in order."""', "",
             "    def __init__(self) -> None:", "        super().__init__()",
             "        # parameters and buffers under the model's names, each created on its device"]
-    out += [f"        {line}" for line in init_lines(layout)]
+    out += [f"        {line}" for line in init_lines(layout, plan.training)]
     out += ["", f"    def forward({', '.join(['self', *body.inputs])}):"]
     if body.weights:
         out += ["        # parameters and buffers read in place (streamed weights are fetched per part)"]
