@@ -14,6 +14,9 @@ module        what it does
               call, prefetched on a CUDA side stream
 ``precision`` :func:`apply_precision`: casts where the plan computes in 16 bits, float32 master
               weights in training, :class:`LossScaler` for float16 training
+``optim``     :func:`placed_optimizer`: the training step's ``torch.optim.Optimizer``, each
+              parameter's state and step on its planned device, host steps beside backward
+              (``Plan.emit_optimizer``)
 ``check``     :func:`check_plan`: the emitted module beside the original, outputs and gradients
 ``strict``    :class:`StrictRun`: an emitted module (or generated file) under strict devices
 ``live``      :func:`emit_live`: a plan with its fallback plans; before each call the one that
@@ -37,6 +40,7 @@ from backends.compare import CheckReport
 from backends.torch.check import check_plan
 from backends.torch.live import LiveModule, emit_live
 from backends.torch.module import emit_module
+from backends.torch.optim import PlacedOptimizer, placed_optimizer
 from backends.torch.source import emit_source, source_text
 from backends.torch.streaming import WeightStreamer
 from backends.torch.strict import StrictRun
@@ -72,5 +76,5 @@ class TorchBackend:
 
 BACKEND = TorchBackend()
 
-__all__ = ["BACKEND", "StrictRun", "TorchBackend", "WeightStreamer", "LiveModule", "check_plan", "emit_live", "emit_module", "emit_source",
-           "source_text"]
+__all__ = ["BACKEND", "StrictRun", "TorchBackend", "WeightStreamer", "LiveModule", "PlacedOptimizer", "check_plan",
+           "emit_live", "emit_module", "emit_source", "placed_optimizer", "source_text"]
