@@ -19,9 +19,8 @@ import torch
 
 
 def with_training_state(plan: Any, model: torch.nn.Module, *, offload: Sequence[str] = (),
-                        sparse: Sequence[str] = (), optimizer: str | None = None,
-                        delayed_update: bool = False) -> Any:
-    optimizer = optimizer or plan.optimizer
+                        sparse: Sequence[str] = (), delayed_update: bool = False) -> Any:
+    optimizer = plan.optimizer
     host = plan.devices.host_device().name
     tensors = dict(model.named_parameters(remove_duplicate=False))
     seen: set[int] = set()
@@ -40,4 +39,4 @@ def with_training_state(plan: Any, model: torch.nn.Module, *, offload: Sequence[
                             "update": "sparse" if row_sparse else "dense",
                             "exact": not (row_sparse and optimizer == "sparse-adam") and not delayed_update}
     section = {"optimizer": optimizer, "delayed_update": delayed_update, "params": params, "recompute": []}
-    return dataclasses.replace(plan, optimizer=optimizer, training_state=section)
+    return dataclasses.replace(plan, training_state=section)

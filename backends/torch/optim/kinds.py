@@ -32,6 +32,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
@@ -73,9 +74,9 @@ class OptimizerKind:
         return self.dense
 
     def hyperparameters(self, cls: type[torch.optim.Optimizer], group: Mapping[str, Any]) -> dict[str, Any]:
-        """The values of ``group`` (an outer param group) that ``cls`` takes."""
-        known = _torch_defaults(cls)
-        return {k: v for k, v in group.items() if k in known and k != "params"}
+        """The values of ``group`` (an outer param group) that ``cls``'s constructor takes."""
+        known = set(_torch_defaults(cls)) & set(inspect.signature(cls.__init__).parameters)
+        return {k: v for k, v in group.items() if k in known}
 
 
 def optimizer_kind(name: str, hyper: Mapping[str, Any], *, sparse: bool = False) -> OptimizerKind:

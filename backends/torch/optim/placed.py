@@ -46,8 +46,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import copy
 import dataclasses
 import threading
+import weakref
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
@@ -60,6 +62,8 @@ from partitioner.errors import HetpartError
 from partitioner.plan.training_state import ParamState
 
 __all__ = ["PlacedOptimizer", "StateRow"]
+
+_CURRENT_ATTR = "_hetpart_placed_optimizer"  # the module's newest placed optimizer (a weak reference)
 
 
 @dataclasses.dataclass
@@ -142,13 +146,26 @@ class PlacedOptimizer(torch.optim.Optimizer):
         self._where: dict[int, tuple[torch.optim.Optimizer, torch.Tensor]] = {}  # id(param) -> inner, target
         self._hooks: list[Any] = []
         self._accumulating = False
+        self._superseded = False
         self._worker: concurrent.futures.ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         super().__init__(list(module.parameters()) if params is None else params, dict(self.kind.defaults))
         self._ready = True
+        previous = getattr(module, _CURRENT_ATTR, lambda: None)()
+        if previous is not None:  # one optimizer's hooks per module: the newest one trains it
+            previous._supersede()
+        object.__setattr__(module, _CURRENT_ATTR, weakref.ref(self))
         for index in range(len(self.param_groups)):
             self._place_group(index)
         self._link_state()
+
+    def _supersede(self) -> None:
+        """A newer placed optimizer over the same module takes its hooks."""
+        self._wait()
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks.clear()
+        self._superseded = bool(self._early)
 
     # -- building ---------------------------------------------------------------------------
 
@@ -280,6 +297,9 @@ class PlacedOptimizer(torch.optim.Optimizer):
     def step(self, closure: Any = None) -> Any:
         """Step the resident parameters, wait for the host steps begun in backward (starting the
         ones whose gradients were only accumulated), copy the updated masters into the weights."""
+        if self._superseded:
+            raise HetpartError("a newer placed optimizer was built over this module and took over its gradient "
+                               "hooks; step that one (build one optimizer per emitted module)")
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -367,8 +387,10 @@ class PlacedOptimizer(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a state dict of torch's format (this optimizer's, or torch's own class's over the
-        same parameters); each state tensor goes to its parameter's state device."""
+        same parameters); each state tensor goes to its parameter's state device, copied (a live
+        optimizer's state dict is never aliased)."""
         self._wait()
+        state_dict = copy.deepcopy(state_dict)
         groups = state_dict["param_groups"]
         if len(groups) != len(self.param_groups) or any(
                 len(g["params"]) != len(s["params"]) for g, s in zip(self.param_groups, groups)):
