@@ -386,14 +386,16 @@ class Plan:
         *,
         example_inputs: Any = None,
         force: bool = False,
+        training: bool = False,
     ) -> Path:
         """Write one readable Python file that runs this placement, like :meth:`emit` does.
 
         The file defines ``PartitionedModel`` (the model's parameter names, explicit
         ``.to(device)`` transfers, one commented part per device run) and ``build(weights)``, which
         loads the weights from the original model or a state-dict file; see
-        :mod:`backends.torch.source`. It is written atomically and never over an existing
-        file unless ``force``.
+        :mod:`backends.torch.source`. With ``training`` (a training plan) it also defines
+        ``build_optimizer(module, **hyper)``, the plan's placed optimizer (:meth:`emit_optimizer`).
+        It is written atomically and never over an existing file unless ``force``.
 
         Raises:
             HetpartError: ``path`` exists and ``force`` is false, or a device is not bound.
@@ -405,7 +407,8 @@ class Plan:
         """
         from backends.torch.source import emit_source
 
-        return emit_source(self, model, path, device_map, example_inputs=example_inputs, force=force)
+        return emit_source(self, model, path, device_map, example_inputs=example_inputs, force=force,
+                           training=training)
 
     def emit_onnx(
         self,
