@@ -27,6 +27,6 @@ from __future__ import annotations
 
 from backends.torch.optim.from_plan import placed_optimizer
 from backends.torch.optim.kinds import OptimizerKind, optimizer_kind
-from backends.torch.optim.placed import PlacedOptimizer, StateRow
+from backends.torch.optim.placed import PlacedOptimizer, StateRow, StepTiming
 
-__all__ = ["OptimizerKind", "PlacedOptimizer", "StateRow", "optimizer_kind", "placed_optimizer"]
+__all__ = ["OptimizerKind", "PlacedOptimizer", "StateRow", "StepTiming", "optimizer_kind", "placed_optimizer"]

@@ -49,6 +49,7 @@ import contextlib
 import copy
 import dataclasses
 import threading
+import time
 import weakref
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
@@ -61,7 +62,7 @@ from backends.torch.optim.kinds import OptimizerKind, optimizer_kind
 from partitioner.errors import HetpartError
 from partitioner.plan.training_state import ParamState
 
-__all__ = ["PlacedOptimizer", "StateRow"]
+__all__ = ["PlacedOptimizer", "StateRow", "StepTiming"]
 
 _CURRENT_ATTR = "_hetpart_placed_optimizer"  # the module's newest placed optimizer (a weak reference)
 
@@ -94,6 +95,15 @@ class _Resident:
     inner: torch.optim.Optimizer
     groups: list[int]                # outer group index of each inner group
     sparse: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTiming:
+    """Where one step's host work went (wall-clock seconds, measured in the run)."""
+
+    host_busy_s: float     # the worker's time in host steps (and gradient accumulation)
+    host_hidden_s: float   # of it, what ran before step() was called (beside backward)
+    step_call_s: float     # step() itself: resident steps, waiting for the host, copying weights back
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,6 +151,8 @@ class PlacedOptimizer(torch.optim.Optimizer):
         self.physical = {d: torch.device(p) for d, p in binding.items()}
         self.copies = StateCopies(self.physical)
         self.last_copies: dict[tuple[str, str, str], int] = {}
+        self.last_timing = StepTiming(0.0, 0.0, 0.0)
+        self._spans: list[tuple[float, float]] = []   # (start, end) of each worker job since the last step()
         self._early: dict[int, _Early] = {}
         self._resident: dict[tuple[str, type, bool], _Resident] = {}
         self._where: dict[int, tuple[torch.optim.Optimizer, torch.Tensor]] = {}  # id(param) -> inner, target
@@ -262,11 +274,14 @@ class PlacedOptimizer(torch.optim.Optimizer):
         """On the worker: add the arrived gradient into the master's, then step when asked."""
         if event is not None:
             event.synchronize()
+        start = time.perf_counter()
         target = slot.target
         if grad is not None:
             target.grad = grad if target.grad is None else target.grad + grad
         if hyper is not None:
             self._step_inner(slot.inner, [hyper], planned_sparse=slot.place.sparse)
+        with self._lock:
+            self._spans.append((start, time.perf_counter()))
 
     def _submit(self, fn: Any, *args: Any) -> concurrent.futures.Future:
         with self._lock:
@@ -300,6 +315,7 @@ class PlacedOptimizer(torch.optim.Optimizer):
         if self._superseded:
             raise HetpartError("a newer placed optimizer was built over this module and took over its gradient "
                                "hooks; step that one (build one optimizer per emitted module)")
+        called = time.perf_counter()
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -319,6 +335,10 @@ class PlacedOptimizer(torch.optim.Optimizer):
             slot.started = False
         self.copies.weights_ready()
         self.last_copies = self.copies.reset()
+        with self._lock:
+            spans, self._spans = self._spans, []
+        self.last_timing = StepTiming(sum(e - s for s, e in spans), sum(max(0.0, min(e, called) - s) for s, e in spans),
+                                      time.perf_counter() - called)
         self._link_state()
         return loss
 
