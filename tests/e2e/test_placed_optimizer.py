@@ -117,6 +117,22 @@ def test_state_lives_on_the_planned_devices(gpt) -> None:
     opt.step()
 
 
+def test_host_steps_run_before_step_is_called(gpt) -> None:
+    import time
+
+    model, inputs, plan = gpt
+    plan = with_training_state(plan, model, offload=OFFLOAD)
+    (_, _), (emitted, opt) = pair(model, plan, lr=1e-2)
+    emitted(*inputs).float().mean().backward()
+    time.sleep(0.5)  # the worker steps the offloaded parameters meanwhile
+    before = emitted.get_parameter("blocks.0.attn.q_proj.weight").detach().clone()
+    opt.step()
+    timing = opt.last_timing
+    assert 0 < timing.host_hidden_s <= timing.host_busy_s
+    # the weights change only when step() copies the masters back
+    assert not torch.equal(before, emitted.get_parameter("blocks.0.attn.q_proj.weight").detach())
+
+
 def test_an_lr_scheduler_gives_eager_learning_rates_and_parameters(gpt) -> None:
     model, inputs, plan = gpt
     plan = with_training_state(plan, model, offload=OFFLOAD)
@@ -263,6 +279,30 @@ def test_a_row_sparse_embedding_update_equals_eager(sparse_emb, optimizer, hyper
     # the gradient left the device row-sparse: indices and touched rows, not the table
     table = emitted.get_parameter("emb.weight")
     assert 0 < opt.last_copies[("gradient", "cuda:0", "cpu")] < table.numel() * 4
+
+
+def test_sparse_adam_on_a_dense_embedding_gradient_equals_sparse_adam_on_the_sparse_one(sparse_emb) -> None:
+    """An emitted module whose embedding makes a dense gradient: SparseAdam gets its touched rows."""
+    from backends.torch.optim.reference import reference_optimizers
+
+    model, inputs, plan = sparse_emb("sparse-adam")
+    dense = copy.deepcopy(model)
+    dense.emb.sparse = False
+    plan = partition(dense, inputs, "h200-host", training=True, optimizer="sparse-adam",
+                     pins={"emb*": "cuda:0", "layers.*": "cuda:0"})
+    plan = with_training_state(plan, dense, offload=["emb.*"], sparse=["emb.*"])
+    emitted = plan.emit(copy.deepcopy(dense).train(), BIND)
+    opt = plan.emit_optimizer(emitted, lr=1e-2)
+    reference = copy.deepcopy(model).train()  # sparse=True: torch's SparseAdam recipe
+    eager = reference_optimizers(reference, opt.kind)
+    for _ in range(3):
+        for o in eager:
+            o.zero_grad()
+        reference(*inputs).mean().backward()
+        for o in eager:
+            o.step()
+        train_step(emitted, opt, inputs)
+        assert_same_parameters(reference, emitted)
 
 
 # -- bad input ----------------------------------------------------------------------------------

@@ -61,9 +61,10 @@ class StateCopies:
         with torch.cuda.stream(stream):
             if grad.is_sparse:
                 host = grad.to(target, dtype=torch.float32, copy=True)
-            else:
+            else:  # cast on the GPU (a 16-bit gradient), then one asynchronous copy into pinned memory
+                source = grad if grad.dtype == torch.float32 else grad.float()
                 host = torch.empty(grad.shape, dtype=torch.float32, device=target, pin_memory=True)
-                host.copy_(grad, non_blocking=True)
+                host.copy_(source, non_blocking=True)
             event = torch.cuda.Event()
             event.record(stream)
         grad.record_stream(stream)
