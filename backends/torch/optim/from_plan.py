@@ -42,6 +42,9 @@ class EmittedFrom:
     def __deepcopy__(self, memo: dict) -> EmittedFrom:  # a copied module was emitted from the same plan
         return self
 
+    def __getstate__(self) -> dict:  # a pickled module keeps no plan (plans are saved as files)
+        return {"plan": None, "binding": self.binding}
+
 
 def mark_emitted(module: torch.nn.Module, plan: Any, binding: Mapping[str, str]) -> None:
     """Record on ``module`` that it runs ``plan`` under ``binding`` (read by :func:`placed_optimizer`)."""
@@ -69,6 +72,9 @@ def placed_optimizer(plan: Any, emitted: torch.nn.Module, params: Iterable[Any] 
         raise HetpartError(f"{plan.source} is an inference plan: it priced no gradients, optimizer state or step; "
                            f"re-plan with training=True (CLI: hetpart plan --training --optimizer NAME)")
     mark = getattr(emitted, EMITTED_ATTR, None)
+    if mark is not None and mark.plan is None:
+        raise HetpartError("the module was unpickled, which keeps no plan: emit it again with plan.emit(model, "
+                           "device_map) (or load its weights into a freshly emitted module)")
     if mark is None:
         raise HetpartError(f"the optimizer trains the module plan.emit built ({type(emitted).__name__} was not "
                            f"emitted from a plan): pass emitted = plan.emit(model, device_map)")
