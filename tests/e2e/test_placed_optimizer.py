@@ -199,6 +199,18 @@ def test_accumulating_holds_the_steps_until_the_last_backward(gpt) -> None:
     assert_same_parameters(reference, emitted)
 
 
+def test_gradients_only_accumulated_are_stepped_by_step(gpt) -> None:
+    model, inputs, plan = gpt
+    plan = with_training_state(plan, model, offload=OFFLOAD)
+    (reference, eager), (emitted, opt) = pair(model, plan, lr=1e-2)
+    for module, o, placed in ((reference, eager, False), (emitted, opt, True)):
+        o.zero_grad()
+        with opt.accumulating() if placed else torch.enable_grad():
+            module(*inputs).float().mean().backward()
+        o.step()  # at once: the worker may not have added the gradients yet
+    assert_same_parameters(reference, emitted)
+
+
 def test_a_second_gradient_before_step_is_refused(gpt) -> None:
     model, inputs, plan = gpt
     plan = with_training_state(plan, model, offload=OFFLOAD)

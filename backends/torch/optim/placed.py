@@ -79,6 +79,7 @@ class _Early:
     group: int                       # index of its outer param group
     version: int = -1                # the weight's version when the master last matched it
     started: bool = False            # its step was handed to the worker since the last step()
+    held: bool = False               # a gradient was accumulated (not stepped) since the last step()
     jobs: list[concurrent.futures.Future] = dataclasses.field(default_factory=list)
 
     @property
@@ -267,7 +268,7 @@ class PlacedOptimizer(torch.optim.Optimizer):
             grad, event = None, None
         step = not self._accumulating
         hyper = dict(self.param_groups[slot.group]) if step else None
-        slot.started = step
+        slot.started, slot.held = step, not step
         slot.jobs.append(self._submit(self._host_job, slot, grad, event, hyper))
 
     def _host_job(self, slot: _Early, grad: torch.Tensor | None, event: Any, hyper: dict | None) -> None:
@@ -320,8 +321,8 @@ class PlacedOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for slot in self._early.values():
-            if not slot.started and slot.target.grad is not None:
+        for slot in self._early.values():  # gradients only accumulated: their steps start now
+            if not slot.started and (slot.held or slot.target.grad is not None):
                 slot.started = True
                 slot.jobs.append(self._submit(self._host_job, slot, None, None, dict(self.param_groups[slot.group])))
         for resident in self._resident.values():
@@ -332,7 +333,7 @@ class PlacedOptimizer(torch.optim.Optimizer):
             if slot.started and slot.master is not None:
                 self.copies.weight(slot.param, slot.master, slot.place.state, slot.place.weights)
                 slot.version = slot.param._version
-            slot.started = False
+            slot.started = slot.held = False
         self.copies.weights_ready()
         self.last_copies = self.copies.reset()
         with self._lock:
@@ -380,6 +381,7 @@ class PlacedOptimizer(torch.optim.Optimizer):
         self._wait()
         super().zero_grad(set_to_none=set_to_none)
         for slot in self._early.values():
+            slot.held = False
             if slot.master is not None and slot.master.grad is not None:
                 if set_to_none:
                     slot.master.grad = None
