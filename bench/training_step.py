@@ -92,7 +92,8 @@ def main() -> int:
     opt = plan.emit_optimizer(emitted, lr=args.lr)
     reference = copy.deepcopy(model).train()
     eager_cls = opt.kind.dense
-    eager = eager_cls(reference.parameters(), **opt.kind.hyperparameters(eager_cls, {**opt.kind.defaults, "lr": args.lr}))
+    eager = eager_cls(reference.parameters(),
+                      **opt.kind.hyperparameters(eager_cls, {**opt.kind.defaults, "lr": args.lr}))
 
     runs: dict[str, list[float]] = {"eager": [], "emitted": []}
     timings = []

@@ -117,8 +117,9 @@ class TrainingCheckReport:
         for s in self.steps:
             w = s.worst
             ok = sum(p.passed for p in s.params)
-            rows.append([str(s.step), f"{s.loss_emitted:.6g}", f"{s.loss_eager:.6g}", f"{s.loss.max_abs:.3g}", f"{ok}/{len(s.params)}", w.name, f"{w.max_abs:.3g}",
-                         f"{w.max_rel:.3g}", "ok" if s.passed else "FAIL"])
+            rows.append([str(s.step), f"{s.loss_emitted:.6g}", f"{s.loss_eager:.6g}", f"{s.loss.max_abs:.3g}",
+                         f"{ok}/{len(s.params)}", w.name, f"{w.max_abs:.3g}", f"{w.max_rel:.3g}",
+                         "ok" if s.passed else "FAIL"])
         lines += _table(rows, indent="  ")
         lines.append("  optimizer state (where its tensors were found):")
         rows = [["weights on", "state on", "update", "params", "state bytes", "found on", "bound to", ""]]

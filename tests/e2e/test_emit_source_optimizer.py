@@ -42,7 +42,7 @@ def test_the_generated_optimizer_trains_as_eager(planned, capsys) -> None:
     assert main(["emit", "gpt:tiny", "--plan", path, "-o", str(target), "--bind", "cuda:0=cpu:1", "--training"]) == 0
     assert "build_optimizer(module, lr=...) in it builds the plan's adam optimizer" in capsys.readouterr().out
     text = target.read_text()
-    assert "def build_optimizer(module: PartitionedModel" in text and "'tok_emb.weight': ('embedding'" in text
+    assert "def build_optimizer(module: PartitionedModel, params" in text and "'tok_emb.weight': ('embedding'" in text
     generated = load(target, "hetpart_generated_optimizer")
     module = generated.build(model)
     opt = generated.build_optimizer(module, lr=1e-2)

@@ -211,6 +211,22 @@ def test_gradients_only_accumulated_are_stepped_by_step(gpt) -> None:
     assert_same_parameters(reference, emitted)
 
 
+def test_a_newer_optimizer_over_the_module_takes_its_hooks(gpt) -> None:
+    model, inputs, plan = gpt
+    plan = with_training_state(plan, model, offload=OFFLOAD)
+    (_, _), (emitted, old) = pair(model, plan, lr=1e-2)
+    copied = plan.emit(copy.deepcopy(model).train(), BIND)
+    on_copy = plan.emit_optimizer(copied, lr=1e-2)  # another module: the first optimizer keeps its hooks
+    train_step(emitted, old, inputs)
+    train_step(copied, on_copy, inputs)
+    assert_same_parameters(copied, emitted)
+    new = plan.emit_optimizer(emitted, lr=1e-2)
+    emitted(*inputs).float().mean().backward()
+    with pytest.raises(HetpartError, match=r"a newer placed optimizer was built over this module"):
+        old.step()
+    new.step()
+
+
 def test_a_second_gradient_before_step_is_refused(gpt) -> None:
     model, inputs, plan = gpt
     plan = with_training_state(plan, model, offload=OFFLOAD)

@@ -64,7 +64,23 @@ from partitioner.plan.training_state import ParamState
 
 __all__ = ["PlacedOptimizer", "StateRow", "StepTiming"]
 
-_CURRENT_ATTR = "_hetpart_placed_optimizer"  # the module's newest placed optimizer (a weak reference)
+_CURRENT_ATTR = "_hetpart_placed_optimizer"  # the module's newest placed optimizer (_Newest)
+
+
+class _Newest:
+    """A weak reference to a module's newest placed optimizer; a copied or unpickled module has none."""
+
+    def __init__(self, optimizer: Any = None) -> None:
+        self._ref = weakref.ref(optimizer) if optimizer is not None else None
+
+    def get(self) -> Any:
+        return self._ref() if self._ref is not None else None
+
+    def __deepcopy__(self, memo: dict) -> _Newest:
+        return _Newest()
+
+    def __reduce__(self) -> tuple:
+        return (_Newest, ())
 
 
 @dataclasses.dataclass
@@ -164,10 +180,10 @@ class PlacedOptimizer(torch.optim.Optimizer):
         self._lock = threading.Lock()
         super().__init__(list(module.parameters()) if params is None else params, dict(self.kind.defaults))
         self._ready = True
-        previous = getattr(module, _CURRENT_ATTR, lambda: None)()
+        previous = getattr(module, _CURRENT_ATTR, _Newest()).get()
         if previous is not None:  # one optimizer's hooks per module: the newest one trains it
             previous._supersede()
-        object.__setattr__(module, _CURRENT_ATTR, weakref.ref(self))
+        object.__setattr__(module, _CURRENT_ATTR, _Newest(self))
         for index in range(len(self.param_groups)):
             self._place_group(index)
         self._link_state()

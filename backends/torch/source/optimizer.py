@@ -52,7 +52,8 @@ def optimizer_source(plan: Any, layout: Layout) -> list[str]:
     if host not in layout.device_var:
         binding.append(f"{ascii(host)}: 'cpu'")
     out += ["", "",
-            f"def build_optimizer(module: {CLASS_NAME}, params: object = None, **hyper: object) -> torch.optim.Optimizer:",
+            f"def build_optimizer(module: {CLASS_NAME}, params: object = None,",
+            "                    **hyper: object) -> torch.optim.Optimizer:",
             f'    """The plan\'s {_plain(optimizer)} optimizer over ``module``\'s parameters, e.g.',
             "    ``opt = build_optimizer(module, lr=1e-3)``; then ``loss.backward(); opt.step(); opt.zero_grad()``.",
             "",
