@@ -2,27 +2,7 @@
 
 Modules:
 
-===================  =====================================================================================
-module               what it does
-===================  =====================================================================================
-``module``           :func:`emit_module`: the captured graph with explicit transfers, weights on their
-                     devices, the plan's issue order and streamed weights (``Plan.emit``);
-                     ``place_module``: the same steps on a graph captured elsewhere (``backends.compile``)
-``source``           :func:`emit_source`: the same placement as one readable Python file
-                     (``Plan.emit_source``); a generator in three parts (layout, forward, template)
-``streaming``        :class:`WeightStreamer`: host-resident weights copied to the computing device per
-                     call, prefetched on a CUDA side stream
-``precision``        :func:`apply_precision`: casts where the plan computes in 16 bits, float32 master
-                     weights in training, :class:`LossScaler` for float16 training
-``sparse_grads``     a training plan's row-sparse tables: their gathers called with ``sparse=True``
-``train_streaming``  streamed weights in training: fetched again in backward, not kept
-``recompute``        the ops a training plan recomputes, under ``torch.utils.checkpoint`` per run
-``check``            :func:`check_plan`: the emitted module beside the original, outputs and gradients
-``strict``           :class:`StrictRun`: an emitted module (or generated file) under strict devices
-``live``             :func:`emit_live`: a plan with its fallback plans; before each call the one that
-                     fits the memory free now runs (a probe reads it; switches are logged)
-===================  =====================================================================================
-
+===================  ==============================================================================
 Example:
     >>> from backends.torch import BACKEND
     >>> emitted = BACKEND.build(plan, model, {"cuda:0": "cpu"})   # doctest: +SKIP
@@ -40,6 +20,7 @@ from backends.compare import CheckReport
 from backends.torch.check import check_plan
 from backends.torch.live import LiveModule, emit_live
 from backends.torch.module import emit_module
+from backends.torch.optim import PlacedOptimizer, placed_optimizer
 from backends.torch.source import emit_source, source_text
 from backends.torch.streaming import WeightStreamer
 from backends.torch.strict import StrictRun
@@ -75,5 +56,5 @@ class TorchBackend:
 
 BACKEND = TorchBackend()
 
-__all__ = ["BACKEND", "StrictRun", "TorchBackend", "WeightStreamer", "LiveModule", "check_plan", "emit_live", "emit_module", "emit_source",
-           "source_text"]
+__all__ = ["BACKEND", "StrictRun", "TorchBackend", "WeightStreamer", "LiveModule", "PlacedOptimizer", "check_plan",
+           "emit_live", "emit_module", "emit_source", "placed_optimizer", "source_text"]

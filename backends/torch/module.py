@@ -46,6 +46,7 @@ import torch.fx
 
 from backends.binding import bind_devices
 from backends.torch.attributes import attribute, rebind_tensor
+from backends.torch.optim.from_plan import mark_emitted
 from backends.torch.precision import apply_precision
 from backends.torch.recompute import checkpoint_recomputed
 from backends.torch.replaced import remember
@@ -129,6 +130,7 @@ def emit_module(
     if plan.inputs:
         gm.register_forward_pre_hook(PlannedInputs(plan.inputs, _input_names(model)), prepend=True)
     remember(model, gm)  # an optimizer over model.parameters() would train nothing: refused at its step
+    mark_emitted(gm, plan, {**dict(device_map or {}), **binding})  # plan.optimizer(gm) reads it
     return gm
 
 

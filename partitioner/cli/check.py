@@ -1,5 +1,6 @@
 """``hetpart check``: run a plan's emitted module (for an ONNX model: its chained part sessions) beside the
-original (one whole-model session); compare outputs and time."""
+original (one whole-model session); compare outputs and time. With ``--training --steps N``: train both for
+N optimizer steps (the plan's placed optimizer, torch's for the original) and compare loss and parameters."""
 
 from __future__ import annotations
 
@@ -22,6 +23,12 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     add_bind(ck)
     ck.add_argument("--training", action="store_true",
                     help="also compare the loss (sum of outputs) and every parameter's gradient")
+    ck.add_argument("--steps", type=positive_int, metavar="N",
+                    help="with --training: train the emitted module with the plan's placed optimizer and the "
+                         "original with torch's for N steps; compare loss and parameters after each")
+    ck.add_argument("--optimizer-args", nargs="+", default=[], metavar="KEY=VALUE",
+                    help="with --steps: the optimizer's hyperparameters as Python literals, e.g. lr=1e-3 "
+                         "betas=(0.9,0.99) (default: lr=1e-3)")
     ck.add_argument("--repeat", type=positive_int, default=5, metavar="N", help="timed runs of each (median)")
     ck.add_argument("--strict-devices", action="store_true",
                     help="bind every plan device to its own CPU tag and fail on the first op reading a tensor "
@@ -37,6 +44,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
     from partitioner.model_source import load_model
     from partitioner.plan import Plan
 
+    if args.optimizer_args and args.steps is None:
+        raise HetpartError("--optimizer-args sets the optimizer of --steps N: add --training --steps 3")
     plan = Plan.load(args.plan)
     binding = pairs(args.bind, "--bind", "cuda:0=cpu")
     loaded = load_model(args.model, input_shapes=input_shapes(args.input_shape))  # real weights: both run
@@ -52,8 +61,32 @@ def _cmd_check(args: argparse.Namespace) -> int:
                                  repeat=args.repeat, input_shapes=loaded.input_shapes)
         elif args.input:
             raise HetpartError("--input feeds ONNX models; zoo and factory models bring their example inputs")
+        elif args.steps is not None:
+            from backends.torch.training_check import check_training_steps
+
+            if not args.training:
+                raise HetpartError("--steps trains the emitted module: add --training")
+            hyper = {"lr": 1e-3, **optimizer_args(args.optimizer_args)}
+            report = check_training_steps(plan, loaded.module, loaded.example_inputs, binding or None,
+                                          steps=args.steps, strict_devices=args.strict_devices, **hyper)
         else:
             report = check_plan(plan, loaded.module, loaded.example_inputs, binding or None,
                                 training=args.training, repeat=args.repeat, strict_devices=args.strict_devices)
     print(report.to_text())
     return 0 if report.passed else 1
+
+
+def optimizer_args(items: list[str]) -> dict[str, object]:
+    """``--optimizer-args lr=1e-3 betas=(0.9,0.99)`` as ``{"lr": 0.001, "betas": (0.9, 0.99)}``."""
+    import ast
+
+    out: dict[str, object] = {}
+    for key, text in pairs(items, "--optimizer-args", "lr=1e-3").items():
+        if not key.isidentifier():
+            raise HetpartError(f"--optimizer-args {key}={text}: {key!r} is not a hyperparameter name")
+        try:
+            out[key] = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            raise HetpartError(f"--optimizer-args {key}={text}: the value is not a Python literal "
+                               f"(a number, True/False, a tuple such as (0.9,0.99))") from None
+    return out

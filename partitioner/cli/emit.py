@@ -1,5 +1,6 @@
-"""``hetpart emit``: write a plan as one runnable Python file for the model it was made for, or, for an
-ONNX model, as a folder of ONNX parts and their manifest (``hetpart run`` runs it)."""
+"""``hetpart emit``: write a plan as one runnable Python file for the model it was made for (``--training``: with
+``build_optimizer``, the plan's placed optimizer), or, for an ONNX model, as a folder of ONNX parts and their
+manifest (``hetpart run`` runs it)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                     help="the Python file to write (ONNX models: the folder of parts)")
     add_bind(em)
     add_input_shape(em)
+    em.add_argument("--training", action="store_true",
+                    help="a training plan: also write build_optimizer(module, lr=...), the plan's placed optimizer "
+                         "(each parameter's optimizer state and step where the plan puts them)")
     em.add_argument("--force", action="store_true",
                     help="overwrite FILE.py if it exists (DIR: replace it if it is a folder of parts, nothing else)")
     em.set_defaults(func=_cmd_emit)
@@ -48,9 +52,18 @@ def _cmd_emit(args: argparse.Namespace) -> int:
         from partitioner.batching import inputs_at_batch
 
         example_inputs = inputs_at_batch(example_inputs, plan.batch["micro_batch"])
+    if args.training and not plan.training:
+        raise HetpartError(f"--training: {args.plan} is an inference plan (no gradients or optimizer state priced); "
+                           f"re-plan with `hetpart plan --training`, or emit without --training")
     with naming_the_model(plan, loaded.name):
-        plan.emit_source(output, loaded.module, binding or None, example_inputs=example_inputs, force=args.force)
+        plan.emit_source(output, loaded.module, binding or None, example_inputs=example_inputs, force=args.force,
+                         training=args.training)
     print(f"wrote {output}")
+    if args.training:
+        print(f"build_optimizer(module, lr=...) in it builds the plan's {plan.optimizer} optimizer")
+    elif plan.training:
+        print("note: a training plan: the file's forward is the model captured in train mode (dropout, batch norm "
+              "statistics as in training); add --training to write build_optimizer too")
     if plan.batch:
         print(f"it runs one micro-batch of {plan.batch['micro_batch']}: accumulate gradients over "
               f"{plan.batch['accumulation_steps']} of them per global batch of {plan.batch['global_batch']} "
@@ -60,6 +73,8 @@ def _cmd_emit(args: argparse.Namespace) -> int:
 
 
 def _emit_onnx(args: argparse.Namespace, plan, loaded, output: Path, binding: dict[str, str]) -> int:  # noqa: ANN001
+    if args.training:
+        raise HetpartError("--training: ONNX parts run forward only (no optimizer); emit without --training")
     if binding:
         raise HetpartError("--bind chooses where parts run: give it to `hetpart run DIR --bind ...`, not to emit")
     with naming_the_model(plan, loaded.name):

@@ -13,8 +13,8 @@ This module holds :class:`Plan` (its fields, JSON writing, checks against a grap
 and the views users call); reading and validating files is :mod:`partitioner.plan.reader`, the
 module-level view :mod:`partitioner.plan.device_map`, the text summary
 :mod:`partitioner.plan.summary`, and building from a solve :mod:`partitioner.plan.from_solve`.
-Running a plan is a backend's job (:mod:`backends`): :meth:`Plan.emit` and :meth:`Plan.emit_source`
-delegate to :mod:`backends.torch`, :meth:`Plan.emit_onnx` to :mod:`backends.onnx_parts`.
+Running a plan is a backend's job (:mod:`backends`): :meth:`Plan.emit`, :meth:`Plan.emit_optimizer` and
+:meth:`Plan.emit_source` delegate to :mod:`backends.torch`, :meth:`Plan.emit_onnx` to :mod:`backends.onnx_parts`.
 """
 
 from __future__ import annotations
@@ -362,6 +362,22 @@ class Plan:
 
         return BACKEND.build(self, model, device_map, example_inputs=example_inputs)
 
+    def emit_optimizer(self, emitted: Any, params: Any = None, **hyper: Any) -> Any:
+        """The training step's optimizer over ``emitted = plan.emit(model, ...)``: a
+        ``torch.optim.Optimizer`` keeping each parameter's state where this plan puts it, its
+        host steps run beside backward (see :mod:`backends.torch.optim`). (Not ``plan.optimizer``:
+        that field names the optimizer the plan priced.)
+
+        ``hyper`` are the torch class's hyperparameters (``lr=1e-3``); ``params`` optional
+        param groups of ``emitted``.
+
+        Example:
+            >>> opt = plan.emit_optimizer(emitted, lr=1e-3)   # doctest: +SKIP
+        """
+        from backends.torch import placed_optimizer
+
+        return placed_optimizer(self, emitted, params, **hyper)
+
     def emit_source(
         self,
         path: str | os.PathLike[str],
@@ -370,14 +386,16 @@ class Plan:
         *,
         example_inputs: Any = None,
         force: bool = False,
+        training: bool = False,
     ) -> Path:
         """Write one readable Python file that runs this placement, like :meth:`emit` does.
 
         The file defines ``PartitionedModel`` (the model's parameter names, explicit
         ``.to(device)`` transfers, one commented part per device run) and ``build(weights)``, which
         loads the weights from the original model or a state-dict file; see
-        :mod:`backends.torch.source`. It is written atomically and never over an existing
-        file unless ``force``.
+        :mod:`backends.torch.source`. With ``training`` (a training plan) it also defines
+        ``build_optimizer(module, **hyper)``, the plan's placed optimizer (:meth:`emit_optimizer`).
+        It is written atomically and never over an existing file unless ``force``.
 
         Raises:
             HetpartError: ``path`` exists and ``force`` is false, or a device is not bound.
@@ -389,7 +407,8 @@ class Plan:
         """
         from backends.torch.source import emit_source
 
-        return emit_source(self, model, path, device_map, example_inputs=example_inputs, force=force)
+        return emit_source(self, model, path, device_map, example_inputs=example_inputs, force=force,
+                           training=training)
 
     def emit_onnx(
         self,

@@ -15,7 +15,9 @@ Out: the text of a Python module (:func:`source_text`) or that file written atom
   fetched through hetpart's :class:`~backends.torch.streaming.WeightStreamer`;
 * ``def build(weights) -> PartitionedModel``: the module with the model's weights loaded from the
   original model, its state_dict or a ``torch.save``'d state-dict file (``load_weights``);
-  ``PartitionedModel()`` alone has empty parameters.
+  ``PartitionedModel()`` alone has empty parameters;
+* written with ``training=True`` (a training plan): ``def build_optimizer(module, **hyper)``, the
+  plan's placed optimizer over the module (:mod:`.optimizer`).
 
 It behaves as ``plan.emit(model, device_map)``: same parameter homes, streamed weights, issue
 order and factory devices, and for a training plan the same row-sparse gathers, streamed weights
@@ -33,7 +35,8 @@ embeds attribute names between quotes unescaped.
 
 The generator has three parts: :mod:`.layout` (where every parameter, buffer and constant lives,
 in the plan's logical devices), :mod:`.forward` (the forward, printed part by part from the
-lifted graph) and :mod:`.template` (names, literals and the text of the file around them).
+lifted graph) and :mod:`.template` (names, literals and the text of the file around them), and
+:mod:`.optimizer` writes the training step's optimizer.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from backends.torch.module import capture_for
 from backends.torch.source.forward import ForwardPrinter
 from backends.torch.source.layout import plan_layout, tensor_placeholders
 from backends.torch.sparse_grads import mark_sparse_gradients
+from backends.torch.source.optimizer import optimizer_source
 from backends.torch.source.template import Names, render
 from partitioner.errors import HetpartError, VerificationError
 from partitioner.files import refuse_overwrite, write_atomic
@@ -71,6 +75,7 @@ def emit_source(
     *,
     example_inputs: Any = None,
     force: bool = False,
+    training: bool = False,
 ) -> Path:
     """Write the Python file that runs ``plan`` (see the module docstring); returns its path.
 
@@ -86,7 +91,7 @@ def emit_source(
     """
     path = Path(path)
     refuse_overwrite([path], force=force)
-    text = source_text(plan, model, device_map, example_inputs=example_inputs)
+    text = source_text(plan, model, device_map, example_inputs=example_inputs, training=training)
     write_atomic(path, text.encode("utf-8"))
     log.info("wrote %s (%d lines)", path, text.count("\n"))
     return path
@@ -98,14 +103,16 @@ def source_text(
     device_map: Mapping[str, str] | None = None,
     *,
     example_inputs: Any = None,
+    training: bool = False,
 ) -> str:
-    """The text of the file :func:`emit_source` writes, checked to compile.
+    """The text of the file :func:`emit_source` writes, checked to compile (``training``: with
+    ``build_optimizer``, the plan's placed optimizer, :mod:`.optimizer`).
 
     Example:
         >>> "class PartitionedModel" in source_text(plan, model, {"cuda:0": "cpu"})   # doctest: +SKIP
         True
     """
-    return _generate(plan, model, device_map, example_inputs)[0]
+    return _generate(plan, model, device_map, example_inputs, training)[0]
 
 
 def op_lines(
@@ -125,7 +132,7 @@ def op_lines(
 
 
 def _generate(plan: Any, model: torch.nn.Module, device_map: Mapping[str, str] | None,
-              example_inputs: Any) -> tuple[str, dict[int, Site]]:
+              example_inputs: Any, training: bool = False) -> tuple[str, dict[int, Site]]:
     from partitioner.plan.precision import refuse_precision
 
     refuse_precision(plan, "emit_source (the generated file)")
@@ -137,7 +144,8 @@ def _generate(plan: Any, model: torch.nn.Module, device_map: Mapping[str, str] |
     mark_sparse_gradients(plan, {n.name: n for n in program.graph_module.graph.nodes}, _readers(program, model))
     names = Names()
     layout = plan_layout(plan, model, program, binding, names)
-    text, sites = render(plan, layout, ForwardPrinter(plan, program, layout, names).lines())
+    optimizer = optimizer_source(plan, layout) if training else None
+    text, sites = render(plan, layout, ForwardPrinter(plan, program, layout, names).lines(), optimizer)
     try:
         compile(text, "<hetpart source>", "exec", dont_inherit=True)
     except SyntaxError as err:  # a generator bug, never the user's: say where

@@ -46,7 +46,7 @@ _HELPERS = ("_submodule", "_parameter", "_buffer", "_alias", "_get", "load_weigh
 
 _RESERVED = frozenset(
     set(dir(builtins)) | {"self", "torch", "pytree", "WeightStreamer", "TrainingStreamer", "install_refetch",
-                          CLASS_NAME, "build", "_OUT_SPEC", *_HELPERS}
+                          CLASS_NAME, "build", "_OUT_SPEC", *_HELPERS, "build_optimizer", "_TRAINING_STATE"}
 )
 
 
@@ -290,9 +290,14 @@ def _header(plan: Any, layout: Layout) -> list[str]:
     return lines
 
 
-def render(plan: Any, layout: Layout, body: Body) -> tuple[str, dict[int, Site]]:
-    """The file's text, and what each line of its forward does (line number -> Site)."""
-    out = _header(plan, layout) + ['"""A model placed on several devices by hetpart (see the comment above)."""',
+def render(plan: Any, layout: Layout, body: Body, optimizer: list[str] | None = None) -> tuple[str, dict[int, Site]]:
+    """The file's text, and what each line of its forward does (line number -> Site); ``optimizer``:
+    the lines of ``build_optimizer`` (:mod:`backends.torch.source.optimizer`), after ``build``."""
+    header = _header(plan, layout)
+    if optimizer:
+        header = [line for line in header if line != "# Needs only torch."]
+        header.append("# build_optimizer(module, lr=...) is the plan's optimizer (hetpart's: hetpart must be installed).")
+    out = header + ['"""A model placed on several devices by hetpart (see the comment above)."""',
                                    "", "import torch"]
     if body.out_spec is not None:
         out.append("import torch.utils._pytree as pytree")
@@ -321,5 +326,6 @@ def render(plan: Any, layout: Layout, body: Body) -> tuple[str, dict[int, Site]]
     first = len(out) + 1  # line number of the body's first line
     sites = {first + i: site for i, site in body.sites.items()}
     out += [f"        {line}" if line else "" for line in body.lines]
-    out += ["", "", *_LOADER_SOURCE.strip("\n").split("\n"), ""]
+    out += ["", "", *_LOADER_SOURCE.strip("\n").split("\n")]
+    out += [*(optimizer or []), ""]
     return "\n".join(out), sites
