@@ -151,8 +151,14 @@ TransferKey = tuple[str, str, str, str]   # (tensor, src, dst, kind)
 
 
 def planned_transfers(plan: Any) -> dict[TransferKey, int]:
-    """The plan's transfers per step, keyed (tensor, src, dst, kind), with their bytes."""
-    return {(t.tensor, t.src, t.dst, t.kind): t.bytes for t in plan.transfers if t.src != t.dst}
+    """The plan's transfers per step that the module's forward makes, keyed (tensor, src, dst, kind),
+    with their bytes: gradients out and updated weights back are the placed optimizer's
+    (``backends.torch.optim``), and a training plan's streamed weights cross twice per step, in
+    forward and again in backward (``backends.torch.train_streaming``), of which strict devices
+    watch the forward's."""
+    passes = 2 if plan.training else 1
+    return {(t.tensor, t.src, t.dst, t.kind): t.bytes // passes if t.kind == "weights" else t.bytes
+            for t in plan.transfers if t.src != t.dst and t.kind not in ("gradient", "update")}
 
 
 def observed_transfers(plan: Any, copies: Iterable[Copy]) -> dict[TransferKey, tuple[int, int]]:

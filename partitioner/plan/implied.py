@@ -199,13 +199,20 @@ def _evaluate(plan: Any, graph: OpGraph) -> Any:
     spec = PipelineSpec(section["micro_batches"], section["schedule"]) if section else None
     precision = resolve_precision(dict(plan.precision["setting"]) if not isinstance(plan.precision["setting"], str)
                                   else plan.precision["setting"], plan.devices) if plan.precision else None
+    state = plan.training_state
+    params = state.get("params", {}) if state else {}
     options = Options(objective=Objective(plan.objective), training=plan.training, optimizer=plan.optimizer,
-                      pipeline=spec, precision=precision)
+                      pipeline=spec, precision=precision,
+                      sparse_updates=any(ps["update"] == "sparse" for ps in params.values()),
+                      delayed_update=bool(state.get("delayed_update")) if state else False)
     problem = Problem(graph, plan.devices, options)
     ops = plan.precision.get("ops", {}) if plan.precision else {}
     dtypes = {op: ops.get(op, FLOAT32) for op in plan.placement} if precision is not None else {}
+    host = plan.devices.host_device().name
+    offloaded = {ps["op"]: host for ps in params.values() if ps["state"] == host and ps["weights"] == ps["compute"] != host}
+    recompute = frozenset(state.get("recompute", ())) if state else frozenset()
     return evaluate(problem, Placement(dict(plan.placement), dict(plan.weights), StreamMode(plan.stream_mode),
-                                       precision=dtypes))
+                                       precision=dtypes, state=offloaded, recompute=recompute))
 
 
 def _copies(transfers: Iterable[Any]) -> dict[tuple[str, ...], int]:
@@ -213,7 +220,8 @@ def _copies(transfers: Iterable[Any]) -> dict[tuple[str, ...], int]:
     weights are one copy, its ops' one each: the same bytes)."""
     out: dict[tuple[str, ...], int] = {}
     for t in transfers:
-        key = ("weights", "", t.src, t.dst) if t.kind == "weights" else (t.kind, t.tensor, t.src, t.dst)
+        summed = t.kind in ("weights", "gradient", "update")  # per coarse node in a plan, per op on the graph
+        key = (t.kind, "", t.src, t.dst) if summed else (t.kind, t.tensor, t.src, t.dst)
         out[key] = out.get(key, 0) + t.bytes
     return {k: b for k, b in out.items() if b}
 
@@ -223,7 +231,7 @@ def _copy_differences(recorded: Iterable[Any], implied: Iterable[Any]) -> list[s
     lines = []
     for key in sorted(set(ours) | set(theirs)):
         kind, tensor, src, dst = key
-        what = f"weights {src} -> {dst}" if kind == "weights" else f"{kind} {tensor!r} {src} -> {dst}"
+        what = f"{kind} {src} -> {dst}" if not tensor else f"{kind} {tensor!r} {src} -> {dst}"
         if key not in theirs:
             lines.append(f"transfers list a copy of {what} ({ours[key]:,} bytes) that the placement does not make")
         elif key not in ours:

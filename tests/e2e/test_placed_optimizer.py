@@ -9,6 +9,8 @@ and a copy of the original with torch's own class, and compares parameters after
 
 from __future__ import annotations
 
+import dataclasses
+
 import copy
 
 import pytest
@@ -254,6 +256,7 @@ def test_zero_grad_without_set_to_none_keeps_zeroed_gradients(gpt) -> None:
 
 def test_a_plan_without_a_training_state_steps_where_weights_live(gpt) -> None:
     model, inputs, plan = gpt
+    plan = dataclasses.replace(with_training_state(plan, model), training_state={})  # as plans before the section
     (reference, eager), (emitted, opt) = pair(model, plan, lr=1e-2)
     assert not plan.training_state and opt.last_copies == {}
     for _ in range(2):

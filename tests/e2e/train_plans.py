@@ -9,14 +9,13 @@ describes (checked when the plan is made).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Collection, Mapping
-from typing import Any
 
 import torch
 
 from partitioner import Plan, from_module, load_profile
 from partitioner.solvers.problem import Options, Placement, Problem, Solution, Status, StreamMode, evaluate
+from tests.e2e.restated import restated
 
 
 def training_plan(model: torch.nn.Module, inputs: tuple, *, device: Mapping[str, str] | None = None,
@@ -34,22 +33,7 @@ def training_plan(model: torch.nn.Module, inputs: tuple, *, device: Mapping[str,
 
 def with_training_state(plan: Plan, model: torch.nn.Module, *, sparse: Collection[str] = (), state_on_host: Collection[str] = (),
                         recompute: Collection[str] = (), exact: bool = True) -> Plan:
-    """``plan`` with a ``training_state`` section: every parameter's weight where the plan keeps
-    its op's weights, its state there too (or on the host for ``state_on_host``), a sparse update
-    for the parameters named in ``sparse``; one entry per trainable tensor of ``model``, under
-    its first name in the plan."""
-    host = plan.devices.host_device().name
-    tensors = dict(model.named_parameters(remove_duplicate=False))
-    seen: set[int] = set()
-    params: dict[str, Any] = {}
-    for op, names in plan.param_names.items():
-        for name in names:
-            if name not in tensors or id(tensors[name]) in seen:
-                continue  # a buffer, or a second name of a tied tensor (its first name stands for it)
-            seen.add(id(tensors[name]))
-            weights = plan.weights.get(op, plan.placement[op])
-            params[name] = {"op": op, "compute": plan.placement[op], "weights": weights,
-                            "state": host if name in state_on_host else weights,
-                            "update": "sparse" if name in sparse else "dense", "exact": exact}
-    section = {"optimizer": plan.optimizer, "delayed_update": False, "params": params, "recompute": list(recompute)}
-    return dataclasses.replace(plan, training_state=section)
+    """``plan`` re-costed with a ``training_state`` section (:func:`tests.e2e.restated.restated`):
+    every parameter's weight where the plan keeps its op's weights, its state there too (or on the
+    host for ``state_on_host``), a sparse update for the parameters named in ``sparse``."""
+    return restated(plan, model, sparse=sparse, state_on_host=state_on_host, recompute=recompute, exact=exact)
