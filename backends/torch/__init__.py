@@ -8,6 +8,9 @@ module        what it does
 ``module``    :func:`emit_module`: the captured graph with explicit transfers, weights on their
               devices, the plan's issue order and streamed weights (``Plan.emit``);
               ``place_module``: the same steps on a graph captured elsewhere (``backends.compile``)
+``from_checkpoint`` :func:`emit_from_checkpoint`: the same module from a model folder, each weight
+              read from its shard straight into its home (``checkpoint_files``, ``checkpoint_keys``,
+              ``checkpoint_load``: headers, key matching, bounded loading)
 ``source``    :func:`emit_source`: the same placement as one readable Python file
               (``Plan.emit_source``); a generator in three parts (layout, forward, template)
 ``streaming`` :class:`WeightStreamer`: host-resident weights copied to the computing device per
@@ -61,7 +64,14 @@ class TorchBackend:
         return bind_devices(plan, device_map)
 
     def build(self, plan: Any, model: Any, device_map: Mapping[str, str] | None = None, **options: Any) -> Any:
-        """:func:`emit_module` (``options``: ``example_inputs``)."""
+        """:func:`emit_module` (``options``: ``example_inputs``); from a model folder,
+        :func:`~backends.torch.from_checkpoint.emit_from_checkpoint` (each weight read into its home)."""
+        from partitioner.frontends.hf_folder import is_model_folder
+
+        if is_model_folder(model):
+            from backends.torch.from_checkpoint import emit_from_checkpoint
+
+            return emit_from_checkpoint(plan, model, device_map, **options)
         return emit_module(plan, model, device_map, **options)
 
     def check(self, plan: Any, model: Any, inputs: Any, device_map: Mapping[str, str] | None = None,
