@@ -113,6 +113,20 @@ class FolderModel:
                 out.append(torch.randn(shape, generator=generator).to(self.dtype).to(device))
         return tuple(out)
 
+    def for_plan(self, plan: Any) -> FolderModel:
+        """This folder with the inputs a plan recorded (its shapes, positionally), to check or emit it.
+
+        Example:
+            >>> folder.for_plan(plan).input_shapes                   # doctest: +SKIP
+            {'input_ids': (1, 8)}
+        """
+        params = _forward_names(self.module)
+        specs = tuple(plan.inputs or ())
+        if not specs or len(specs) > len(params):
+            return self
+        shapes = {name: tuple(spec.shape) for name, spec in zip(params, specs) if spec.kind == "tensor"}
+        return dataclasses.replace(self, input_names=tuple(params[:len(specs)]), input_shapes=shapes)
+
     def reference(self) -> torch.nn.Module:
         """The model with its weights, built by transformers itself (``from_pretrained``, on the
         host, eval mode): what ``hetpart check`` compares the loaded plan against. Holds the
@@ -203,14 +217,17 @@ def open_folder(
             f"(trust_remote_code=True) if you trust it")
     import transformers
 
-    with _quiet(transformers):
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    # building the hollow model is no part of any program a dispatch mode (strict devices) watches
+    with _quiet(transformers), _disable_current_modes():
         config = _config(config_path, raw, trust_remote_code)
         architecture, cls = _architecture(config_path, config, raw, trust_remote_code)
         resolved = parse_dtype(dtype) if dtype is not None else _config_dtype(config_path, config)
         with _empty_parameters():
             module = _construct(cls, config, resolved, trust_remote_code)
-    module.eval()
-    _hollow(module)
+        module.eval()
+        _hollow(module)
     names, shapes = _inputs(config_path, module, config, input_shapes)
     log.info("opened %s: %s, %s, %d parameters (hollow)", folder, architecture, resolved,
              sum(p.numel() for p in module.parameters()))
@@ -413,8 +430,7 @@ def _hollow(module: torch.nn.Module) -> None:
 def _inputs(path: Path, module: torch.nn.Module, config: Any,
             declared: Mapping[str, tuple[int, ...]] | None) -> tuple[tuple[str, ...], dict[str, tuple[int, ...]]]:
     """The forward's argument names up to the last input, and the shape of each input."""
-    params = [p.name for p in inspect.signature(module.forward).parameters.values()
-              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    params = _forward_names(module)
     if declared:
         shapes = {name: tuple(int(d) for d in shape) for name, shape in declared.items()}
         unknown = [n for n in shapes if n not in params]
@@ -434,6 +450,11 @@ def _inputs(path: Path, module: torch.nn.Module, config: Any,
         shapes = {n: (1, seq) for n in wanted}
     last = max(params.index(n) for n in shapes)
     return tuple(params[: last + 1]), shapes
+
+
+def _forward_names(module: torch.nn.Module) -> list[str]:
+    return [p.name for p in inspect.signature(module.forward).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
 
 def _input_dtype(name: str, dtype: torch.dtype) -> torch.dtype:

@@ -14,7 +14,9 @@ Out: the text of a Python module (:func:`source_text`) or that file written atom
   an explicit ``.to(DEVICE_...)`` wherever a value crosses logical devices and streamed weights
   fetched through hetpart's :class:`~backends.torch.streaming.WeightStreamer`;
 * ``def build(weights) -> PartitionedModel``: the module with the model's weights loaded from the
-  original model, its state_dict or a ``torch.save``'d state-dict file (``load_weights``);
+  original model, its state_dict, a ``torch.save``'d state-dict file, or a model folder (each
+  weight read from its shard into the tensor ``__init__`` made on its device:
+  :func:`backends.torch.checkpoint_load.load_folder_into`) (``load_weights``);
   ``PartitionedModel()`` alone has empty parameters.
 
 It behaves as ``plan.emit(model, device_map)``: same parameter homes, streamed weights, issue
@@ -125,6 +127,12 @@ def _generate(plan: Any, model: torch.nn.Module, device_map: Mapping[str, str] |
     from partitioner.plan.precision import refuse_precision
 
     refuse_precision(plan, "emit_source (the generated file)")
+    from partitioner.frontends.hf_folder import is_model_folder
+
+    if is_model_folder(model):  # a model folder: its hollow model is captured; build("./folder") loads it
+        from backends.torch.from_checkpoint import open_planned
+
+        model = open_planned(plan, model).module
     if plan.capture != "export":
         raise HetpartError(f"emit_source needs a plan captured with torch.export, not {plan.capture!r}: "
                            f"re-plan with capture='export' (CLI: --capture export)")

@@ -219,9 +219,17 @@ def load_weights(module: torch.nn.Module, weights: object) -> torch.nn.Module:
     """Copy the model's weights into ``module`` (strictly: every name must match).
 
     ``weights`` is the original model (its state_dict, and the values of tensors it does not
-    save, such as plain tensor attributes), a state_dict, or the path of a file written with
-    ``torch.save(model.state_dict(), path)``.
+    save, such as plain tensor attributes), a state_dict, the path of a file written with
+    ``torch.save(model.state_dict(), path)``, or a model folder (config.json and its safetensors
+    shards: each weight is read from its shard straight into its tensor here; needs hetpart).
     """
+    import os
+
+    if (isinstance(weights, str) or hasattr(weights, "__fspath__")) and os.path.isdir(weights):
+        from backends.torch.checkpoint_load import load_folder_into  # hetpart's loader
+
+        load_folder_into(module, weights)
+        return module
     extra = {{}}
     if isinstance(weights, torch.nn.Module):
         state = weights.state_dict()
@@ -270,7 +278,7 @@ def _header(plan: Any, layout: Layout) -> list[str]:
         "#",
         "# build(weights) returns the module with the model's weights, from the original model, its",
         "# state_dict, or a file saved with torch.save(model.state_dict(), path):",
-        "#     module = build(model)            # or build(\"weights.pt\")",
+        "#     module = build(model)            # or build(\"weights.pt\"), or build(\"./model-folder\")",
         "#     outputs = module(*inputs)",
         "# PartitionedModel() alone has EMPTY parameters (uninitialised memory): never run it unloaded.",
         "# The forward is the graph torch.export captured (in the mode the model was in then).",
