@@ -199,8 +199,9 @@ def _indexed(folder: Path, index: Path) -> WeightFiles:
             raise CheckpointError(f"{index} names shard {shard!r} (for key {keys[0]!r}) outside {folder}: "
                                   f"shards lie beside the index")
         if not path.is_file():
-            raise CheckpointError(f"{index} names shard {shard!r} for key {keys[0]!r} ({len(keys)} keys), and "
-                                  f"{folder} has no such file: copy the shard there, or write the folder again")
+            more = f" and {len(keys) - 1} more" if len(keys) > 1 else ""
+            raise CheckpointError(f"{index} names shard {shard!r} for key {keys[0]!r}{more}, and {folder} has no "
+                                  f"such file: copy the shard there, or write the folder again")
         held = _file_tensors(path)
         for key in keys:
             if key not in held:

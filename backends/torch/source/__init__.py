@@ -129,7 +129,8 @@ def _generate(plan: Any, model: torch.nn.Module, device_map: Mapping[str, str] |
     refuse_precision(plan, "emit_source (the generated file)")
     from partitioner.frontends.hf_folder import is_model_folder
 
-    if is_model_folder(model):  # a model folder: its hollow model is captured; build("./folder") loads it
+    from_folder = is_model_folder(model)
+    if from_folder:  # a model folder: its hollow model is captured; build("./folder") loads it
         from backends.torch.from_checkpoint import open_planned
 
         model = open_planned(plan, model).module
@@ -140,7 +141,7 @@ def _generate(plan: Any, model: torch.nn.Module, device_map: Mapping[str, str] |
     program = capture_for(plan, model, example_inputs).source
     names = Names()
     layout = plan_layout(plan, model, program, binding, names)
-    text, sites = render(plan, layout, ForwardPrinter(plan, program, layout, names).lines())
+    text, sites = render(plan, layout, ForwardPrinter(plan, program, layout, names).lines(), from_folder=from_folder)
     try:
         compile(text, "<hetpart source>", "exec", dont_inherit=True)
     except SyntaxError as err:  # a generator bug, never the user's: say where

@@ -219,17 +219,9 @@ def load_weights(module: torch.nn.Module, weights: object) -> torch.nn.Module:
     """Copy the model's weights into ``module`` (strictly: every name must match).
 
     ``weights`` is the original model (its state_dict, and the values of tensors it does not
-    save, such as plain tensor attributes), a state_dict, the path of a file written with
-    ``torch.save(model.state_dict(), path)``, or a model folder (config.json and its safetensors
-    shards: each weight is read from its shard straight into its tensor here; needs hetpart).
+    save, such as plain tensor attributes), a state_dict, or the path of a file written with
+    ``torch.save(model.state_dict(), path)``.
     """
-    import os
-
-    if (isinstance(weights, str) or hasattr(weights, "__fspath__")) and os.path.isdir(weights):
-        from backends.torch.checkpoint_load import load_folder_into  # hetpart's loader
-
-        load_folder_into(module, weights)
-        return module
     extra = {{}}
     if isinstance(weights, torch.nn.Module):
         state = weights.state_dict()
@@ -261,7 +253,23 @@ def build(weights: object) -> {CLASS_NAME}:
 '''
 
 
-def _header(plan: Any, layout: Layout) -> list[str]:
+# A file emitted from a model folder also loads from one: each weight read from its shard into its tensor.
+_FOLDER_LOADER_SOURCE = _LOADER_SOURCE.replace('''    ``torch.save(model.state_dict(), path)``.
+    """
+    extra = {}''', '''    ``torch.save(model.state_dict(), path)``, or a model folder (config.json and its safetensors
+    shards: each weight is read from its shard straight into its tensor here; needs hetpart).
+    """
+    import os
+
+    if (isinstance(weights, str) or hasattr(weights, "__fspath__")) and os.path.isdir(weights):
+        from backends.torch.checkpoint_load import load_folder_into  # hetpart's loader
+
+        load_folder_into(module, weights)
+        return module
+    extra = {}''')
+
+
+def _header(plan: Any, layout: Layout, from_folder: bool = False) -> list[str]:
     total = plan.predicted.get("total_s")
     binding = ", ".join(f"{comment_text(d)} -> {comment_text(p)}" for d, p in layout.binding.items())
     mode = "training step" if plan.training else "inference"
@@ -278,21 +286,25 @@ def _header(plan: Any, layout: Layout) -> list[str]:
         "#",
         "# build(weights) returns the module with the model's weights, from the original model, its",
         "# state_dict, or a file saved with torch.save(model.state_dict(), path):",
-        "#     module = build(model)            # or build(\"weights.pt\"), or build(\"./model-folder\")",
+        "#     module = build(model)            # or build(\"weights.pt\")",
         "#     outputs = module(*inputs)",
         "# PartitionedModel() alone has EMPTY parameters (uninitialised memory): never run it unloaded.",
         "# The forward is the graph torch.export captured (in the mode the model was in then).",
     ]
+    if from_folder:
+        lines.append("# build(\"./model-folder\") reads each weight from the folder's shards into its device:")
+        lines.append("# hetpart must be installed for that.")
     if layout.streamed:
         lines.append("# Streamed weights are fetched by hetpart's WeightStreamer: hetpart must be installed.")
-    else:
+    elif not from_folder:
         lines.append("# Needs only torch.")
     return lines
 
 
-def render(plan: Any, layout: Layout, body: Body) -> tuple[str, dict[int, Site]]:
-    """The file's text, and what each line of its forward does (line number -> Site)."""
-    out = _header(plan, layout) + ['"""A model placed on several devices by hetpart (see the comment above)."""',
+def render(plan: Any, layout: Layout, body: Body, *, from_folder: bool = False) -> tuple[str, dict[int, Site]]:
+    """The file's text, and what each line of its forward does (line number -> Site); a file
+    emitted from a model folder (``from_folder``) also builds from one."""
+    out = _header(plan, layout, from_folder) + ['"""A model placed on several devices by hetpart (see the comment above)."""',
                                    "", "import torch"]
     if body.out_spec is not None:
         out.append("import torch.utils._pytree as pytree")
@@ -317,5 +329,6 @@ def render(plan: Any, layout: Layout, body: Body) -> tuple[str, dict[int, Site]]
     first = len(out) + 1  # line number of the body's first line
     sites = {first + i: site for i, site in body.sites.items()}
     out += [f"        {line}" if line else "" for line in body.lines]
-    out += ["", "", *_LOADER_SOURCE.strip("\n").split("\n"), ""]
+    loader = _FOLDER_LOADER_SOURCE if from_folder else _LOADER_SOURCE
+    out += ["", "", *loader.strip("\n").split("\n"), ""]
     return "\n".join(out), sites
