@@ -212,7 +212,10 @@ def unlifted_module(graph: OpGraph, *, weights_to_load: bool = False) -> torch.f
         raise HetpartError(f"cannot emit code for a graph captured as {type(source).__name__}")
     with warnings.catch_warnings():  # torch 2.13 warns about its own pytree specs when they are copied
         warnings.simplefilter("ignore", FutureWarning)
-        gm = copy.deepcopy(gm)  # never share tensors or graph with the caller's model
+        # weights a checkpoint fills are shared as they are, valueless (Parameter.__deepcopy__ would
+        # clone a hollow one into real memory); each is rebound before the module is used
+        memo = {id(p): p for p in gm.parameters()} if weights_to_load else {}
+        gm = copy.deepcopy(gm, memo)  # never share tensors or graph with the caller's model
     for p in () if weights_to_load else gm.parameters():
         if p.is_meta or p.untyped_storage().nbytes() < p.numel() * p.element_size():
             raise HetpartError(
