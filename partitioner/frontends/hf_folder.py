@@ -18,6 +18,7 @@ file (``.pt``, ``.pth``, ``.bin``, ``.safetensors``) whose folder holds the ``co
   ``{"input_ids": (1, 512)}``; by default ``input_ids`` of batch 1 and :data:`DEFAULT_SEQUENCE`
   tokens, capped at the config's ``max_position_embeddings``; encoder-decoder models get
   ``decoder_input_ids`` too), passed positionally in the order of the model's ``forward``;
+* the forward without a key-value cache (``use_cache`` off: one pass, tensors out);
 * the dtype: the config's ``dtype`` (``torch_dtype`` in older configs; float32 when it says none),
   or the ``dtype`` asked.
 
@@ -222,6 +223,7 @@ def open_folder(
     # building the hollow model is no part of any program a dispatch mode (strict devices) watches
     with _quiet(transformers), _disable_current_modes():
         config = _config(config_path, raw, trust_remote_code)
+        _no_cache(config)
         architecture, cls = _architecture(config_path, config, raw, trust_remote_code)
         resolved = parse_dtype(dtype) if dtype is not None else _config_dtype(config_path, config)
         with _empty_parameters():
@@ -312,6 +314,14 @@ def _architecture(path: Path, config: Any, raw: Mapping[str, Any], trust_remote_
         return cls.__name__, cls
     raise CheckpointError(f"{path}: no 'architectures' and no task class of transformers takes a "
                           f"{type(config).__name__}; add 'architectures': [CLASS] to it")
+
+
+def _no_cache(config: Any) -> None:
+    """The forward is planned as one pass without a key-value cache (a cache object is no tensor
+    output a plan can carry): ``use_cache`` off, in sub-configs too."""
+    for sub in (config, *(getattr(config, k, None) for k in ("text_config", "decoder"))):
+        if sub is not None and getattr(sub, "use_cache", False):
+            sub.use_cache = False
 
 
 def _model_class(config: Any, architecture: str, trust_remote_code: bool) -> Any:
