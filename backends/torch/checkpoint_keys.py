@@ -116,10 +116,10 @@ def _check(want: Wanted, stored: StoredTensor, shape: tuple[int, ...], dtype: to
         raise CheckpointError(f"{stored.where()} has shape {tuple(shape)}, and {want.names[0]!r} of the model "
                               f"is {want.shape}: the checkpoint does not match config.json")
     if dtype != want.dtype and not cast:
-        raise CheckpointError(f"{stored.where()} is {str(dtype).removeprefix('torch.')}, and the model is built "
-                              f"in {str(want.dtype).removeprefix('torch.')}: pass the dtype to load it in "
-                              f"(--dtype {str(dtype).removeprefix('torch.')}, or dtype= when opening the folder) "
-                              f"to cast it while loading")
+        have, built = str(dtype).removeprefix("torch."), str(want.dtype).removeprefix("torch.")
+        raise CheckpointError(f"{stored.where()} is {have}, and the model is built in {built}: ask for the dtype "
+                              f"(--dtype {built}, or dtype= when opening the folder) to cast it while loading, or "
+                              f"build the model as stored (--dtype {have})")
 
 
 def _ignored(model: torch.nn.Module, attr: str, key: str) -> bool:

@@ -144,7 +144,7 @@ def test_a_tensor_of_the_wrong_shape_or_dtype(folder: Path, plan) -> None:  # no
         emit(plan, folder)
     _rewrite(folder, key, torch.zeros(16, 32, dtype=torch.float16))
     with pytest.raises(CheckpointError, match=rf"key '{key}' in {shard.name} is float16, and the model is built in "
-                                              rf"float32: pass the dtype"):
+                                              rf"float32: ask for the dtype"):
         emit(plan, folder)
 
 

@@ -30,6 +30,7 @@ from backends.torch.strict import StrictRun
 from partitioner import partition
 from partitioner.errors import HetpartError
 from partitioner.frontends.hf_folder import is_hollow, open_folder
+from partitioner.plan import Plan
 
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
@@ -176,9 +177,12 @@ def test_the_cli_plans_checks_and_emits_a_folder(saved: dict[str, tuple[Path, to
     from partitioner.cli import main
 
     folder = saved["gpt2"][0]
-    plan_file = tmp_path / "plan.json"
-    assert main(["plan", str(folder), "--input-shape", f"input_ids=1x{SEQ}", "--pin", "transformer.h.1*=cuda:0",
+    plan_file, device_map = tmp_path / "plan.json", tmp_path / "map.json"
+    device_map.write_text(json.dumps({"transformer.h.1": 0, "transformer.wte": "cpu"}))
+    assert main(["plan", str(folder), "--input-shape", f"input_ids=1x{SEQ}", "--device-map", str(device_map),
                  "--time-limit", "10", "-o", str(plan_file)]) == 0
+    plan = Plan.load(plan_file)
+    assert {plan.placement[op] for op, path in plan.modules.items() if path.startswith("transformer.h.1")} == {"cuda:0"}
     assert main(["check", str(folder), "--plan", str(plan_file), "--strict-devices", "--repeat", "1"]) == 0
     assert "passed" in capsys.readouterr().out
     out = tmp_path / "placed.py"
