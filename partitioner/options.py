@@ -102,7 +102,8 @@ class Constraints:
         "bytes per step a link may carry, e.g. {'cpu<->cuda:0': 10**9}"))
     contiguous_stages: Any = _field(False, flag="--contiguous-stages", doc=(
         "devices in profile order form contiguous stages (every edge goes forward in that order)"))
-    device_map_pins: Any = _field(None, flag="--device-map", doc=(
+    device_map_pins: Any = _field(None, flag="--device-map", compile="give the modules as pins (module-path globs)",
+                                  doc=(
         "a hand-made accelerate device_map as pins, e.g. {'model.embed_tokens': 'cpu', 'model.layers.0': 0}: each "
         "module (and all under it; the longest key wins) is fixed there, the rest is placed by the solver"))
 

@@ -108,7 +108,9 @@ def partition_outcome(
 
     Parameters:
         model_or_graph: an ``nn.Module`` (captured with ``capture``), an ONNX model (a ``.onnx`` path
-            or ``ModelProto``, imported with :func:`~partitioner.frontends.onnx.from_onnx`), or an OpGraph.
+            or ``ModelProto``, imported with :func:`~partitioner.frontends.onnx.from_onnx`), a model
+            folder (a path: built hollow from its config.json, no weight read, example inputs from
+            ``input_shapes``; :mod:`partitioner.frontends.hf_folder`), or an OpGraph.
             ONNX plans are for inference, without weight streaming (onnxruntime sessions hold their
             weights), and list the ``ort-fallback`` and ``openvino-pipeline`` baselines too.
         example_inputs: the inputs the model is captured and costed with (one step's batch).

@@ -8,9 +8,10 @@ module        what it does
 ``module``    :func:`emit_module`: the captured graph with explicit transfers, weights on their
               devices, the plan's issue order and streamed weights (``Plan.emit``);
               ``place_module``: the same steps on a graph captured elsewhere (``backends.compile``)
-``from_checkpoint`` :func:`emit_from_checkpoint`: the same module from a model folder, each weight
-              read from its shard straight into its home (``checkpoint_files``, ``checkpoint_keys``,
-              ``checkpoint_load``: headers, key matching, bounded loading)
+``from_checkpoint``
+              ``emit_from_checkpoint``: the same module from a model folder, each weight read from
+              its shard straight into its home (``checkpoint_files``, ``checkpoint_keys``,
+              ``checkpoint_load``: headers, key matching, bounded loading; ``Plan.emit("./folder")``)
 ``source``    :func:`emit_source`: the same placement as one readable Python file
               (``Plan.emit_source``); a generator in three parts (layout, forward, template)
 ``streaming`` :class:`WeightStreamer`: host-resident weights copied to the computing device per
