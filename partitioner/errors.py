@@ -47,6 +47,10 @@ class NoPlanFits(InfeasiblePlacement):
     """At run time, neither a plan nor any of its fallbacks fits the memory free on the devices now."""
 
 
+class CheckpointError(HetpartError):
+    """A model folder or weights file that cannot be planned or loaded (the message names the file and key)."""
+
+
 class PlanMismatch(HetpartError):
     """A plan file that does not belong to the model or profile it is used with."""
 

@@ -1,9 +1,11 @@
 """Resolve a MODEL argument to a module and example inputs.
 
 In: ``"gpt"``, ``"gpt:small"`` (a zoo name and size), ``"path/to/file.py:factory"`` (a Python
-file and a function in it returning ``(module, example_inputs)``) or ``"path/to/model.onnx"`` (an
+file and a function in it returning ``(module, example_inputs)``), ``"path/to/model.onnx"`` (an
 ONNX model, imported by :func:`~partitioner.frontends.onnx.from_onnx`; symbolic input dimensions are
-bound from ``input_shapes``). Out: a :class:`LoadedModel`.
+bound from ``input_shapes``) or ``"./folder"`` (a Hugging Face model folder, or a state-dict file
+beside its ``config.json``: built hollow, no weight read, :mod:`partitioner.frontends.hf_folder`;
+``input_shapes`` declares its inputs). Out: a :class:`LoadedModel`.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class LoadedModel:
     example_inputs: tuple
     no_split: tuple[str, ...] = ()  # module classes a device-map fill keeps whole (zoo models declare them)
     input_shapes: Mapping[str, tuple[int, ...]] | None = None  # ONNX models: shapes of symbolic inputs
+    folder: Any = None  # a model folder (FolderModel): ``module`` is its hollow model; emit and check load from it
 
     @property
     def is_onnx(self) -> bool:
@@ -43,10 +46,13 @@ class LoadedModel:
 
 
 def load_model(spec: str, *, device: str | None = None,
-               input_shapes: Mapping[str, tuple[int, ...]] | None = None) -> LoadedModel:
+               input_shapes: Mapping[str, tuple[int, ...]] | None = None, dtype: str | None = None,
+               trust_remote_code: bool = False) -> LoadedModel:
     """Build the model named by ``spec``; zoo models are built on ``device`` (``"meta"``: shapes
     only, which is all planning needs). A user's factory builds where it likes. A ``.onnx`` path is
-    checked to exist; it is read when it is imported.
+    checked to exist; it is read when it is imported. A model folder is opened hollow whatever
+    ``device`` says (``dtype`` and ``trust_remote_code`` as :func:`~partitioner.frontends.hf_folder.open_folder`
+    takes them); its example inputs are on the host.
 
     Example:
         >>> load_model("mlp:tiny").name
@@ -57,8 +63,13 @@ def load_model(spec: str, *, device: str | None = None,
         if not path.is_file():
             raise UnknownModel(f"ONNX model {spec!r} does not exist; give the path of a .onnx file")
         return LoadedModel(path.stem, path, (), input_shapes=dict(input_shapes) if input_shapes else None)
+    from partitioner.frontends.hf_folder import is_model_folder, open_folder
+
+    if is_model_folder(spec):
+        folder = open_folder(spec, dtype=dtype, trust_remote_code=trust_remote_code, input_shapes=input_shapes)
+        return LoadedModel(folder.name, folder.module, folder.example_inputs(), folder=folder)
     if input_shapes:
-        raise UnknownModel(f"--input-shape binds the inputs of ONNX models; {spec!r} is not a .onnx file")
+        raise UnknownModel(f"--input-shape binds the inputs of ONNX models and model folders; {spec!r} is neither")
     path, sep, factory = spec.rpartition(":")
     if sep and (path.endswith(".py") or "/" in path):
         return _from_file(Path(path), factory, spec)

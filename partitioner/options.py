@@ -102,6 +102,10 @@ class Constraints:
         "bytes per step a link may carry, e.g. {'cpu<->cuda:0': 10**9}"))
     contiguous_stages: Any = _field(False, flag="--contiguous-stages", doc=(
         "devices in profile order form contiguous stages (every edge goes forward in that order)"))
+    device_map_pins: Any = _field(None, flag="--device-map", compile="give the modules as pins (module-path globs)",
+                                  doc=(
+        "a hand-made accelerate device_map as pins, e.g. {'model.embed_tokens': 'cpu', 'model.layers.0': 0}: each "
+        "module (and all under it; the longest key wins) is fixed there, the rest is placed by the solver"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,8 +154,15 @@ class Source:
     dynamic_shapes: Any = _field(None, flag="--dynamic", compile="dynamo recompiles per shape", doc=(
         "input dimensions the emitted module may be called with at other sizes: ('batch', 'seq'), {'len': 2}, or one "
         "{dim: name} per input; costed at the example sizes"))
-    input_shapes: Any = _field(None, flag="--input-shape", compile="ONNX models only", doc=(
-        "ONNX models: static shapes of inputs with symbolic dimensions, {'input': (1, 3, 224, 224)}"))
+    input_shapes: Any = _field(None, flag="--input-shape", compile="ONNX models and model folders only", doc=(
+        "ONNX models: static shapes of inputs with symbolic dimensions, {'input': (1, 3, 224, 224)}; a model folder: "
+        "shapes of its forward's inputs, {'input_ids': (1, 512)} (default: input_ids of 1 x 128 tokens)"))
+    folder_dtype: Any = _field(None, flag="--dtype", compile="the compiled model is already built", doc=(
+        "a model folder: the dtype it is built, planned and loaded in, e.g. 'bf16' (default: config.json's; "
+        "weights stored in another dtype are cast while loading)"))
+    trust_remote_code: Any = _field(False, flag="--trust-remote-code", recorded=False,
+                                    compile="the compiled model is already built", doc=(
+        "a model folder whose config.json names its own modeling code (auto_map): allow building it (runs that code)"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -378,6 +389,12 @@ def _validate(opts: PlanOptions) -> None:
         _check(name, value, ok, "a list of module class names, e.g. ['Block']")
     _mapping("link_budget", cons.link_budget, (int,), "a number of bytes", "{'cpu<->cuda:0': 1000000000}")
     _one_of("contiguous_stages", cons.contiguous_stages, (True, False), "True or False")
+    _check("device_map_pins", cons.device_map_pins, cons.device_map_pins is None or (
+        isinstance(cons.device_map_pins, Mapping) and all(isinstance(k, str) for k in cons.device_map_pins)),
+        "an accelerate device_map: module path -> GPU index or device name, e.g. {'model.layers.0': 0}")
+    _one_of("trust_remote_code", src.trust_remote_code, (True, False), "True or False")
+    _check("folder_dtype", src.folder_dtype, src.folder_dtype is None or isinstance(src.folder_dtype, str),
+           "a dtype name such as 'bf16' or 'float32'")
     _one_of("training", train.training, (True, False, None), "True, False or None (decide per graph)")
     _one_of("optimizer", getattr(train.optimizer, "value", train.optimizer), tuple(o.value for o in Optimizer),
             "one of " + ", ".join(o.value for o in Optimizer))

@@ -20,6 +20,7 @@ from cost_models.training import parse_optimizer
 from partitioner.coarsen import CoarsenOptions, Coarsening, auto_coarsen, coarsen as coarsen_graph, identity
 from partitioner.errors import CaptureError, HetpartError, InfeasiblePlacement, SolverUnavailable
 from partitioner.frontends.fx import capture_mode, from_module
+from partitioner.frontends.hf_folder import is_model_folder
 from partitioner.frontends.inputs import dynamic_dims, input_specs
 from partitioner.frontends.onnx_input import is_onnx_graph, is_onnx_model
 from partitioner.ir import OpGraph
@@ -108,7 +109,9 @@ def partition_outcome(
 
     Parameters:
         model_or_graph: an ``nn.Module`` (captured with ``capture``), an ONNX model (a ``.onnx`` path
-            or ``ModelProto``, imported with :func:`~partitioner.frontends.onnx.from_onnx`), or an OpGraph.
+            or ``ModelProto``, imported with :func:`~partitioner.frontends.onnx.from_onnx`), a model
+            folder (a path: built hollow from its config.json, no weight read, example inputs from
+            ``input_shapes``; :mod:`partitioner.frontends.hf_folder`), or an OpGraph.
             ONNX plans are for inference, without weight streaming (onnxruntime sessions hold their
             weights), and list the ``ort-fallback`` and ``openvino-pipeline`` baselines too.
         example_inputs: the inputs the model is captured and costed with (one step's batch).
@@ -129,6 +132,8 @@ def partition_outcome(
         True
     """
     request = PlanOptions.build(options, **({"devices": devices} if devices is not None else {}), **keywords)
+    if is_model_folder(model_or_graph):  # a model folder: built hollow, no weight read (frontends.hf_folder)
+        model_or_graph, example_inputs, request = _from_folder(model_or_graph, example_inputs, request)
     if request.batch is not None:  # re-plans over micro-batches (partitioner.batching), each with batch=None
         from partitioner.batching import fit_outcome
 
@@ -150,12 +155,17 @@ def partition_outcome(
                            "runs them forward only); drop training=True (CLI: --training)")
     options_ = _solver_options(request, spec, dtypes, onnx_graph)
     cons, search = request.constraints, request.search
-    coarse = _coarsen(graph, options_, search.coarsen, cons.pins, cons.align_modules)
+    pins = cons.pins
+    if cons.device_map_pins:  # a hand-made accelerate device_map fixes its modules; the solver places the rest
+        from partitioner.device_map_pins import pins_from_device_map
+
+        pins = pins_from_device_map(cons.device_map_pins, graph, profile.names(), cons.pins)
+    coarse = _coarsen(graph, options_, search.coarsen, pins, cons.align_modules)
     from cost_models.profiled import resolve_costs  # here: cost_models.profiled imports partitioner's errors
 
     cost_model = resolve_costs(request.costs, graph, profile, example_inputs, training=bool(request.train.training),
                                optimizer=request.train.optimizer)
-    problem = Problem(coarse.graph, profile, options_, pins=cons.pins, members=coarse.members, original=graph,
+    problem = Problem(coarse.graph, profile, options_, pins=pins, members=coarse.members, original=graph,
                       costs=cost_model)
     dense = _dense_problem(problem)
     baselines = {name: _evaluated(dense if name in DENSE_BASELINES else problem,
@@ -184,6 +194,18 @@ def partition_outcome(
         plan = with_fallbacks(plan, profile, fractions, lambda base, caps: partition_outcome(
             graph, example_inputs, options=fallback.replace(devices=base, memory=caps)).plan)
     return Outcome(plan, problem, coarse, solution, evaluation, baselines)
+
+
+def _from_folder(spec: Any, example_inputs: Any, request: PlanOptions) -> tuple[Any, Any, PlanOptions]:
+    """A model folder's hollow model, its example inputs (unless given) and the request naming it."""
+    from partitioner.frontends.hf_folder import open_folder
+
+    src = request.source
+    folder = open_folder(spec, dtype=src.folder_dtype, trust_remote_code=src.trust_remote_code,
+                         input_shapes=src.input_shapes)
+    if src.model_name is None:
+        request = request.replace(model_name=folder.name)
+    return folder.module, example_inputs if example_inputs is not None else folder.example_inputs(), request
 
 
 def _solver_options(request: PlanOptions, spec: PipelineSpec | None, dtypes: Any, onnx_graph: bool) -> Options:

@@ -57,6 +57,7 @@ def check_plan(
     repeat: int = 5,
     strict_devices: bool = False,
     build: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
+    weights: Any = None,
 ) -> CheckReport:
     """Run ``model`` and ``plan.emit(model, device_map)`` on the same inputs and compare them.
 
@@ -73,6 +74,8 @@ def check_plan(
             check the emitted module's devices op by op (see the module docstring).
         build: makes the module to compare from the reference (default: ``plan.emit``); another
             backend passes its own (``backends.compile`` compiles a copy with torch.compile).
+        weights: a model folder (path or FolderModel) to emit from instead of the reference:
+            the plan's module is then loaded from disk by the plan, and compared with ``model``.
 
     Raises:
         PlanMismatch: the model is not the one the plan was made for (in training: not as
@@ -101,9 +104,10 @@ def check_plan(
     reference = copy.deepcopy(model).train() if training else model
     if strict is not None:
         with strict:  # building under the mode tags every parameter where the emitter put it
-            emitted = strict.watch(_emit(plan, reference, device_map, micro, training))
+            emitted = strict.watch(_emit(plan, reference if weights is None else weights, device_map, micro, training))
     else:
-        emitted = build(reference) if build is not None else _emit(plan, reference, device_map, micro, training)
+        emitted = build(reference) if build is not None else \
+            _emit(plan, reference if weights is None else weights, device_map, micro, training)
     sync = _synchronizer([*binding.values(), *(str(p.device) for p in model.parameters())])
     with _strict_float32():
         run = _training_step if training else _inference
@@ -218,7 +222,7 @@ def _strict_forward(strict: StrictRun, module: torch.nn.Module, args: tuple) -> 
         return strict.step(module, *args)
 
 
-def _emit(plan: Any, reference: torch.nn.Module, device_map: Mapping[str, str] | None, args: tuple,
+def _emit(plan: Any, reference: Any, device_map: Mapping[str, str] | None, args: tuple,
           training: bool) -> torch.nn.Module:
     """``plan.emit`` of the reference (in train mode for a training check: export captures the mode)."""
     try:

@@ -38,7 +38,7 @@ import inspect
 import logging
 import operator
 import warnings
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import torch
@@ -60,6 +60,9 @@ from partitioner.frontends.names import check_fx_names, check_graph_targets
 from partitioner.ir import NOT_A_TENSOR, OpGraph
 
 log = logging.getLogger(__name__)
+
+#: ``move_state(gm, home, physical, streamed)``: puts each attribute tensor in its home (see :func:`place_module`)
+StateMover = Callable[[torch.fx.GraphModule, Mapping[str, str], Mapping[str, torch.device], list[tuple[str, str]]], None]
 
 
 def example_inputs_for(plan: Any) -> tuple[Any, ...]:
@@ -141,6 +144,7 @@ def place_module(
     arrivals: Mapping[str, torch.device] | None = None,
     *,
     tensors: Collection[str] = (),
+    move_state: StateMover | None = None,
 ) -> torch.fx.GraphModule:
     """Make ``gm`` run ``plan``, in place: the steps of :func:`emit_module` after capture.
 
@@ -152,7 +156,9 @@ def place_module(
     guards on their devices): no copy is inserted for a consumer bound to that device. Other
     placeholders are copied to each consuming device (``.to`` is free when the value is already
     there). ``tensors`` names the nodes whose values are single tensors where the graph carries no
-    fake values (a symbolic trace).
+    fake values (a symbolic trace). ``move_state(gm, home, physical, streamed)`` puts the attribute
+    tensors in their homes (default: copies of the model's; a checkpoint load reads them from disk,
+    :mod:`backends.torch.from_checkpoint`).
 
     Example:
         >>> gm = place_module(private_gm, plan, {"cpu": "cpu", "cuda:0": "cpu"})   # doctest: +SKIP
@@ -161,8 +167,11 @@ def place_module(
     physical = {d: torch.device(p) for d, p in binding.items()}
     physical.setdefault(plan.devices.host_device().name, torch.device("cpu"))
     home = _parameter_homes(gm, plan)
-    _move_state(gm, home, physical)
     streamed = _streamed_attrs(gm, plan, home)
+    if move_state is None:
+        _move_state(gm, home, physical)
+    else:
+        move_state(gm, home, physical, streamed)
     setattr(gm, STREAMER_ATTR, WeightStreamer(gm, [(t, str(physical[d])) for t, d in streamed]))
     _reorder(gm, plan.schedule)
     _settle_items(gm, placed, physical, set(tensors))
@@ -196,8 +205,10 @@ def _input_names(model: torch.nn.Module) -> list[str]:
 # --------------------------------------------------------------------------------------------
 
 
-def unlifted_module(graph: OpGraph) -> torch.fx.GraphModule:
-    """A private GraphModule with the model's parameter names (``get_attr`` nodes), deep-copied."""
+def unlifted_module(graph: OpGraph, *, weights_to_load: bool = False) -> torch.fx.GraphModule:
+    """A private GraphModule with the model's parameter names (``get_attr`` nodes), deep-copied.
+    Weights without values (on the meta device, or the hollow ones of a model folder opened for
+    planning) are refused unless ``weights_to_load`` (a checkpoint fills them)."""
     source = graph.source
     if isinstance(source, torch.export.ExportedProgram):
         # module() sets every lifted name back as an attribute and generates code that reads it
@@ -213,12 +224,16 @@ def unlifted_module(graph: OpGraph) -> torch.fx.GraphModule:
         raise HetpartError(f"cannot emit code for a graph captured as {type(source).__name__}")
     with warnings.catch_warnings():  # torch 2.13 warns about its own pytree specs when they are copied
         warnings.simplefilter("ignore", FutureWarning)
-        gm = copy.deepcopy(gm)  # never share tensors or graph with the caller's model
-    for p in gm.parameters():
-        if p.is_meta:
+        # weights a checkpoint fills are shared as they are, valueless (Parameter.__deepcopy__ would
+        # clone a hollow one into real memory); each is rebound before the module is used
+        memo = {id(p): p for p in gm.parameters()} if weights_to_load else {}
+        gm = copy.deepcopy(gm, memo)  # never share tensors or graph with the caller's model
+    for p in () if weights_to_load else gm.parameters():
+        if p.is_meta or p.untyped_storage().nbytes() < p.numel() * p.element_size():
             raise HetpartError(
-                "the model's weights are on the meta device: emit needs real weights "
-                "(build the model normally; planning alone can use device='meta')"
+                "the model's weights are on the meta device (or hollow: a model folder opened for planning): "
+                "emit needs real weights (build the model normally, or emit from the folder itself: "
+                "plan.emit('./folder', ...); planning alone can use device='meta')"
             )
     return gm
 
@@ -469,9 +484,16 @@ _FACTORY_KWARGS = ("device",)
 
 def rebind_factory_devices(gm: torch.fx.GraphModule, placed: Mapping[str, str],
                            physical: Mapping[str, torch.device]) -> None:
-    """Ops that create tensors (``arange``, ``zeros``, ``_to_copy``) create them on their own device."""
+    """Ops that create tensors (``arange``, ``zeros``, ``_to_copy``) create them on their own device;
+    a device passed positionally (``aten.to.device(x, device)``, a model's ``x.to(y.device)``) is the
+    device everything was on when captured (the host, or meta), so it becomes the op's too."""
     for node in gm.graph.nodes:
-        if node.name in placed and "device" in node.kwargs:
+        if node.name not in placed:
+            continue
+        device = physical[placed[node.name]]
+        if "device" in node.kwargs:
             kwargs = dict(node.kwargs)
-            kwargs["device"] = physical[placed[node.name]]
+            kwargs["device"] = device
             node.kwargs = kwargs
+        if any(isinstance(a, torch.device) for a in node.args):
+            node.args = tuple(device if isinstance(a, torch.device) else a for a in node.args)

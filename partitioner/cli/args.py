@@ -44,6 +44,45 @@ def _link_budget(items: list[str]) -> dict[str, int] | None:
     return budget or None
 
 
+def add_folder_flags(sub: argparse.ArgumentParser) -> None:
+    """``--dtype`` and ``--trust-remote-code``: how a model folder is built (plan, emit, check)."""
+    sub.add_argument("--dtype", dest="folder_dtype", metavar="DTYPE", default=None,
+                     help="a model folder: build, plan and load it in this dtype, e.g. bf16 (default: config.json's)")
+    sub.add_argument("--trust-remote-code", action="store_true",
+                     help="a model folder whose config.json names its own code (auto_map): run that code to build it")
+
+
+def at_plan_inputs(loaded: Any, plan: Any, declared: list[str]) -> Any:
+    """A model folder's LoadedModel with the inputs the plan was made for (unless ``--input-shape`` declared them)."""
+    if loaded.folder is None or declared:
+        return loaded
+    import dataclasses
+
+    folder = loaded.folder.for_plan(plan)
+    return dataclasses.replace(loaded, folder=folder, example_inputs=folder.example_inputs())
+
+
+def device_map_file(path: str | None) -> dict[str, Any] | None:
+    """``--device-map map.json``: an accelerate device_map (module path -> GPU index or device), read from JSON."""
+    if path is None:
+        return None
+    import json
+
+    from partitioner.files import read_text
+
+    try:
+        data = json.loads(read_text(path, what="device_map file", max_bytes=2**24))
+    except FileNotFoundError:
+        raise HetpartError(f"--device-map {path}: no such file") from None
+    except json.JSONDecodeError as err:
+        raise HetpartError(f"--device-map {path}: not JSON ({err.msg} at line {err.lineno}); write the map as "
+                           f'{{"model.embed_tokens": "cpu", "model.layers.0": 0}}') from None
+    if not isinstance(data, dict):
+        raise HetpartError(f"--device-map {path}: holds a JSON {type(data).__name__}, not an object of module "
+                           f"path -> device")
+    return data
+
+
 #: The flags of ``hetpart plan`` and ``hetpart fit`` that set an option of the request
 #: (:class:`partitioner.options.PlanOptions`): each flag's ``dest`` is its field's name, and this
 #: table converts the flags whose parsed text is not the value itself.
@@ -53,6 +92,7 @@ FLAG_VALUES = {
     "coarsen": lambda text: {"on": True, "off": False}.get(text, text),
     "dynamic_shapes": dynamic_names,
     "link_budget": _link_budget,
+    "device_map_pins": device_map_file,
 }
 
 
@@ -156,7 +196,8 @@ def output_path(text: str, flag: str, *, force: bool) -> Path:
 def add_input_shape(sub: argparse.ArgumentParser) -> None:
     """``--input-shape NAME=AxBxC`` (repeatable): static shapes for an ONNX model's symbolic inputs."""
     sub.add_argument("--input-shape", action="append", default=[], metavar="NAME=AxBxC",
-                     help="ONNX models: the shape of an input with symbolic dimensions, e.g. input=1x3x224x224 "
+                     help="ONNX models: the shape of an input with symbolic dimensions, e.g. input=1x3x224x224; "
+                          "model folders: the shape of a forward input, e.g. input_ids=1x512 (default 1x128) "
                           "(repeatable)")
 
 

@@ -9,7 +9,7 @@ import argparse
 from partitioner.errors import HetpartError
 
 from partitioner.cli.args import (
-    add_bind, add_input_shape, add_inputs, input_shapes, naming_the_model, pairs, positive_int, read_inputs,
+    add_bind, add_folder_flags, at_plan_inputs, add_input_shape, add_inputs, input_shapes, naming_the_model, pairs, positive_int, read_inputs,
 )
 
 
@@ -17,8 +17,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     """Add the subcommand to ``hetpart``'s parser."""
     ck = sub.add_parser("check", parents=[common],
                         help="run a plan's emitted module beside the original; compare outputs and time")
-    ck.add_argument("model", help="the model the plan was made for: zoo name (gpt, gpt:small), file.py:factory "
-                                  "or model.onnx")
+    ck.add_argument("model", help="the model the plan was made for: zoo name (gpt, gpt:small), file.py:factory, "
+                                  "model.onnx or a model folder (loaded by the plan, beside transformers' own load)")
     ck.add_argument("--plan", required=True, metavar="PLAN.json", help="a plan file from `hetpart plan`")
     add_bind(ck)
     ck.add_argument("--training", action="store_true",
@@ -35,6 +35,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                          "from another device; print copies per link and resident bytes per device beside "
                          "the plan's (checks a plan for a machine you do not have)")
     add_input_shape(ck)
+    add_folder_flags(ck)
     add_inputs(ck)
     ck.set_defaults(func=_cmd_check)
 
@@ -48,7 +49,10 @@ def _cmd_check(args: argparse.Namespace) -> int:
         raise HetpartError("--optimizer-args sets the optimizer of --steps N: add --training --steps 3")
     plan = Plan.load(args.plan)
     binding = pairs(args.bind, "--bind", "cuda:0=cpu")
-    loaded = load_model(args.model, input_shapes=input_shapes(args.input_shape))  # real weights: both run
+    loaded = load_model(args.model, input_shapes=input_shapes(args.input_shape),  # real weights: both run
+                        dtype=args.folder_dtype or (plan.request or {}).get("folder_dtype"),
+                        trust_remote_code=args.trust_remote_code)
+    loaded = at_plan_inputs(loaded, plan, args.input_shape)
     with naming_the_model(plan, loaded.name):
         if loaded.is_onnx:
             from backends.onnx_parts import check_parts
@@ -69,6 +73,10 @@ def _cmd_check(args: argparse.Namespace) -> int:
             hyper = {"lr": 1e-3, **optimizer_args(args.optimizer_args)}
             report = check_training_steps(plan, loaded.module, loaded.example_inputs, binding or None,
                                           steps=args.steps, strict_devices=args.strict_devices, **hyper)
+        elif loaded.folder is not None:  # the plan's module loaded from the folder, beside transformers' own load
+            report = check_plan(plan, loaded.folder.reference(), loaded.example_inputs, binding or None,
+                                training=args.training, repeat=args.repeat, strict_devices=args.strict_devices,
+                                weights=loaded.folder)
         else:
             report = check_plan(plan, loaded.module, loaded.example_inputs, binding or None,
                                 training=args.training, repeat=args.repeat, strict_devices=args.strict_devices)

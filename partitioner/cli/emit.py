@@ -8,7 +8,7 @@ import argparse
 from pathlib import Path
 
 from partitioner.cli.args import (
-    add_bind, add_input_shape, input_shapes, naming_the_model, one_line_summary, output_path, pairs,
+    add_bind, add_folder_flags, at_plan_inputs, add_input_shape, input_shapes, naming_the_model, one_line_summary, output_path, pairs,
 )
 from partitioner.errors import HetpartError
 from partitioner.files import check_folder
@@ -17,8 +17,8 @@ from partitioner.files import check_folder
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     """Add the subcommand to ``hetpart``'s parser."""
     em = sub.add_parser("emit", parents=[common], help="write a plan as a runnable Python file")
-    em.add_argument("model", help="the model the plan was made for: zoo name (gpt, gpt:small), file.py:factory "
-                                  "or model.onnx")
+    em.add_argument("model", help="the model the plan was made for: zoo name (gpt, gpt:small), file.py:factory, "
+                                  "model.onnx or a model folder (the file's build('./folder') loads it by the plan)")
     em.add_argument("--plan", required=True, metavar="PLAN.json", help="a plan file from `hetpart plan`")
     em.add_argument("-o", "--output", required=True, metavar="FILE.py|DIR",
                     help="the Python file to write (ONNX models: the folder of parts)")
@@ -27,6 +27,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     em.add_argument("--training", action="store_true",
                     help="a training plan: also write build_optimizer(module, lr=...), the plan's placed optimizer "
                          "(each parameter's optimizer state and step where the plan puts them)")
+    add_folder_flags(em)
     em.add_argument("--force", action="store_true",
                     help="overwrite FILE.py if it exists (DIR: replace it if it is a folder of parts, nothing else)")
     em.set_defaults(func=_cmd_emit)
@@ -44,7 +45,10 @@ def _cmd_emit(args: argparse.Namespace) -> int:
         output = output_path(args.output, "-o", force=args.force)
     plan = Plan.load(args.plan)
     binding = pairs(args.bind, "--bind", "cuda:0=cpu")
-    loaded = load_model(args.model, input_shapes=input_shapes(args.input_shape))  # real weights
+    loaded = load_model(args.model, input_shapes=input_shapes(args.input_shape),  # real weights (a folder: hollow)
+                        dtype=args.folder_dtype or (plan.request or {}).get("folder_dtype"),
+                        trust_remote_code=args.trust_remote_code)
+    loaded = at_plan_inputs(loaded, plan, args.input_shape)
     if loaded.is_onnx:
         return _emit_onnx(args, plan, loaded, output, binding)
     example_inputs = loaded.example_inputs
@@ -56,9 +60,11 @@ def _cmd_emit(args: argparse.Namespace) -> int:
         raise HetpartError(f"--training: {args.plan} is an inference plan (no gradients or optimizer state priced); "
                            f"re-plan with `hetpart plan --training`, or emit without --training")
     with naming_the_model(plan, loaded.name):
-        plan.emit_source(output, loaded.module, binding or None, example_inputs=example_inputs, force=args.force,
-                         training=args.training)
+        plan.emit_source(output, loaded.folder or loaded.module, binding or None, example_inputs=example_inputs,
+                         force=args.force, training=args.training)
     print(f"wrote {output}")
+    if loaded.folder is not None:
+        print(f"its build({str(args.model)!r}) reads each weight from the folder into its device")
     if args.training:
         print(f"build_optimizer(module, lr=...) in it builds the plan's {plan.optimizer} optimizer")
     elif plan.training:

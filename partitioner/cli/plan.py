@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from partitioner.cli.args import (
-    add_caps_and_pins, add_input_shape, fallback_fractions, flag_options, input_shapes, output_path, positive_int,
+    add_caps_and_pins, add_folder_flags, add_input_shape, fallback_fractions, flag_options, input_shapes, output_path, positive_int,
     print_progress,
 )
 from partitioner.errors import HetpartError
@@ -15,7 +15,8 @@ from partitioner.errors import HetpartError
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     """Add the subcommand to ``hetpart``'s parser."""
     pl = sub.add_parser("plan", parents=[common], help="place a model's ops on the devices of a profile")
-    pl.add_argument("model", nargs="?", help="zoo name (gpt, gpt:small), path/to/file.py:factory or model.onnx "
+    pl.add_argument("model", nargs="?", help="zoo name (gpt, gpt:small), path/to/file.py:factory, model.onnx or a "
+                                         "model folder (config.json + *.safetensors; no weight is read) "
                                          "(with --like: the model the plan was made for, unless given)")
     pl.add_argument("--like", metavar="PLAN.json",
                     help="re-solve with the request a plan records (hetpart explain shows it); the flags given "
@@ -56,6 +57,10 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                     help="keep every instance of a module class on one device, e.g. Block (repeatable)")
     pl.add_argument("--link-budget", action="append", default=[], metavar="LINK=SIZE",
                     help="bytes per step a link may carry, e.g. 'cpu<->cuda:0=1GB' (repeatable)")
+    pl.add_argument("--device-map", dest="device_map_pins", metavar="MAP.json",
+                    help="an accelerate device_map (module path -> GPU index or device) to pin: hetpart places "
+                         "the modules it leaves out")
+    add_folder_flags(pl)
     pl.add_argument("--contiguous-stages", action="store_true",
                     help="devices in profile order form contiguous stages (every edge goes forward in that order)")
     pl.add_argument("--dynamic", dest="dynamic_shapes", metavar="DIMS", default=None,
@@ -102,12 +107,13 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         resolve_precision(request.precision, profile)
     # zoo models: shapes only, no memory for weights (measuring ops needs real ones);
     # ONNX models: the path, imported by partition
-    loaded = load_model(model, device=None if request.costs == "profiled" else "meta",
-                        input_shapes=input_shapes(args.input_shape) or request.source.input_shapes)
+    shapes = input_shapes(args.input_shape) or request.source.input_shapes
+    loaded = load_model(model, device=None if request.costs == "profiled" else "meta", input_shapes=shapes,
+                        dtype=request.source.folder_dtype, trust_remote_code=request.source.trust_remote_code)
     print(f"capturing {loaded.name} ({'onnx' if loaded.is_onnx else request.source.capture}) ...", file=sys.stderr)
     plan = partition(loaded.module, loaded.example_inputs, options=request.replace(
         devices=profile, no_split=loaded.no_split, model_name=loaded.name, progress=print_progress,
-        input_shapes=loaded.input_shapes))
+        input_shapes=loaded.input_shapes if loaded.folder is None else shapes))
     print(plan.summary())
     if args.output:
         from partitioner.export import write_export

@@ -14,7 +14,9 @@ Out: the text of a Python module (:func:`source_text`) or that file written atom
   an explicit ``.to(DEVICE_...)`` wherever a value crosses logical devices and streamed weights
   fetched through hetpart's :class:`~backends.torch.streaming.WeightStreamer`;
 * ``def build(weights) -> PartitionedModel``: the module with the model's weights loaded from the
-  original model, its state_dict or a ``torch.save``'d state-dict file (``load_weights``);
+  original model, its state_dict, a ``torch.save``'d state-dict file, or a model folder (each
+  weight read from its shard into the tensor ``__init__`` made on its device:
+  :func:`backends.torch.checkpoint_load.load_folder_into`) (``load_weights``);
   ``PartitionedModel()`` alone has empty parameters;
 * written with ``training=True`` (a training plan): ``def build_optimizer(module, **hyper)``, the
   plan's placed optimizer over the module (:mod:`.optimizer`).
@@ -136,6 +138,13 @@ def _generate(plan: Any, model: torch.nn.Module, device_map: Mapping[str, str] |
     from partitioner.plan.precision import refuse_precision
 
     refuse_precision(plan, "emit_source (the generated file)")
+    from partitioner.frontends.hf_folder import is_model_folder
+
+    from_folder = is_model_folder(model)
+    if from_folder:  # a model folder: its hollow model is captured; build("./folder") loads it
+        from backends.torch.from_checkpoint import open_planned
+
+        model = open_planned(plan, model).module
     if plan.capture != "export":
         raise HetpartError(f"emit_source needs a plan captured with torch.export, not {plan.capture!r}: "
                            f"re-plan with capture='export' (CLI: --capture export)")
@@ -145,7 +154,8 @@ def _generate(plan: Any, model: torch.nn.Module, device_map: Mapping[str, str] |
     names = Names()
     layout = plan_layout(plan, model, program, binding, names)
     optimizer = optimizer_source(plan, layout) if training else None
-    text, sites = render(plan, layout, ForwardPrinter(plan, program, layout, names).lines(), optimizer)
+    text, sites = render(plan, layout, ForwardPrinter(plan, program, layout, names).lines(), optimizer,
+                         from_folder=from_folder)
     try:
         compile(text, "<hetpart source>", "exec", dont_inherit=True)
     except SyntaxError as err:  # a generator bug, never the user's: say where

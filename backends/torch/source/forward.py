@@ -205,7 +205,7 @@ class ForwardPrinter:
         if len(spelled) != 3 or not all(IDENT.fullmatch(p) and not keyword.iskeyword(p) for p in spelled):
             raise UnsupportedOp(f"node {node.name} calls operator {ascii(str(target))}, whose name is not "
                                 f"namespace.op.overload; use plan.emit instead")
-        items = [arg(a) for a in node.args]
+        items = [arg(a, "device" if isinstance(a, torch.device) else None) for a in node.args]
         for key, value in node.kwargs.items():
             if not IDENT.fullmatch(key) or keyword.iskeyword(key):
                 raise UnsupportedOp(f"node {node.name} passes keyword {ascii(key)}, not an identifier")

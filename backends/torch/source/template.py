@@ -258,7 +258,23 @@ def build(weights: object) -> {CLASS_NAME}:
 '''
 
 
-def _header(plan: Any, layout: Layout) -> list[str]:
+# A file emitted from a model folder also loads from one: each weight read from its shard into its tensor.
+_FOLDER_LOADER_SOURCE = _LOADER_SOURCE.replace('''    ``torch.save(model.state_dict(), path)``.
+    """
+    extra = {}''', '''    ``torch.save(model.state_dict(), path)``, or a model folder (config.json and its safetensors
+    shards: each weight is read from its shard straight into its tensor here; needs hetpart).
+    """
+    import os
+
+    if (isinstance(weights, str) or hasattr(weights, "__fspath__")) and os.path.isdir(weights):
+        from backends.torch.checkpoint_load import load_folder_into  # hetpart's loader
+
+        load_folder_into(module, weights)
+        return module
+    extra = {}''')
+
+
+def _header(plan: Any, layout: Layout, from_folder: bool = False) -> list[str]:
     total = plan.predicted.get("total_s")
     binding = ", ".join(f"{comment_text(d)} -> {comment_text(p)}" for d, p in layout.binding.items())
     mode = "training step" if plan.training else "inference"
@@ -280,20 +296,25 @@ def _header(plan: Any, layout: Layout) -> list[str]:
         "# PartitionedModel() alone has EMPTY parameters (uninitialised memory): never run it unloaded.",
         "# The forward is the graph torch.export captured (in the mode the model was in then).",
     ]
+    if from_folder:
+        lines.append("# build(\"./model-folder\") reads each weight from the folder's shards into its device:")
+        lines.append("# hetpart must be installed for that.")
     if layout.streamed and plan.training:
         lines.append("# Streamed weights are fetched by hetpart's TrainingStreamer (again in backward, not kept "
                      "between the passes): hetpart must be installed.")
     elif layout.streamed:
         lines.append("# Streamed weights are fetched by hetpart's WeightStreamer: hetpart must be installed.")
-    else:
+    elif not from_folder:
         lines.append("# Needs only torch.")
     return lines
 
 
-def render(plan: Any, layout: Layout, body: Body, optimizer: list[str] | None = None) -> tuple[str, dict[int, Site]]:
+def render(plan: Any, layout: Layout, body: Body, optimizer: list[str] | None = None, *,
+           from_folder: bool = False) -> tuple[str, dict[int, Site]]:
     """The file's text, and what each line of its forward does (line number -> Site); ``optimizer``:
-    the lines of ``build_optimizer`` (:mod:`backends.torch.source.optimizer`), after ``build``."""
-    header = _header(plan, layout)
+    the lines of ``build_optimizer`` (:mod:`backends.torch.source.optimizer`), after ``build``; a
+    file emitted from a model folder (``from_folder``) also builds from one."""
+    header = _header(plan, layout, from_folder)
     if optimizer:
         header = [line for line in header if line != "# Needs only torch."]
         header.append("# build_optimizer(module, lr=...) is the plan's optimizer (hetpart's: hetpart must be installed).")
@@ -326,6 +347,7 @@ def render(plan: Any, layout: Layout, body: Body, optimizer: list[str] | None = 
     first = len(out) + 1  # line number of the body's first line
     sites = {first + i: site for i, site in body.sites.items()}
     out += [f"        {line}" if line else "" for line in body.lines]
-    out += ["", "", *_LOADER_SOURCE.strip("\n").split("\n")]
+    loader = _FOLDER_LOADER_SOURCE if from_folder else _LOADER_SOURCE
+    out += ["", "", *loader.strip("\n").split("\n")]
     out += [*(optimizer or []), ""]
     return "\n".join(out), sites
