@@ -34,6 +34,7 @@ module timed alone at one thread and its actions timed during the run.
                                  [--skip-seed]
     python bench/plan_quality.py --part clusters,measured --steps 5      # the pipeline rows only
     python bench/plan_quality.py --precision                            # the precision table only
+    python bench/plan_quality.py --training                             # training under a cap (training_plans.py)
 
 Precision rows (``--precision``): the seed case (emb-transformer ``base``, GPU capped to the
 embedding plus half the layers) and ``gpt:small`` on ``h200-host`` and ``cpu-gpu-npu`` (whose NPU
@@ -324,10 +325,17 @@ def main() -> int:
     parser.add_argument("--part", default="zoo,clusters,measured", help="which tables: zoo (with the ONNX and seed rows), clusters, measured")
     parser.add_argument("--steps", type=int, default=10, help="measured rows: timed steps per run")
     parser.add_argument("--precision", action="store_true", help="only the precision table: auto vs all-fp32")
+    parser.add_argument("--training", action="store_true",
+                        help="only the training table: memory-capped training beside the offload baselines "
+                             "(bench/training_plans.py)")
     args = parser.parse_args()
     if args.precision:
         precision_rows(args.time_limit)
         return 0
+    if args.training:
+        from training_plans import CASES, training_rows  # bench/ is the script's folder
+
+        return 0 if training_rows(list(CASES), max(args.time_limit, 60.0)) else 1
     parts = set(args.part.split(","))
     if "clusters" in parts:
         cluster_rows(args.time_limit)

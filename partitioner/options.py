@@ -118,15 +118,19 @@ class Train:
     optimizer: Any = _field("adam", flag="--optimizer", doc=(
         "the optimizer whose state and step a training plan costs: sgd, sgd-momentum, adam, adamw, adagrad, or "
         "sparse-adam (torch.optim.SparseAdam's lazy rows for embeddings, Adam elsewhere)"))
-    offload: Any = _field(True, flag="--no-offload", doc=(
+    placed_optimizer: Any = _field(True, flag="(plan.emit_optimizer runs it; the compile backend does not)",
+                                   compile="the compile backend trains with your own optimizer, stepped after backward where each parameter lives", doc=(
+        "training: the step runs hetpart's placed optimizer (plan.emit_optimizer), which may keep optimizer state "
+        "on the host and step it beside backward; False prices each step after backward where its weights live"))
+    offload: Any = _field(True, flag="--no-offload", compile="the compile backend trains with your own optimizer, stepped after backward where each parameter lives", doc=(
         "training: the plan may keep a parameter's optimizer state, gradient and step on the host while its "
         "weights stay on the computing device"))
-    recompute: Any = _field(True, flag="--no-recompute", doc=(
+    recompute: Any = _field(True, flag="--no-recompute", compile="the compile backend trains with your own optimizer, stepped after backward where each parameter lives", doc=(
         "training: the plan may recompute a node's activations in backward instead of saving them"))
-    sparse_updates: Any = _field(True, flag="--dense-updates", doc=(
+    sparse_updates: Any = _field(True, flag="--dense-updates", compile="the compile backend trains with your own optimizer, stepped after backward where each parameter lives", doc=(
         "training: an embedding's table may update only the rows a batch touches where that equals the dense "
         "update (sgd, adagrad) or is asked for (sparse-adam)"))
-    delayed_update: Any = _field(False, flag="--delayed-update", doc=(
+    delayed_update: Any = _field(False, flag="--delayed-update", compile="the compile backend trains with your own optimizer, stepped after backward where each parameter lives", doc=(
         "training: run the host's optimizer step of one iteration beside the next one (ZeRO-Offload's one-step "
         "delayed update); it changes the training, so only when asked, and the plan says so"))
 
@@ -398,7 +402,7 @@ def _validate(opts: PlanOptions) -> None:
     _one_of("training", train.training, (True, False, None), "True, False or None (decide per graph)")
     _one_of("optimizer", getattr(train.optimizer, "value", train.optimizer), tuple(o.value for o in Optimizer),
             "one of " + ", ".join(o.value for o in Optimizer))
-    for name in ("offload", "recompute", "sparse_updates", "delayed_update"):
+    for name in ("placed_optimizer", "offload", "recompute", "sparse_updates", "delayed_update"):
         _one_of(name, getattr(train, name), (True, False), "True or False")
     for name in ("micro_batches", "stages"):
         value = getattr(pipe, name)

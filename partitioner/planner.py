@@ -219,6 +219,7 @@ def _solver_options(request: PlanOptions, spec: PipelineSpec | None, dtypes: Any
         contiguous_stages=cons.contiguous_stages, pipeline=spec, precision=dtypes,
         offload=bool(request.train.offload), recompute=bool(request.train.recompute),
         sparse_updates=bool(request.train.sparse_updates), delayed_update=bool(request.train.delayed_update),
+        placed_optimizer=bool(request.train.placed_optimizer),
     )
 
 

@@ -33,6 +33,7 @@ COMPILE_DEFAULTS = {
     "devices": LOCAL,    # this machine
     "time_limit": 10.0,  # seconds per graph: a model compiles many graphs
     "training": None,    # decide per graph: grad mode on and a parameter that requires grad
+    "placed_optimizer": False,  # the user's optimizer steps the compiled model, after backward
 }
 #: the plan options torch.compile takes (the record's metadata says which, and why not the others)
 PLAN_FIELDS = tuple(name for name, meta in META.items() if meta["compile"] is True)

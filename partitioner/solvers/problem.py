@@ -108,6 +108,9 @@ class Options:
     recompute: bool = True                     # training: may a node recompute its activations in backward
     delayed_update: bool = False               # training: the host step of iteration t runs beside t+1 (opted in)
     sparse_updates: bool = True                # training: may gathers' tables update row-sparse (where allowed)
+    placed_optimizer: bool = True              # training: hetpart's placed optimizer runs the step (state may
+                                               # leave its weights, host steps beside backward); False: each
+                                               # step after backward where its weights live
 
 
 @dataclasses.dataclass(frozen=True)

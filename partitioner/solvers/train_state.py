@@ -60,7 +60,7 @@ def cost_training_state(p: Problem) -> None:
     seconds per device and dtype), ``offloadable`` and ``recomputable``; and re-price parameter
     memory, optimizer steps and sparse gathers' backward."""
     o = p.options
-    p.train_state = bool(o.training and o.pipeline is None and o.objective.value != "makespan")
+    p.train_state = bool(o.training and o.placed_optimizer and o.pipeline is None and o.objective.value != "makespan")
     p.sparse_exact = o.optimizer.sparse_exact
     p.grad_bytes = dict(p.trainable)
     p.weight_mem = dict(p.param_bytes)
@@ -76,7 +76,7 @@ def cost_training_state(p: Problem) -> None:
     if not o.training:
         return
     graph = p.original
-    p.sparse_ops = frozenset(_sparse_ops(p))
+    p.sparse_ops = frozenset(_sparse_ops(p)) if o.placed_optimizer else frozenset()
     k = o.optimizer.state_copies
     for n in p.nodes:
         ops = [graph.ops[m] for m in p.members[n]]

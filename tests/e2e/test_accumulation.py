@@ -24,7 +24,8 @@ BIND = {"cuda:0": "cpu"}
 def setup():
     module, _ = models.get("gpt", "tiny")
     tokens = torch.randint(0, 128, (GLOBAL, 16), generator=torch.Generator().manual_seed(1))  # distinct rows
-    fit = fit_batch(module, (tokens,), "h200-host", memory=CAPS, time_limit=10)
+    # the user's optimizer steps after the accumulated backward: no placed optimizer
+    fit = fit_batch(module, (tokens,), "h200-host", memory=CAPS, time_limit=10, placed_optimizer=False)
     assert (fit.micro_batch, fit.steps) == (8, 4)
     return module, tokens, fit
 

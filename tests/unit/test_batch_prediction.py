@@ -27,7 +27,8 @@ def _optimizer_seconds(fit) -> dict[str, float]:  # noqa: ANN001
 @pytest.mark.parametrize("objective", ["latency", "throughput"])
 def test_a_global_step_pays_each_devices_optimizer_step_once(objective: str) -> None:
     module, inputs = models.get("gpt", "tiny", device="meta")
-    fit = fit_batch(module, inputs, "h200-host", global_batch=64, memory=CAPS, objective=objective, time_limit=10)
+    fit = fit_batch(module, inputs, "h200-host", global_batch=64, memory=CAPS, objective=objective, time_limit=10,
+                    placed_optimizer=False)  # each step after backward where its weights live
     plan, steps = fit.plan, fit.steps
     assert steps > 1 and plan.training
     opt = _optimizer_seconds(fit)
@@ -41,3 +42,19 @@ def test_a_global_step_pays_each_devices_optimizer_step_once(objective: str) -> 
     assert fit.step_s == pytest.approx(max(compute, links), rel=1e-9)
     assert plan.batch["step_s"] == pytest.approx(fit.step_s, rel=1e-9)
     assert compute > links or objective == "throughput"         # the optimizer shares matter here
+
+
+def test_with_the_placed_optimizer_host_steps_run_beside_the_last_micro_batch_only() -> None:
+    """A placed optimizer's host steps start as the last micro-batch's gradients arrive
+    (solvers/train_state.py): the global step is ``steps - 1`` micro-batch steps without the
+    accelerators' optimizer steps, then one whole step (``total_s``), at least the links' load."""
+    module, inputs = models.get("gpt", "tiny", device="meta")
+    fit = fit_batch(module, inputs, "h200-host", global_batch=64, memory=CAPS, time_limit=10)
+    plan, steps = fit.plan, fit.steps
+    assert steps > 1 and plan.training_state
+    host = plan.devices.host_device().name
+    in_stream = sum(s for d, s in plan.training_state["step"]["per_device_s"].items() if d != host)
+    predicted = plan.predicted
+    links = steps * max(predicted["per_link_s"].values(), default=0.0)
+    expected = (steps - 1) * (predicted["critical_path_s"] - in_stream) + predicted["total_s"]
+    assert fit.step_s == pytest.approx(max(expected, links), rel=1e-9)

@@ -128,10 +128,6 @@ CHANGED = {
     "align_modules": ("Linear",),
     "link_budget": {"cpu<->cuda:0": 10**9},
     "contiguous_stages": True,
-    "offload": False,
-    "recompute": False,
-    "sparse_updates": False,
-    "delayed_update": True,
 }
 #: the options each change sets
 CHANGES = {name: {name: value} for name, value in CHANGED.items()}
