@@ -114,15 +114,20 @@ class DeviceMeasurements:
 
 
 def make_optimizer(name: str, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
-    """The torch optimizer a plan's ``optimizer`` names (``sgd``, ``sgd-momentum``, ``adam``).
+    """The torch optimizer a plan's ``optimizer`` names (``sgd``, ``sgd-momentum``, ``adam``, ``adamw``,
+    ``adagrad``; ``sparse-adam`` steps dense parameters with Adam, as the placed optimizer does).
 
     Example:
         >>> type(make_optimizer("adam", [torch.nn.Parameter(torch.ones(2))])).__name__
         'Adam'
     """
     opt = parse_optimizer(name).value
-    if opt == "adam":
+    if opt in ("adam", "sparse-adam"):
         return torch.optim.Adam(params, lr=1e-6)
+    if opt == "adamw":
+        return torch.optim.AdamW(params, lr=1e-6)
+    if opt == "adagrad":
+        return torch.optim.Adagrad(params, lr=1e-6)
     return torch.optim.SGD(params, lr=1e-6, momentum=0.9 if opt == "sgd-momentum" else 0.0)
 
 
