@@ -42,6 +42,10 @@ Cases, on ``emb-transformer`` (at ``base``: a 1,048,576 x 1024 fp32 embedding, 8
     memory, ``hetpart plan --devices detect --fallbacks 0.5,0.25`` plans the seed case in a subprocess
     within what is left, and the plan runs here (probe, cap, predicted and peak memory, time,
     difference); a second blocker then makes the live module switch to a fallback (``--skip-live``).
+(j) training under the cap (``bench/gpu_training.py``): the seed case's SGD step planned for the
+    emb+half cap and run through ``plan.emit_optimizer`` (row-sparse embedding update, optimizer
+    state where the plan puts it), beside all-GPU torch SGD and the calibration's 467 ms / 40.8 ms
+    (``--skip-training``).
 
 For each: the plan's predicted time (the h200-host profile's prediction, also on CPU runs), the
 forward time (wall time with ``torch.cuda.synchronize``, median of ``--repeat`` runs after
@@ -51,7 +55,7 @@ memory of the forward runs (``torch.cuda.max_memory_allocated``, resident weight
 the largest output difference from (a), and the calibration measurement beside it.
 
     python bench/gpu_check.py [--size small|base] [--repeat 20] [--skip-accelerate] [--skip-tests] [--skip-onnx]
-        [--skip-fidelity | --fidelity-only] [--skip-live]
+        [--skip-fidelity | --fidelity-only] [--skip-live] [--skip-training]
 
 The exit status is 1 when a GPU test failed (the measurements still run), else 0.
 """
@@ -504,6 +508,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--skip-fidelity", action="store_true", help="leave out case (h), the cost fidelity")
     parser.add_argument("--fidelity-only", action="store_true", help="run case (h) alone")
     parser.add_argument("--skip-live", action="store_true", help="leave out case (i), the live device state")
+    parser.add_argument("--skip-training", action="store_true",
+                        help="leave out case (j), the seed case trained under its cap by the placed optimizer")
     args = parser.parse_args(argv)
     cuda = torch.cuda.is_available()
     size = args.size or ("base" if cuda else "small")
@@ -528,6 +534,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for target in targets(rows, cap, tb, calib, env):
         print(target.line())
     print(tests_line)
+    if not args.skip_training:
+        training_case(env)
     if not args.skip_live:
         live_state(env)
     if not args.skip_fidelity:
@@ -551,6 +559,18 @@ def run_gpu_tests() -> tuple[bool, str]:
     print(output)
     summary = output.splitlines()[-1] if output else "no output"
     return done.returncode == 0, f"gpu tests ({' '.join(command[2:5])}): {'passed' if done.returncode == 0 else 'FAILED'}: {summary}"
+
+
+def training_case(env: Env) -> None:
+    """Case (j): the seed case's SGD step under its cap through the placed optimizer (bench/gpu_training.py)."""
+    from gpu_training import run_training   # bench/ is on the path when this runs as a script
+
+    try:
+        lines = run_training(env.size, env.cuda, lambda model: caps(model)["emb+half"])
+    except Exception as exc:  # noqa: BLE001 - a benchmark reports every case it can
+        lines = [f"(j) training FAILED: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:160]}"]
+    for line in lines:
+        print(line, flush=True)
 
 
 def live_state(env: Env) -> None:
