@@ -167,6 +167,10 @@ def partition_outcome(
                                optimizer=request.train.optimizer)
     problem = Problem(coarse.graph, profile, options_, pins=pins, members=coarse.members, original=graph,
                       costs=cost_model)
+    if problem.options.training and problem.options.optimizer.value == "sparse-adam" and not problem.sparse_ops:
+        from partitioner.plan.training_state import NO_TABLE
+
+        log.warning(NO_TABLE)
     dense = _dense_problem(problem)
     baselines = {name: _evaluated(dense if name in DENSE_BASELINES else problem,
                                   run_baseline(name, problem, no_split=cons.no_split))

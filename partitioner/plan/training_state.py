@@ -49,6 +49,9 @@ PARAM_KEYS = ("op", "compute", "weights", "state", "update", "exact")
 #: optimizer names a training plan may carry (cost_models.training.Optimizer)
 OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw", "adagrad", "sparse-adam")
 UPDATES = ("dense", "sparse")
+#: what a sparse-adam plan says when no parameter can update row-sparse
+NO_TABLE = ("sparse-adam: no embedding table here updates row-sparse (no trainable gather owns its table alone), so "
+            "every parameter steps with dense Adam")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,6 +207,8 @@ def training_state_lines(plan: Any) -> list[str]:
     lines = [f"  training   {section['optimizer']}: " + ", ".join(f"{n} params {k}" for k, n in sorted(where.items()))
              + (f"; {sparse} with row-sparse updates" if sparse else "")
              + ("; delayed update (step t beside t+1)" if section.get("delayed_update") else "")]
+    if section["optimizer"] == "sparse-adam" and not sparse:
+        lines.append(f"  note       {NO_TABLE}")
     step = section.get("step")
     if step:
         total = sum(step["per_device_s"].values())

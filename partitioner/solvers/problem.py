@@ -583,6 +583,13 @@ class Problem:
         """``node``'s parameter bytes in the dtype that holds them in the fewest (bounds)."""
         return min(self.param_mem_at[node].values())
 
+    def least_resident_mem(self, node: str, device: str) -> int:
+        """The fewest parameter bytes ``node`` must keep on ``device`` when it computes there with its
+        weights resident: its weights alone where its optimizer state may live on the host."""
+        if node in self.offloadable and device != self.host:
+            return self.weight_mem[node]
+        return self.param_mem[node]
+
     def least_work_mem(self, node: str) -> int:
         """``node``'s working set in the dtype that needs the fewest bytes (bounds)."""
         return min(self.work_mem_at[node].values())
@@ -913,7 +920,7 @@ def explain_infeasibility(problem: Problem) -> str:
         if not only_here:
             continue
         streamable = set(p.streamable) if d != host else set()
-        params = sum(p.param_mem[n] for n in only_here if n not in streamable)
+        params = sum(p.least_resident_mem(n, d) for n in only_here if n not in streamable)
         work = max(p.work_mem[n] for n in only_here)
         need = params + work + sum(p.saved[n] for n in only_here)
         if need > p.capacity[d]:
@@ -924,7 +931,7 @@ def explain_infeasibility(problem: Problem) -> str:
                 f"largest working set {work:,}) but its cap is {p.capacity[d]:,}"
             )
     for n in p.nodes:
-        footprint = p.work_mem[n] + (0 if n in p.streamable else p.param_mem[n])
+        footprint = p.work_mem[n] + (0 if n in p.streamable else min(p.least_resident_mem(n, d) for d in p.allowed[n]))
         room = max(p.capacity[d] for d in p.allowed[n])
         if footprint > room:
             lines.append(
@@ -932,7 +939,7 @@ def explain_infeasibility(problem: Problem) -> str:
                 f"but the largest device that can run it ({', '.join(p.allowed[n])}) holds {room:,}"
             )
             break
-    total = sum(p.param_mem.values()) + sum(p.saved.values())
+    total = sum(p.param_mem.values()) + sum(p.saved[n] for n in p.nodes if n not in p.recomputable)
     if total > sum(p.capacity.values()):
         caps = ", ".join(f"{d} {c:,}" for d, c in p.capacity.items())
         lines.append(f"the model needs at least {total:,} bytes in all but the devices hold {sum(p.capacity.values()):,} ({caps})")
