@@ -31,6 +31,7 @@ from partitioner.plan import Plan
 from partitioner.plan.values import InputSpec
 from partitioner.solvers import BASELINE_NAMES, ONNX_BASELINE_NAMES, TRAINING_BASELINES, run_baseline
 from partitioner.solvers.problem import accelerator_devices
+from partitioner.solvers.train_state import tidy
 from partitioner.solvers.bounds import memory_aware_lower_bound, physical_lower_bound
 from partitioner.solvers.ilp import ProgressFn, relative_gap, solve_ilp, status_for_gap
 from partitioner.solvers.multilevel import solve_multilevel
@@ -179,6 +180,10 @@ def partition_outcome(
     deadline = started + time_limit - _finishing_time(problem, baselines, time_limit)
     lower_bound = _lower_bound(problem, started + LOWER_BOUND_SHARE * time_limit)
     solution, evaluation, ilp = _solve(problem, search.solver, baselines, deadline, gap, search.progress)
+    if ilp is not None and problem.train_state:  # state kept on the host or recomputed for nothing: undone
+        tidied = tidy(problem, solution.placement, evaluate, deadline)  # within the solve's own time
+        if tidied != solution.placement:
+            solution, evaluation = dataclasses.replace(solution, placement=tidied), evaluate(problem, tidied)
     if ilp is not None:  # the plan's solve time is everything after capture
         solution = dataclasses.replace(solution, seconds=time.perf_counter() - started)
         if lower_bound is not None and (solution.bound is None or lower_bound > solution.bound):

@@ -51,7 +51,7 @@ from partitioner.ir import OpClass
 # Problem and Placement (partitioner.solvers.problem) are annotations only: problem.py imports this
 # module, which imports nothing back.
 
-__all__ = ["cost_training_state", "step_schedule", "step_split"]
+__all__ = ["cost_training_state", "step_schedule", "step_split", "tidy"]
 
 
 def cost_training_state(p: Problem) -> None:
@@ -250,3 +250,32 @@ def step_split(p: Problem, placement: Placement, sequential: float, total: float
     in_stream = sum(s for d, s in per_device.items() if d != p.host)
     after = max(0.0, min(total - sequential, host_steps)) if p.train_state else host_steps
     return per_device, max(0.0, host_steps - after), in_stream + after
+
+
+def tidy(p: Problem, placement: Placement, evaluate, deadline: float) -> Placement:  # noqa: ANN001
+    """``placement`` with each recompute and each offloaded optimizer state it does not need undone:
+    one at a time, kept undone where the placement still fits and is no slower (``evaluate`` is
+    :func:`partitioner.solvers.problem.evaluate`). A solver stopped within its gap, or indifferent
+    between choices that cost the same (a host step hidden behind backward costs nothing), may keep
+    state on the host or recompute where nothing asks for it; the plan then copies and recomputes
+    less for the same predicted step. Stops at ``deadline`` (``time.perf_counter()``)."""
+    import dataclasses
+    import time
+
+    if not p.train_state or not (placement.state or placement.recompute):
+        return placement
+    best = evaluate(p, placement)
+    if not best.feasible:
+        return placement
+    for kind in ("recompute", "state"):
+        for n in sorted(getattr(placement, kind), key=p.index.__getitem__):
+            if time.perf_counter() > deadline:
+                return placement
+            if kind == "recompute":
+                candidate = dataclasses.replace(placement, recompute=placement.recompute - {n})
+            else:
+                candidate = dataclasses.replace(placement, state={m: h for m, h in placement.state.items() if m != n})
+            ev = evaluate(p, candidate)
+            if ev.feasible and ev.total_s <= best.total_s * (1 + 1e-12):
+                placement, best = candidate, ev
+    return placement

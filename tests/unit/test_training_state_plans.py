@@ -97,3 +97,19 @@ def test_state_that_fits_nowhere_names_the_device_the_bytes_and_the_cap() -> Non
         partition(module, inputs, "h200-host", memory={"cuda:0": "1KB", "cpu": "1KB"}, training=True, time_limit=10)
     text = str(err.value)
     assert "bytes" in text and ("cuda:0" in text or "cpu" in text) and "1,000" in text
+
+
+def test_recompute_and_host_state_nothing_asks_for_are_undone(seed) -> None:
+    """With room to spare, a plan keeps no recompute that costs time for nothing (tidy after the solve)."""
+    from partitioner.solvers.problem import evaluate
+    from partitioner.solvers.train_state import tidy
+
+    module, inputs = seed
+    out = partition_outcome(module, inputs, "h200-host", training=True, optimizer="adam", time_limit=20)
+    p, placement = out.problem, out.solution.placement
+    assert not placement.recompute  # no cap: nothing is worth recomputing
+    forced = dataclasses.replace(placement, recompute=frozenset(p.recomputable[:3]))
+    assert evaluate(p, forced).total_s > evaluate(p, placement).total_s
+    import time
+    tidied = tidy(p, forced, evaluate, time.perf_counter() + 30)
+    assert not tidied.recompute and evaluate(p, tidied).total_s <= evaluate(p, forced).total_s
