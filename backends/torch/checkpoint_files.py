@@ -174,16 +174,9 @@ def weight_files(folder: Path, weights: Path | None = None) -> WeightFiles:
 
 
 def _indexed(folder: Path, index: Path) -> WeightFiles:
-    from partitioner.files import read_text
-    from partitioner.errors import HetpartError
+    from partitioner.frontends.hf_folder import read_json_file
 
-    try:
-        data = json.loads(read_text(index, what="weights index", max_bytes=MAX_INDEX_BYTES))
-    except json.JSONDecodeError as err:
-        raise CheckpointError(f"{index} is not JSON ({err.msg} at line {err.lineno}): write it again with "
-                              f"model.save_pretrained") from None
-    except HetpartError as err:
-        raise CheckpointError(str(err)) from None
+    data = read_json_file(index, "weights index", MAX_INDEX_BYTES, "write it again with model.save_pretrained")
     weight_map = data.get("weight_map") if isinstance(data, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise CheckpointError(f"{index} has no 'weight_map' of key -> shard file: write it again with "

@@ -257,16 +257,22 @@ def parse_dtype(value: Any) -> torch.dtype:
 # -- the config and the class ------------------------------------------------------------------
 
 
-def _read_config(path: Path) -> dict[str, Any]:
+def read_json_file(path: Path, what: str, max_bytes: int, remedy: str) -> Any:
+    """The JSON in ``path`` (a folder's config or weights index); a file that cannot be read or is no
+    JSON is a CheckpointError naming it, the line, and ``remedy`` (how such a file is written)."""
     from partitioner.files import read_text
 
     try:
-        raw = json.loads(read_text(path, what="model config", max_bytes=MAX_CONFIG_BYTES))
+        return json.loads(read_text(path, what=what, max_bytes=max_bytes))
     except json.JSONDecodeError as err:
-        raise CheckpointError(f"{path} is not JSON ({err.msg} at line {err.lineno}): a model folder's "
-                              f"{CONFIG} is written by config.save_pretrained") from None
+        raise CheckpointError(f"{path} is not JSON ({err.msg} at line {err.lineno}): {remedy}") from None
     except HetpartError as err:
         raise CheckpointError(str(err)) from None
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    raw = read_json_file(path, "model config", MAX_CONFIG_BYTES,
+                         f"a model folder's {CONFIG} is written by config.save_pretrained")
     if not isinstance(raw, dict):
         raise CheckpointError(f"{path} holds a JSON {type(raw).__name__}, not the object of a model config")
     return raw
