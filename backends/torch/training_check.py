@@ -223,15 +223,18 @@ def check_training_steps(plan: Any, model: torch.nn.Module, example_inputs: Any,
     else:
         emitted = plan.emit(source, device_map, example_inputs=micro[0])
     opt: PlacedOptimizer = plan.emit_optimizer(emitted, **hyper)
-    eager = reference_optimizers(reference, opt.kind)
+    # a delayed update (opted in): eager steps a shadow; the reference's host-stepped weights lag one step
+    shadow = copy.deepcopy(reference) if opt.delayed else reference
+    eager = reference_optimizers(shadow, opt.kind)
+    lagging = set(opt.host_stepped) if opt.delayed else set()
     rows, devices = [], None
     for step in range(1, steps + 1):
         for o in eager:
             o.zero_grad()
+        reference.zero_grad()
         ref_loss = training_loss(reference(*args))
         ref_loss.backward()
-        for o in eager:
-            o.step()
+        _step_reference(reference, shadow, eager, lagging)
         opt.zero_grad()
         try:
             loss = _emitted_step(emitted, opt, micro, strict)
@@ -251,6 +254,25 @@ def check_training_steps(plan: Any, model: torch.nn.Module, example_inputs: Any,
     return TrainingCheckReport(plan.model_name, {k: str(v) for k, v in opt.physical.items()},
                                opt.kind.name, " + ".join(type(o).__name__ for o in eager), dict(hyper), tuple(rows),
                                tuple(opt.placement()), _copy_rows(plan, emitted, opt), devices)
+
+
+def _step_reference(reference: torch.nn.Module, shadow: torch.nn.Module, eager: list[torch.optim.Optimizer],
+                    lagging: set[str]) -> None:
+    """Eager's step; with a shadow (a delayed update), the shadow steps on the reference's gradients
+    and the reference takes its weights, the ``lagging`` ones as they were before this step."""
+    if shadow is reference:
+        for o in eager:
+            o.step()
+        return
+    params, shadows = dict(reference.named_parameters()), dict(shadow.named_parameters())
+    for name, p in params.items():
+        shadows[name].grad = p.grad
+    before = {name: shadows[name].detach().clone() for name in lagging if name in shadows}
+    for o in eager:
+        o.step()
+    with torch.no_grad():
+        for name, p in params.items():
+            p.copy_(before.get(name, shadows[name]))
 
 
 def _micro_batches(plan: Any, args: tuple) -> list[tuple]:

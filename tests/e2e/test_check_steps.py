@@ -102,3 +102,17 @@ def test_steps_flags_refuse_what_they_cannot_do(tmp_path, capsys) -> None:
         code = main(["check", *argv, "--bind", "cuda:0=cpu:1"])
         err = capsys.readouterr().err
         assert code != 0 and message in err, (argv, err)
+
+
+def test_a_plan_the_ilp_made_with_a_delayed_update_trains_as_its_definition(tmp_path, capsys) -> None:
+    """The planner's own training state (streamed, offloaded, row-sparse, recomputed where it chose)
+    with ZeRO-Offload's delayed update opted in: checked against eager training whose host-stepped
+    weights lag one step (backends/torch/training_check.py), under strict devices."""
+    model, inputs = models.get("emb-transformer", "small")
+    plan = partition(model, inputs, "h200-host", memory={"cuda:0": "6MB"}, training=True, optimizer="adam",
+                     delayed_update=True, time_limit=20)
+    assert plan.training_state["delayed_update"]
+    path = str(plan.save(tmp_path / "delayed.json"))
+    code, out = run(capsys, "emb-transformer:small", "--plan", path, "--training", "--steps", "3", "--strict-devices")
+    assert code == 0, out
+    assert out.splitlines()[-1].startswith("passed: loss and every parameter within tolerance after each of 3 steps")

@@ -392,12 +392,36 @@ def test_parameters_of_another_module_are_refused(gpt) -> None:
         plan.emit_optimizer(emitted, list(model.parameters()), lr=1e-3)
 
 
-def test_a_delayed_update_is_refused_with_its_definition(gpt) -> None:
-    model, _, plan = gpt
+def test_a_delayed_update_gives_the_weights_of_one_step_before(gpt) -> None:
+    """ZeRO-Offload's one-step delayed update, opted into: the forward of iteration t+1 reads the
+    host-stepped weights as the updates up to t-1 left them; the other parameters step at once.
+    Eager reference: a shadow copy steps every parameter with torch's optimizer; before each step
+    the model keeps the shadow's host-stepped weights as they were, the rest as they become."""
+    model, inputs, plan = gpt
     plan = with_training_state(plan, model, offload=OFFLOAD, delayed_update=True)
+    assert plan.training_state["delayed_update"]
+    assert not any(ps["exact"] for ps in plan.training_state["params"].values())
     emitted = plan.emit(copy.deepcopy(model).train(), BIND)
-    with pytest.raises(HetpartError, match=r"one-step delayed update .* re-plan without delayed_update"):
-        plan.emit_optimizer(emitted, lr=1e-3)
+    opt = plan.emit_optimizer(emitted, lr=1e-2)
+    host = {r.name for r in opt.placement() if r.state != r.weights or r.state == "cpu"}
+    assert host and opt.delayed
+    reference, shadow = copy.deepcopy(model).train(), copy.deepcopy(model).train()
+    eager = torch.optim.Adam(shadow.parameters(), lr=1e-2)
+    ref_params, shadow_params = dict(reference.named_parameters()), dict(shadow.named_parameters())
+    for _ in range(4):
+        train_step(emitted, opt, inputs)
+        reference.zero_grad()
+        reference(*inputs).float().mean().backward()
+        for name, p in ref_params.items():
+            shadow_params[name].grad = p.grad
+        before = {name: shadow_params[name].detach().clone() for name in host}
+        eager.step()
+        with torch.no_grad():
+            for name, p in ref_params.items():
+                p.copy_(before[name] if name in host else shadow_params[name])
+        assert_same_parameters(reference, emitted)
+    opt.synchronize()  # the last host steps land: every weight as the shadow has it
+    assert_same_parameters(shadow, emitted)
 
 
 def test_the_placed_optimizer_is_exported_for_users() -> None:

@@ -44,6 +44,8 @@ class StateCopies:
         return moved
 
     def _count(self, what: str, src: str, dst: str, tensor: torch.Tensor) -> None:
+        if src == dst:  # a copy within one device's memory (a delayed update's host master): no link
+            return
         n = _nbytes(tensor)
         with self._lock:
             key = (what, src, dst)

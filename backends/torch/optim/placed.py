@@ -33,8 +33,12 @@ parameter whose step has begun, before ``step()``, is an error, and so is ``zero
 (the step cannot be taken back). Gradient clipping over all gradients, or a ``GradScaler`` that
 skips steps, needs every gradient before any step: not supported with offloaded parameters.
 
-A one-step delayed update (``delayed_update`` in the plan) is refused here: its definition (the
-step of iteration t applied before the forward of t+2) is not implemented.
+A one-step delayed update (``delayed_update`` in the plan, ZeRO-Offload's DPU, opted into when
+planning): every parameter stepped on the host keeps a master there; the host step of iteration
+t's gradients runs beside iteration t+1's forward and backward, and ``step()`` of iteration t puts
+into those weights the masters as iteration t-1's step left them. So the forward of iteration t+1
+reads weights updated with the gradients up to t-1 (the first step() leaves them as they are); the
+other parameters step at once. It changes the training (the plan says ``exact: false``).
 
 Example:
     >>> opt = plan.emit_optimizer(emitted, lr=1e-3)              # doctest: +SKIP
@@ -97,6 +101,8 @@ class _Early:
     started: bool = False            # its step was handed to the worker since the last step()
     held: bool = False               # a gradient was accumulated (not stepped) since the last step()
     jobs: list[concurrent.futures.Future] = dataclasses.field(default_factory=list)
+    pending: list[concurrent.futures.Future] = dataclasses.field(default_factory=list)  # delayed: last iteration's
+    results: dict[int, torch.Tensor] = dataclasses.field(default_factory=dict)  # delayed: iteration -> master after it
 
     @property
     def target(self) -> torch.Tensor:
@@ -145,21 +151,20 @@ class PlacedOptimizer(torch.optim.Optimizer):
         binding: logical device -> physical device (``{"cpu": "cpu", "cuda:0": "cuda:0"}``).
         optimizer: the plan's optimizer (``"adam"``, ``"sgd"``, ...; :mod:`.kinds`).
         params: parameters or param groups of ``module`` (default: all its trainable parameters).
-        delayed_update: the plan's one-step delayed update (refused, see the module docstring).
+        delayed_update: the plan's one-step delayed update of the host-stepped parameters (see the
+            module docstring).
         **hyper: hyperparameters of the torch class (``lr=1e-3``, ``betas=(0.9, 0.95)``).
 
     Raises:
         HetpartError: a parameter not of ``module``, one without a planned place, a hyperparameter
-            the plan did not price, an unknown optimizer, a delayed update.
+            the plan did not price, an unknown optimizer.
     """
 
     def __init__(self, module: torch.nn.Module, places: Mapping[str, ParamState], binding: Mapping[str, str],
                  optimizer: str, params: Iterable[Any] | None = None, *, delayed_update: bool = False,
                  **hyper: Any) -> None:
-        if delayed_update:
-            raise HetpartError("the plan opts into a one-step delayed update (the step of iteration t applied "
-                               "before the forward of t+2); the placed optimizer does not implement it: re-plan "
-                               "without delayed_update")
+        self.delayed = bool(delayed_update)
+        self._iteration = 0
         self._ready = False
         self._names = _names_by_tensor(module)
         self._places = self._places_by_tensor(module, places)
@@ -237,7 +242,7 @@ class PlacedOptimizer(torch.optim.Optimizer):
 
     def _add_early(self, p: torch.nn.Parameter, place: ParamState, cls: type, index: int) -> None:
         master = None
-        if place.offloaded:
+        if place.offloaded or self.delayed:  # delayed: the weight keeps last iteration's values meanwhile
             device = self.physical[place.state]
             pinned = p.device.type == "cuda"
             master = torch.empty(p.shape, dtype=torch.float32, device=device, pin_memory=pinned)
@@ -285,10 +290,13 @@ class PlacedOptimizer(torch.optim.Optimizer):
         step = not self._accumulating
         hyper = dict(self.param_groups[slot.group]) if step else None
         slot.started, slot.held = step, not step
-        slot.jobs.append(self._submit(self._host_job, slot, grad, event, hyper))
+        slot.jobs.append(self._submit(self._host_job, slot, grad, event, hyper, self._iteration))
 
-    def _host_job(self, slot: _Early, grad: torch.Tensor | None, event: Any, hyper: dict | None) -> None:
-        """On the worker: add the arrived gradient into the master's, then step when asked."""
+    def _host_job(self, slot: _Early, grad: torch.Tensor | None, event: Any, hyper: dict | None,
+                  iteration: int = 0) -> None:
+        """On the worker: add the arrived gradient into the master's, then step when asked (delayed:
+        keep what the step left, for the step() of the next iteration, and clear the master's
+        gradient here, since zero_grad() no longer waits for the worker)."""
         if event is not None:
             event.synchronize()
         start = time.perf_counter()
@@ -297,6 +305,9 @@ class PlacedOptimizer(torch.optim.Optimizer):
             target.grad = grad if target.grad is None else target.grad + grad
         if hyper is not None:
             self._step_inner(slot.inner, [hyper], planned_sparse=slot.place.sparse)
+            if self.delayed:
+                slot.results[iteration] = target.detach().clone()
+                target.grad = None
         with self._lock:
             self._spans.append((start, time.perf_counter()))
 
@@ -338,18 +349,23 @@ class PlacedOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for slot in self._early.values():  # gradients only accumulated: their steps start now
-            if not slot.started and (slot.held or slot.target.grad is not None):
+            if not slot.started and (slot.held or (slot.target.grad is not None and not self.delayed)):
                 slot.started = True
-                slot.jobs.append(self._submit(self._host_job, slot, None, None, dict(self.param_groups[slot.group])))
+                slot.jobs.append(self._submit(self._host_job, slot, None, None, dict(self.param_groups[slot.group]),
+                                              self._iteration))
         for resident in self._resident.values():
             self._step_inner(resident.inner, [self.param_groups[i] for i in resident.groups],
                              planned_sparse=resident.sparse)
-        self._wait()
-        for slot in self._early.values():
-            if slot.started and slot.master is not None:
-                self.copies.weight(slot.param, slot.master, slot.place.state, slot.place.weights)
-                slot.version = slot.param._version
-            slot.started = slot.held = False
+        if self.delayed:
+            self._delayed_weights()
+        else:
+            self._wait()
+            for slot in self._early.values():
+                if slot.started and slot.master is not None:
+                    self.copies.weight(slot.param, slot.master, slot.place.state, slot.place.weights)
+                    slot.version = slot.param._version
+                slot.started = slot.held = False
+        self._iteration += 1
         self.copies.weights_ready()
         self.last_copies = self.copies.reset()
         with self._lock:
@@ -358,6 +374,43 @@ class PlacedOptimizer(torch.optim.Optimizer):
                                       time.perf_counter() - called)
         self._link_state()
         return loss
+
+    def _delayed_weights(self) -> None:
+        """The delayed update's step(): wait for the previous iteration's host steps only, put what
+        they left into the weights; this iteration's keep running beside the next one."""
+        previous = self._iteration - 1
+        failure = None
+        for slot in self._early.values():
+            for job in slot.pending:
+                try:
+                    job.result()
+                except Exception as exc:  # noqa: BLE001 - re-raised below, after every job ended
+                    failure = failure or exc
+            slot.pending, slot.jobs = slot.jobs, []
+            result = slot.results.pop(previous, None)
+            if result is not None:
+                self.copies.weight(slot.param, result, slot.place.state, slot.place.weights)
+                slot.version = slot.param._version
+            slot.started = slot.held = False
+        if failure is not None:
+            raise failure
+
+    @property
+    def host_stepped(self) -> tuple[str, ...]:
+        """Names of the parameters whose steps run on the host worker (a delayed update delays these)."""
+        return tuple(slot.name for slot in self._early.values())
+
+    def synchronize(self) -> None:
+        """Wait for every host step and put the newest masters into the weights (a delayed update's
+        last step, at the end of training); without a delayed update the weights are current already."""
+        self._wait()
+        for slot in self._early.values():
+            if slot.results:
+                newest = slot.results[max(slot.results)]
+                self.copies.weight(slot.param, newest, slot.place.state, slot.place.weights)
+                slot.version = slot.param._version
+                slot.results.clear()
+        self.copies.weights_ready()
 
     def _step_inner(self, inner: torch.optim.Optimizer, groups: list[Mapping[str, Any]], *,
                     planned_sparse: bool) -> None:
@@ -374,7 +427,7 @@ class PlacedOptimizer(torch.optim.Optimizer):
         """Wait for every job handed to the worker; re-raise the first failure."""
         failure = None
         for slot in self._early.values():
-            jobs, slot.jobs = slot.jobs, []
+            jobs, slot.jobs, slot.pending = [*slot.pending, *slot.jobs], [], []
             for job in jobs:
                 try:
                     job.result()
@@ -394,11 +447,12 @@ class PlacedOptimizer(torch.optim.Optimizer):
             raise HetpartError(f"zero_grad() before step(): the steps of {len(begun)} parameters ({begun[0]!r}, ...) "
                                f"began as their gradients arrived and cannot be taken back; call step() first, or "
                                f"run the backward inside `with opt.accumulating():`")
-        self._wait()
+        if not self.delayed:  # a delayed update's host steps run on beside the next iteration
+            self._wait()
         super().zero_grad(set_to_none=set_to_none)
         for slot in self._early.values():
             slot.held = False
-            if slot.master is not None and slot.master.grad is not None:
+            if slot.master is not None and slot.master.grad is not None and not self.delayed:
                 if set_to_none:
                     slot.master.grad = None
                 else:
