@@ -74,19 +74,25 @@ def tight_caps(profile_name: str, param_bytes: int) -> dict[str, int]:
     return {d.name: max(1, int(0.4 * param_bytes)) for d in profile.devices if d.kind.value != "cpu"}
 
 
-def row(label: str, out, seconds: float, baselines: tuple[str, ...] = BASELINES) -> tuple[list[str], bool]:  # noqa: ANN001
-    plan = out.plan
-    total = plan.predicted["total_s"]
-    cells = [label, format_seconds(total)]
-    never_worse = True
+def baseline_cells(plan, total: float, baselines: tuple[str, ...]) -> tuple[list[str], bool]:  # noqa: ANN001
+    """Each baseline's predicted time (``*``: does not fit, ``-``: not listed), and whether ``total``
+    is at most every baseline that fits."""
+    cells, never_worse = [], True
     for name in baselines:
         b = plan.baselines.get(name)
         if b is None or b.total_s is None:
             cells.append("-")
             continue
         cells.append(format_seconds(b.total_s) + ("" if b.feasible else "*"))
-        if b.feasible and total > b.total_s * (1 + 1e-9):
-            never_worse = False
+        never_worse &= not b.feasible or total <= b.total_s * (1 + 1e-9)
+    return cells, never_worse
+
+
+def row(label: str, out, seconds: float, baselines: tuple[str, ...] = BASELINES) -> tuple[list[str], bool]:  # noqa: ANN001
+    plan = out.plan
+    total = plan.predicted["total_s"]
+    shown, never_worse = baseline_cells(plan, total, baselines)
+    cells = [label, format_seconds(total), *shown]
     gap = plan.solver.gap
     cells += [format_seconds(plan.predicted["lower_bound_s"]), "-" if gap is None else f"{gap:.2%}",
               f"{seconds:.2f}", plan.solver.status]

@@ -35,6 +35,7 @@ import models
 from cost_models.units import format_bytes, format_seconds
 from partitioner import partition_outcome
 from partitioner.plan.training_state import param_states
+from plan_quality import baseline_cells  # bench/ is the script's folder
 
 SEED_CAP = 4496539680
 BASELINES = ("zero-offload", "fsdp2-offload", "torchao-offload", "greedy")
@@ -112,15 +113,7 @@ def training_rows(cases: list[str], time_limit: float) -> bool:
             seconds = time.perf_counter() - began
             plan, total = out.plan, out.evaluation.total_s
             gpu = plan.baselines["single:cuda:0"]
-            cells = []
-            ok = True
-            for name in BASELINES:
-                b = plan.baselines.get(name)
-                if b is None or b.total_s is None:
-                    cells.append("-")
-                    continue
-                cells.append(format_seconds(b.total_s) + ("" if b.feasible else "*"))
-                ok &= (not b.feasible) or total <= b.total_s * (1 + 1e-9)
+            cells, ok = baseline_cells(plan, total, BASELINES)
             all_ok &= ok
             rows.append([label, optimizer, format_seconds(total), format_seconds(gpu.total_s) + ("" if gpu.feasible else "*"),
                          f"{total / gpu.total_s:.2f}x", *cells, state_summary(plan), hidden_share(plan),

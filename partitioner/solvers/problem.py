@@ -563,9 +563,6 @@ class Problem:
         """Seconds to copy ``nbytes`` once from ``src`` to ``dst`` (a gradient out, an updated weight back)."""
         return self.costs.transfer_time(nbytes, src, dst, self.devices).seconds if src != dst and nbytes else 0.0
 
-    def state_device(self, placement: Placement, node: str) -> str:
-        """Where ``node``'s optimizer state lives and its step runs under ``placement``."""
-        return placement.state_device(node)
 
     def stream_buffer_bytes(self, node: str, mode: StreamMode) -> int:
         """Device buffer ``node``'s streamed weights need: its largest member copy, once or twice."""

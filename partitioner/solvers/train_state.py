@@ -56,16 +56,17 @@ __all__ = ["cost_training_state", "step_schedule", "step_split", "tidy"]
 
 def cost_training_state(p: Problem) -> None:
     """Fill ``p``'s training-state numbers: ``train_state`` (choices offered), ``sparse_ops``,
-    ``grad_bytes``, ``weight_mem``, ``offload_mem``, ``fwd_in`` / ``bwd_in`` (forward and backward
-    seconds per device and dtype), ``offloadable`` and ``recomputable``; and re-price parameter
-    memory, optimizer steps and sparse gathers' backward."""
+    ``grad_bytes``, ``weight_mem``, ``offload_mem``, ``fwd_in`` (a node's forward seconds per device
+    and dtype, paid again when it recomputes), ``op_bwd`` / ``op_step`` / ``op_grad`` (per original op,
+    for the step schedule), ``offloadable`` and ``recomputable``; and re-price parameter memory,
+    optimizer steps and sparse gathers' backward."""
     o = p.options
     p.train_state = bool(o.training and o.placed_optimizer and o.pipeline is None and o.objective.value != "makespan")
     p.sparse_exact = o.optimizer.sparse_exact
     p.grad_bytes = dict(p.trainable)
     p.weight_mem = dict(p.param_bytes)
     p.offload_mem = {n: 0 for n in p.nodes}
-    p.fwd_in, p.bwd_in = {}, {}
+    p.fwd_in = {}
     p.grad_parts = {n: () for n in p.nodes}    # per member op: gradient bytes (one copy each)
     p.update_parts = {n: () for n in p.nodes}  # per member op: trainable weight bytes (one copy back each)
     p.sparse_ops = frozenset()
@@ -97,10 +98,10 @@ def cost_training_state(p: Problem) -> None:
             p.op_step[op.name] = {d.name: p.costs.optimizer_step_time(step_bytes[op.name], d, o.optimizer).seconds
                                   for d in p.devices.devices}
             p.op_bwd[op.name] = {}
-        p.fwd_in[n], p.bwd_in[n] = {}, {}
+        p.fwd_in[n] = {}
         for d, per_a in p.compute_in[n].items():
             device = p.devices.device(d)
-            p.fwd_in[n][d], p.bwd_in[n][d] = {}, {}
+            p.fwd_in[n][d] = {}
             for a in per_a:
                 fwd_total = 0.0
                 for op in ops:
@@ -110,7 +111,6 @@ def cost_training_state(p: Problem) -> None:
                     if op.name in p.sparse_ops:
                         per_a[a] = max(per_a[a] - dense_gradient_time(op, device).seconds, 0.0)
                 p.fwd_in[n][d][a] = min(fwd_total, per_a[a])
-                p.bwd_in[n][d][a] = per_a[a] - p.fwd_in[n][d][a]
             p.compute[n][d] = per_a[p.choices[n][d][0]]
     if p.train_state and o.offload:
         p.offloadable = tuple(n for n in p.nodes if p.trainable[n] > 0)
