@@ -216,7 +216,11 @@ def open_folder(
             f"{config_path}: 'auto_map' names the folder's own modeling code ({', '.join(sorted(raw['auto_map']))}); "
             f"hetpart runs a folder's Python code only when asked: pass --trust-remote-code "
             f"(trust_remote_code=True) if you trust it")
-    import transformers
+    try:
+        import transformers
+    except ImportError:
+        raise CheckpointError(f"{folder}: a model folder is built by Hugging Face transformers, which is not "
+                              f"installed here: pip install transformers") from None
 
     from torch.utils._python_dispatch import _disable_current_modes
 

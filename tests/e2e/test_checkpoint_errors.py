@@ -181,3 +181,23 @@ def test_loading_into_a_module_checks_every_key_before_writing_one(folder: Path)
         load_folder_into(target, folder)
     assert all(torch.equal(before[k], v) for k, v in target.state_dict().items())  # nothing half-loaded
     assert module is not None
+
+
+def test_a_folder_without_transformers_installed_says_what_to_install(tmp_path, monkeypatch) -> None:
+    import builtins
+    import json
+
+    from partitioner.errors import CheckpointError
+    from partitioner.frontends.hf_folder import open_folder
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    real = builtins.__import__
+
+    def no_transformers(name, *args, **kwargs):  # noqa: ANN001, ANN202
+        if name == "transformers" or name.startswith("transformers."):
+            raise ImportError(name)
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_transformers)
+    with pytest.raises(CheckpointError, match="pip install transformers"):
+        open_folder(tmp_path)
