@@ -38,6 +38,9 @@ def plan_fields(d: Any, source: str) -> dict[str, Any]:
     """The keyword arguments of ``Plan(...)`` read from decoded JSON: version, keys, every type."""
     r = FieldReader(source)
     top = r.mapping(d, "")
+    if top.get("format") == "hetpart.generation-plan":  # partitioner.plan.generation.FORMAT
+        r.fail("", "this is a generation plan (a prefill and a decode placement): read it with "
+                   "GenerationPlan.load, run it with `hetpart generate MODEL --plan FILE`")
     if "format_version" in top:
         _check_version(r, top["format_version"])
     r.keys(top, "", TOP_LEVEL_KEYS, ("constraints", "costs", "pipeline", "batch", "probe", "fallbacks", "precision",
