@@ -106,6 +106,30 @@ _PER_ELEMENT_OF_INPUT = {OpClass.NORM, OpClass.SOFTMAX, OpClass.REDUCTION, OpCla
 _NORM_FLOPS = {"batch_norm_inference": 2, "default": 5}
 
 
+#: grouped matmuls of routed experts (torch's ``_grouped_mm``, transformers' fallback custom op): ``input``
+#: ``[S, K]`` rows sorted by expert, ``weight`` ``[E, K, N]``, ``offs`` where each expert's rows end
+GROUPED_MM = frozenset({"_grouped_mm", "grouped_mm", "grouped_mm_fallback"})
+
+
+def is_grouped_mm(func: Any) -> bool:
+    """Whether an aten or custom op is a grouped (per-expert) matmul."""
+    return op_name(func) in GROUPED_MM
+
+
+def grouped_mm_flops(args: tuple) -> int:
+    """2·S·K·N: every row is multiplied by its own expert's ``[K, N]`` weight once."""
+    x, w = args[0], args[1]
+    if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor) or x.dim() != 2 or w.dim() != 3:
+        return 0
+    return 2 * int(x.shape[0]) * int(w.shape[1]) * int(w.shape[2])
+
+
+def grouped_weight_share(rows: int, experts: int) -> float:
+    """The share of a grouped matmul's expert weights it reads: at most one expert per row
+    (a decode step with top-2 routing reads 2 of 8), all of them once the rows outnumber them."""
+    return min(experts, max(rows, 0)) / experts if experts > 0 else 1.0
+
+
 def op_name(func: Any) -> str:
     """``aten.addmm.default`` → ``addmm``: the packet name of an aten overload."""
     packet = getattr(func, "_overloadpacket", None)
@@ -181,6 +205,8 @@ class FlopTable:
         self._registry = registry
 
     def flops(self, func: Any, cls: OpClass, args: tuple, kwargs: dict, out: Any) -> int:
+        if is_grouped_mm(func):
+            return grouped_mm_flops(args)
         formula = self._registry.get(getattr(func, "_overloadpacket", None))
         if formula is not None:
             return int(formula(*args, **kwargs, out_val=out))

@@ -30,7 +30,9 @@ from torch.utils._pytree import tree_leaves
 from partitioner.errors import CaptureError
 from partitioner.frontends.inputs import dynamic_dims, export_dynamic_shapes
 from partitioner.frontends.names import check_fx_names
-from partitioner.frontends.aten_costs import FlopTable, classify, conv_groups, dominant_class, op_name
+from partitioner.frontends.aten_costs import (
+    GROUPED_MM, FlopTable, classify, conv_groups, dominant_class, grouped_weight_share, is_grouped_mm, op_name,
+)
 from partitioner.ir import NOT_A_TENSOR, Op, OpClass, OpGraph, Param, Tensor
 
 log = logging.getLogger(__name__)
@@ -343,7 +345,7 @@ class _Recorder(TorchDispatchMode):
         if namespace == "prim":  # prim.device and friends: metadata queries
             return out
         # an op of another library (a custom op) has no cost class: the documented fallback, OTHER
-        cls = classify(func) if namespace == "aten" else OpClass.OTHER
+        cls = classify(func) if namespace == "aten" else OpClass.MATMUL if is_grouped_mm(func) else OpClass.OTHER
         self.classes.append(cls)
         self.aten_ops.append(op_name(func) if namespace == "aten" else f"{namespace}::{op_name(func)}")
         self.flops += self.table.flops(func, cls, args, kwargs, out)
@@ -559,6 +561,8 @@ class _GraphBuilder:
         param_bytes = sum(_nbytes(entries[p].tensor) for p in owned)
         trainable = sum(_nbytes(entries[p].tensor) for p in owned if entries[p].trainable)
         read, written = self._bytes_moved(op_class, inputs, params, outputs)
+        if any(name.rsplit(":", 1)[-1] in GROUPED_MM for name in record.aten_ops):
+            read = self._grouped_read(read, inputs)
         module_path, module_type = self._module_of(node)
         return Op(
             name=node.name,
@@ -592,6 +596,17 @@ class _GraphBuilder:
         entries = self.source.params.entries
         read = sum(self.tensors[t].nbytes for t in inputs) + sum(_nbytes(entries[p].tensor) for p in params)
         return read, written
+
+    def _grouped_read(self, read: int, inputs: list[str]) -> int:
+        """A grouped matmul reads only the experts its rows are routed to: at most one per row."""
+        rows = [self.tensors[t].shape for t in inputs if len(self.tensors[t].shape) == 2]
+        weights = [t for t in inputs if len(self.tensors[t].shape) == 3]
+        if not rows or not weights:
+            return read
+        for t in weights:
+            shape, nbytes = self.tensors[t].shape, self.tensors[t].nbytes
+            read -= round(nbytes * (1.0 - grouped_weight_share(int(rows[0][0]), int(shape[0]))))
+        return read
 
     def _dtype_of(self, outputs: list[str], inputs: list[str]) -> str:
         candidates = [self.tensors[t].dtype for t in outputs + inputs if self.tensors[t].dtype != NOT_A_TENSOR]
