@@ -429,7 +429,10 @@ def solve_greedy(problem: Problem, no_split: Sequence[str] = ()) -> Solution:
         home = mapped[node]
         run = main if home == problem.host and main is not None else home
         device[node] = _allowed_or_host(problem, node, run)
-        if home == problem.host and device[node] != problem.host and problem.param_bytes[node] > 0:
+        # a module's buffers go to its execution device (dispatch_model's offload_buffers=False): a KV cache
+        # is resident where it is written, only weights stream
+        if home == problem.host and device[node] != problem.host and problem.param_bytes[node] > 0 \
+                and node not in problem.state_writers:
             streamed[node] = problem.host
     note = _note(problem, device_map, mapped, device, disk)
     if streamed:

@@ -57,7 +57,7 @@ import dataclasses
 import enum
 import fnmatch
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from types import MappingProxyType
 
 from cost_models.costs import ANALYTIC, CostModel
@@ -216,6 +216,7 @@ class Problem:
         members: Mapping[str, Sequence[str]] | None = None,
         original: OpGraph | None = None,
         costs: CostModel | None = None,
+        state_writers: Collection[str] = (),
     ) -> None:
         self.graph = graph
         self.costs = costs or ANALYTIC  # op, copy and optimizer-step times (cost_models.costs)
@@ -238,9 +239,13 @@ class Problem:
         self.shared = self._shared_params()
         cost_training_state(self)
         self.link_labels = tuple(link.label for link in devices.links)
+        # ops that write their own state (a KV cache): their buffers live where they are written, never streamed
+        writers = frozenset(state_writers)
+        self.state_writers = frozenset(n for n in self.nodes if writers.intersection(self.members[n]))
         self.streamable = tuple(
             n for n in self.nodes
             if self.options.streaming and self.param_bytes[n] > 0 and (not self.options.training or self.train_state)
+            and n not in self.state_writers
         )
 
     # -- construction -------------------------------------------------------------------------
@@ -646,6 +651,9 @@ def evaluate(problem: Problem, placement: Placement) -> Evaluation:
                               f"{', '.join(p.choices[n][x[n]])} only")
         if n in placement.streamed and placement.streamed[n] != x[n] and dtype[n] != FLOAT32:
             violations.append(f"op {n} streams its float32 weights but computes in {dtype[n]}")
+        if n in placement.streamed and placement.streamed[n] != x[n] and n in p.state_writers:
+            violations.append(f"op {n} writes its own buffers (a KV cache), so they cannot be streamed: "
+                              f"they live where it computes")
     casts = cast_load(p, placement, dtype)
     transfers = _transfers(p, placement)
     link_load = {label: 0.0 for label in p.link_labels}
