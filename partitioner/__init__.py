@@ -19,6 +19,8 @@ The API (everything else is a documented module: ``partitioner.solvers``, ``part
 ``load_profile``           a built-in profile name or a TOML path -> :class:`DeviceSet`
                            (cluster profiles too: hosts and a network, devices ``host1/cuda:0``)
 ``load_cluster``           a cluster profile -> :class:`~cost_models.cluster.Cluster` (hosts, network)
+``plan_generation``        a causal LM + profile -> a :class:`GenerationPlan`: prefill and decode placed
+                           together (``prompt_tokens=``, ``new_tokens=``), ``emit_generate`` runs it
 ``PipelineSpec``           micro-batches, schedule and stage count of a pipeline plan
                            (``partition(..., micro_batches=, schedule=, stages=)``)
 ``DeviceSet``              devices and links (``cost_models.detect.detect_local()`` profiles this machine)
@@ -61,6 +63,8 @@ from partitioner.errors import (
 from partitioner.frontends.fx import Capture, from_graph_module, from_module
 from partitioner.ir import Op, OpClass, OpGraph, Param, Tensor
 from partitioner.plan import Plan, PlanFormatError
+from partitioner.generation_planner import plan_generation
+from partitioner.plan.generation import GenerationPlan
 from partitioner.planner import Outcome, partition, partition_outcome
 from partitioner.solvers.pipeline import PipelineSpec
 
@@ -72,6 +76,8 @@ __all__ = [
     "Plan",
     "PlanFormatError",
     "PipelineSpec",
+    "plan_generation",
+    "GenerationPlan",
     # devices and measured costs
     "load_profile",
     "load_cluster",

@@ -148,6 +148,28 @@ class Pipeline:
 
 
 @dataclasses.dataclass(frozen=True)
+class Generate:
+    """Generation (partitioner.generation_planner): a prefill and a decode step with a static KV cache, one plan."""
+
+    generate: Any = _field(False, flag="--generate", compile="a compiled graph is one forward pass: plan generation "
+                           "with plan_generation", doc=(
+        "plan generation: a prefill placement (at prompt_tokens) and a decode-step placement (one token, the KV cache "
+        "at its full size), solved together with shared memory; made by plan_generation (partition refuses it)"))
+    prompt_tokens: Any = _field(512, flag="--prompt-tokens", compile="a compiled graph is one forward pass: plan "
+                                "generation with plan_generation", doc=(
+        "generation: the prompt length the prefill is planned for (shorter prompts run padded)"))
+    new_tokens: Any = _field(128, flag="--new-tokens", compile="a compiled graph is one forward pass: plan generation "
+                             "with plan_generation", doc=(
+        "generation: tokens generated per request; the cache holds prompt_tokens + new_tokens"))
+    sequences: Any = _field(1, flag="--batch", compile="a compiled graph is one forward pass: plan generation with "
+                            "plan_generation", doc="generation: sequences decoded together (the cache's batch)")
+    generation_objective: Any = _field("request", flag="--generation-objective", compile="a compiled graph is one "
+                                       "forward pass: plan generation with plan_generation", doc=(
+        "generation: what to minimise: 'request' (prefill + new_tokens - 1 decode steps), 'decode' (time per decode "
+        "step) or 'prefill' (time of the prefill)"))
+
+
+@dataclasses.dataclass(frozen=True)
 class Source:
     """How the model becomes a graph."""
 
@@ -181,6 +203,7 @@ class PlanOptions:
     constraints: Constraints = dataclasses.field(default_factory=Constraints)
     train: Train = dataclasses.field(default_factory=Train)
     pipeline: Pipeline = dataclasses.field(default_factory=Pipeline)
+    generation: Generate = dataclasses.field(default_factory=Generate)
     precision: Any = _field(None, flag="--precision", compile="the compile backend runs float32 plans only", doc=(
         "the dtype each device computes in: 'auto' (the solver chooses per op) or {'cuda:0': 'bf16', 'cpu': 'fp32'}; "
         "softmax, norms, reductions and losses stay float32; latency and throughput objectives only"))
@@ -284,7 +307,7 @@ class PlanOptions:
 
 
 SECTIONS: dict[str, type] = {"hardware": Hardware, "search": Search, "constraints": Constraints, "train": Train,
-                             "pipeline": Pipeline, "source": Source}
+                             "pipeline": Pipeline, "generation": Generate, "source": Source}
 
 
 def _leaves() -> Iterator[tuple[str | None, dataclasses.Field]]:
@@ -411,6 +434,14 @@ def _validate(opts: PlanOptions) -> None:
     _one_of("schedule", getattr(pipe.schedule, "value", pipe.schedule), (None, "gpipe", "1f1b"), "'gpipe' or '1f1b'")
     _check("capture", src.capture, isinstance(src.capture, str), "'export' or 'symbolic_trace'")
     _check("model_name", src.model_name, src.model_name is None or isinstance(src.model_name, str), "a name")
+    gen = opts.generation
+    _one_of("generate", gen.generate, (True, False), "True or False")
+    for name in ("prompt_tokens", "new_tokens", "sequences"):
+        value = getattr(gen, name)
+        _check(name, value, isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+               "a whole number of at least 1")
+    _one_of("generation_objective", gen.generation_objective, ("request", "decode", "prefill"),
+            "'request', 'decode' or 'prefill'")
     fractions = check_fractions(opts.fallbacks)
     _combinations(opts, objective_of(opts.objective), fractions)
 
@@ -436,6 +467,13 @@ def _combinations(opts: PlanOptions, objective: Any, fractions: tuple[float, ...
     if asked and objective is not Objective.THROUGHPUT:
         raise HetpartError(f"--micro-batches, --schedule and --stages plan pipeline stages, whose objective is "
                            f"throughput; got --objective {objective.value}: use --objective throughput")
+    if opts.generation.generate:
+        refused = [name for name, on in (("training", opts.train.training), ("pipeline stages", asked),
+                                          ("batch sizing", batch is not None), ("fallbacks", fractions),
+                                          ("dynamic_shapes", opts.source.dynamic_shapes is not None)) if on]
+        if refused:
+            raise HetpartError(f"a generation plan places one prefill and one decode step for inference; it does not "
+                               f"combine with {', '.join(refused)}: drop {'it' if len(refused) == 1 else 'them'}")
     if fractions and asked:
         raise HetpartError("fallback plans are not made for pipeline plans (each stage is a process of its own); "
                            "drop fallbacks, or plan without stages")

@@ -133,6 +133,9 @@ def partition_outcome(
         True
     """
     request = PlanOptions.build(options, **({"devices": devices} if devices is not None else {}), **keywords)
+    if request.generation.generate:
+        raise HetpartError("generate=True plans a prefill and a decode step together, which is not one plan: call "
+                           "partitioner.plan_generation(model, devices, ...) (CLI: hetpart plan MODEL --generate)")
     if is_model_folder(model_or_graph):  # a model folder: built hollow, no weight read (frontends.hf_folder)
         model_or_graph, example_inputs, request = _from_folder(model_or_graph, example_inputs, request)
     if request.batch is not None:  # re-plans over micro-batches (partitioner.batching), each with batch=None
@@ -341,9 +344,11 @@ def _check_ilp_size(problem: Problem) -> None:
 
 
 def _coarsen(
-    graph: OpGraph, options: Options, mode: bool | str, pins: Mapping[str, str] | None, align: Sequence[str]
+    graph: OpGraph, options: Options, mode: bool | str, pins: Mapping[str, str] | None, align: Sequence[str],
+    separate: frozenset[str] = frozenset(),
 ) -> Coarsening:
-    keep = frozenset(_pinned_ops(graph, pins or {}))
+    """The coarsening a plan is solved on; pinned ops and ``separate`` ones stay out of every group."""
+    keep = frozenset(_pinned_ops(graph, pins or {})) | separate
     aligned = _aligned(graph, align, keep)
     if mode is False or mode == "off":
         return aligned

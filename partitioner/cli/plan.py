@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from partitioner.cli.args import (
     add_caps_and_pins, add_folder_flags, add_input_shape, fallback_fractions, flag_options, input_shapes, output_path, positive_int,
@@ -77,6 +78,17 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     pl.add_argument("--precision", metavar="auto|DEVICE=DTYPE,...",
                     help="compute in 16 bits: auto (the solver chooses per op among the dtypes each device runs "
                          "well) or per device, e.g. cuda:0=bf16,cpu=fp32 (softmax, norms, losses stay fp32)")
+    gen = pl.add_argument_group("generation (a prefill and a decode step with a KV cache, one plan)")
+    gen.add_argument("--generate", action="store_true",
+                     help="plan generation: the prefill at --prompt-tokens and the decode step, solved together")
+    gen.add_argument("--prompt-tokens", type=positive_int, default=512, metavar="P",
+                     help="prompt length the prefill is planned for (default 512)")
+    gen.add_argument("--new-tokens", type=positive_int, default=128, metavar="N",
+                     help="tokens generated per request; the cache holds P + N (default 128)")
+    gen.add_argument("--batch", dest="sequences", type=positive_int, default=1, metavar="B",
+                     help="sequences decoded together (default 1)")
+    gen.add_argument("--generation-objective", default="request", choices=["request", "decode", "prefill"],
+                     help="minimise a request's time (default), the decode step's or the prefill's")
     pl.add_argument("-o", "--output", metavar="FILE", help="write the plan (see --format)")
     pl.add_argument("--format", default="json", choices=["json", "device-map", "csv"],
                     help="json: the plan file; device-map: accelerate's device_map; csv: op, module, device, seconds")
@@ -111,6 +123,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     loaded = load_model(model, device=None if request.costs == "profiled" else "meta", input_shapes=shapes,
                         dtype=request.source.folder_dtype, trust_remote_code=request.source.trust_remote_code)
     print(f"capturing {loaded.name} ({'onnx' if loaded.is_onnx else request.source.capture}) ...", file=sys.stderr)
+    if request.generation.generate:
+        return _generation(args, loaded, request.replace(devices=profile, no_split=loaded.no_split,
+                                                         model_name=loaded.name))
     plan = partition(loaded.module, loaded.example_inputs, options=request.replace(
         devices=profile, no_split=loaded.no_split, model_name=loaded.name, progress=print_progress,
         input_shapes=loaded.input_shapes if loaded.folder is None else shapes))
@@ -120,6 +135,23 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
         write_export(plan, args.output, args.format, force=args.force)
         print(f"wrote {args.output} ({args.format})")
+    return 0
+
+
+def _generation(args: argparse.Namespace, loaded: Any, request: Any) -> int:
+    """``--generate``: the generation plan (partitioner.generation_planner), its summary and file."""
+    from partitioner.generation_planner import plan_generation
+
+    if loaded.is_onnx:
+        raise HetpartError("--generate plans a torch causal language model's decode step; an ONNX model has no "
+                           "KV cache hetpart can make static: give a transformers model folder or a zoo model")
+    if args.format != "json":
+        raise HetpartError(f"--format {args.format} writes one placement; a generation plan has two: use --format json")
+    gen = plan_generation(loaded.module, options=request)
+    print(gen.summary())
+    if args.output:
+        gen.save(args.output, force=args.force)
+        print(f"wrote {args.output} (generation plan)")
     return 0
 
 

@@ -48,7 +48,7 @@ def test_desktop_4090_figures():
     assert gpu.memory == 24 * GiB
     assert gpu.peak("bfloat16") == gpu.peak("float16") == 165.2e12     # dense, not the 2:4 sparse 330
     assert gpu.peak("float32") == 82.6e12 and gpu.mem_bandwidth == 1008e9
-    assert cpu.memory == 64 * GiB
+    assert cpu.memory == 128 * GiB
     assert cpu.peak("float32") == 16 * 4.5e9 * 32 and cpu.peak("bfloat16") == 2 * cpu.peak("float32")
     assert 60e9 <= cpu.mem_bandwidth <= 70e9 < 89.6e9                   # achievable, below theoretical
     link = ds.link("cpu", "cuda:0")
