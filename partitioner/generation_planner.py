@@ -133,7 +133,6 @@ def _record(request: PlanOptions, gp: GenerationProblem, joint: JointSolution, b
         ev = evaluate(problem, placement)
         verify_placement(problem, placement, ev)
         evaluations.append(ev)
-        phase = ("prefill", "decode")[i]
         solution = Solution(joint.solver, placement, joint.status, None, joint.seconds,
                             f"solved with the {('decode', 'prefill')[i]} step: the generation plan's solver states "
                             f"the bound of both")
@@ -144,7 +143,7 @@ def _record(request: PlanOptions, gp: GenerationProblem, joint: JointSolution, b
             model_name=request.source.model_name, inputs=inputs[i], capture=request.source.capture,
             constraints={"pins": dict(request.constraints.pins or {}),
                          "memory_caps": {d: problem.devices.device(d).memory for d in (request.hardware.memory or {})},
-                         "streaming": problem.options.streaming, "phase": phase})
+                         "streaming": problem.options.streaming})
         phase_plans.append(dataclasses.replace(plan, request=request.to_record()))
     pre_s, dec_s = (ev.total_s for ev in evaluations)
     new = gen.new_tokens

@@ -205,7 +205,8 @@ class GenerationPlan:
 
     def phase_difference(self) -> list[tuple[str, str, str]]:
         """``(module path, prefill, decode)`` of every module whose weights are used differently in
-        the two phases: where they compute, ``"cuda:0 (streamed from cpu)"`` where they stream."""
+        the two phases: where they compute, ``"cuda:0 (streamed from cpu)"`` where they stream;
+        the modules holding the most bytes first."""
         def uses(plan: Plan) -> dict[str, str]:
             out: dict[str, set[str]] = {}
             for op in plan.param_ops:
@@ -216,7 +217,12 @@ class GenerationPlan:
             return {m: " + ".join(sorted(v)) for m, v in out.items()}
 
         pre, dec = uses(self.prefill), uses(self.decode)
-        return [(m, pre[m], dec[m]) for m in pre if m in dec and pre[m] != dec[m]]
+        weight: dict[str, int] = {}
+        for op in self.decode.param_ops:
+            module = self.decode.modules.get(op, "") or "(top)"
+            weight[module] = weight.get(module, 0) + self.decode.op_bytes.get(op, (0, 0))[1]
+        differ = [(m, pre[m], dec[m]) for m in pre if m in dec and pre[m] != dec[m]]
+        return sorted(differ, key=lambda row: -weight.get(row[0], 0))  # the largest weights first
 
     def summary(self) -> str:
         """Both phases side by side: time, tokens/s, memory, ops per device, what differs; baselines."""
