@@ -42,7 +42,7 @@ from partitioner.plan.values import SolverInfo
 from partitioner.planner import _capture, _coarsen, _profile, _solver_options
 from partitioner.solvers.bounds import physical_lower_bound
 from partitioner.solvers.generation import GenerationProblem, JointSolution, PhasePair, solve_generation
-from partitioner.solvers.generation_baselines import generation_baselines
+from partitioner.solvers.generation_baselines import GENERATION_BASELINES, generation_baselines
 from partitioner.solvers.problem import Evaluation, Problem, Solution, Status, evaluate
 from partitioner.verify import verify_graph, verify_placement
 
@@ -61,6 +61,8 @@ def plan_generation(model: Any, devices: Any = None, *, options: PlanOptions | N
     Takes the options of :func:`partitioner.partition` (``generate`` is implied): ``prompt_tokens``,
     ``new_tokens``, ``sequences`` (the batch), ``generation_objective`` ('request', 'decode',
     'prefill'), ``memory``, ``time_limit``, ``gap``, ``pins``, ``streaming``, ``solver``, ``costs``.
+    ``solver`` may also name a baseline ('llama.cpp --fit', 'llama.cpp -ot exps=CPU', 'greedy',
+    'one placement'): the plan is then that baseline's pair, to run it through the same code.
 
     Raises:
         CaptureError: the model has no KV cache hetpart can make static, or the context exceeds its positions.
@@ -101,16 +103,32 @@ def plan_generation(model: Any, devices: Any = None, *, options: PlanOptions | N
     weights = objective_seconds(gen.generation_objective, new)
     gp = GenerationProblem(problems[0][1], problems[1][1], weights)
     baselines = generation_baselines(gp)
+    asked = request.search.solver
+    if asked in baselines:  # a baseline's pair as the plan (to run it through the same emitted code)
+        chosen = baselines[asked]
+        if chosen.status is Status.INFEASIBLE:
+            raise InfeasiblePlacement(f"the {asked} placement does not fit: {chosen.note}")
+        chosen = dataclasses.replace(chosen, seconds=time.perf_counter() - started)
+        return _record(request, gp, chosen, baselines, [c for c, _ in problems], [i for _, i in captured])
+    if asked in GENERATION_BASELINES:
+        raise HetpartError(f"the {asked} baseline does not apply to this model (it has no routed experts); "
+                           f"the baselines here are {', '.join(baselines)}")
+    solver = "auto" if asked == ONE_PLACEMENT else asked
     time_limit, gap = request.search.time_limit, request.search.gap
     left = max(time_limit - (time.perf_counter() - started), 0.1)
     best = _best(baselines.values())
-    one = solve_generation(gp, warm_start=best.placements if best else None, solver=request.search.solver,
+    one = solve_generation(gp, warm_start=best.placements if best else None, solver=solver,
                            time_limit=max(ONE_SHARE * left, 0.05), gap=gap, same_use=True)
     one = dataclasses.replace(one, solver=ONE_PLACEMENT)
     baselines[ONE_PLACEMENT] = one
+    if asked == ONE_PLACEMENT:
+        if one.objective is None:
+            raise InfeasiblePlacement(f"no one-placement pair found: {one.note}")
+        return _record(request, gp, dataclasses.replace(one, seconds=time.perf_counter() - started), baselines,
+                       [c for c, _ in problems], [i for _, i in captured])
     left = max(time_limit - (time.perf_counter() - started), 0.1)
     warm = _best(baselines.values())
-    joint = solve_generation(gp, warm_start=warm.placements if warm else None, solver=request.search.solver,
+    joint = solve_generation(gp, warm_start=warm.placements if warm else None, solver=solver,
                              time_limit=left, gap=gap)
     if joint.objective is None:
         if joint.status is Status.INFEASIBLE or warm is None:

@@ -74,7 +74,8 @@ class Search:
 
     solver: Any = _field("auto", flag="--solver", doc=(
         "'auto' (HiGHS if installed, else CBC), 'highs', 'cbc', or a baseline ('greedy', 'sequential-fill', "
-        "'heft', 'single:DEVICE'; pipelines: 'pipeline-dp' and the splits of partitioner.solvers.pipeline_baselines)"))
+        "'heft', 'single:DEVICE'; pipelines: 'pipeline-dp' and the splits of partitioner.solvers.pipeline_baselines; "
+        "generation: 'llama.cpp --fit', 'llama.cpp -ot exps=CPU', 'greedy', 'one placement')"))
     time_limit: Any = _field(60.0, flag="--time-limit", doc=(
         "seconds for everything after capture (coarsening, baselines, the lower bound and the ILP); at the limit "
         "the best placement found is returned with its proven gap"))

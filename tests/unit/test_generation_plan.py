@@ -106,6 +106,17 @@ def test_a_tiny_model_plans_and_phase_plans_made_by_hand_join(tiny: LlamaForCaus
     assert joined.solver.status == "heuristic" and joined.request["max_context"] == 16
 
 
+def test_a_baseline_can_be_the_plan(medium_plan: GenerationPlan) -> None:
+    with torch.device("meta"):
+        model = LlamaForCausalLM(LlamaConfig(**MEDIUM)).to(torch.bfloat16).eval()
+    fit = plan_generation(model, "h200-host", memory={"cuda:0": "150MB"}, prompt_tokens=256, new_tokens=32,
+                          solver="llama.cpp --fit")
+    assert fit.solver.name == "llama.cpp --fit" and fit.solver.status == "heuristic"
+    assert fit.predicted["request_s"] == pytest.approx(medium_plan.baselines["llama.cpp --fit"]["request_s"])
+    with pytest.raises(HetpartError, match="no routed experts"):
+        plan_generation(model, "h200-host", prompt_tokens=256, new_tokens=32, solver="llama.cpp -ot exps=CPU")
+
+
 def test_what_generation_refuses(tiny: LlamaForCausalLM) -> None:
     with pytest.raises(CaptureError, match="128 positions .* context of 200 tokens"):
         plan_generation(tiny, "h200-host", prompt_tokens=150, new_tokens=50)
