@@ -226,8 +226,13 @@ def test_cbc_stops_at_its_time_limit() -> None:
                                                   if d.name != "cpu"}), Options())
     started = time.perf_counter()
     sol = solve_ilp(problem, solver="cbc", time_limit=2.0, warm_start=solve_heft(problem).placement)
-    assert time.perf_counter() - started < 2.0 + 4.0  # model building, CBC's grace second and its stop
+    elapsed = time.perf_counter() - started
+    # CBC stopped by its limit (not by proving the gap), and its answer says so with a bound. The
+    # wall-time bound is loose on purpose: a shared 2-core CI machine builds the model slowly, but an
+    # ignored limit would run for minutes on this instance.
+    assert sol.status is Status.TIME_LIMIT and sol.bound is not None
     assert sol.placement.device
+    assert elapsed < 2.0 + 30.0
 
 
 def _violation_by_rows(m: Milp, values: list[float]) -> float:
