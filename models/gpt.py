@@ -67,6 +67,13 @@ class GPT(nn.Module):
             x = block(x)
         return self.lm_head(self.ln_f(x))
 
+    def with_static_cache(self, batch: int, max_context: int) -> nn.Module:
+        """This model's generation step with a static KV cache (:class:`~models.gpt_cache.CachedGPT`):
+        ``forward(input_ids, cache_position) -> logits``, sharing this model's modules."""
+        from models.gpt_cache import CachedGPT
+
+        return CachedGPT(self, batch, max_context)
+
 
 def build(size: str) -> Built:
     cfg = pick_size(CONFIGS, size, "gpt")

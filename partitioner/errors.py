@@ -51,6 +51,11 @@ class CheckpointError(HetpartError):
     """A model folder or weights file that cannot be planned or loaded (the message names the file and key)."""
 
 
+class GenerationError(HetpartError):
+    """A ``generate`` request the emitted generation loop cannot run as asked (a prompt longer than
+    planned, more sequences than the cache holds, sampling settings out of range)."""
+
+
 class PlanMismatch(HetpartError):
     """A plan file that does not belong to the model or profile it is used with."""
 

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from backends.strict_devices import Site, StrictDevices, schema_name
+from backends.strict_devices import Site, StrictDevices, schema_name, strict_binding
 from backends.torch.attributes import attribute
 from backends.torch.recompute import recompute_regions
 from backends.strict_report import DeviceReport, compare_with_plan
@@ -52,14 +52,22 @@ _ASSIGNED = re.compile(r"^\s+([A-Za-z_][A-Za-z0-9_]*)\s*=\s")
 class StrictRun:
     """One plan's emitted modules under strict devices (see the module docstring)."""
 
-    def __init__(self, plan: Any) -> None:
+    def __init__(self, plan: Any, mode: StrictDevices | None = None) -> None:
+        """``mode``: share another run's mode (plans of one model on one device set, such as a
+        generation plan's two phases: tensors keep the devices they were tagged with, and each run
+        checks its own plan's placement while it is entered)."""
         self.plan = plan
-        self.mode = StrictDevices(plan.devices.names(), plan.devices.host_device().name, plan.placement)
+        if mode is not None and mode.binding != strict_binding(plan.devices.names()):
+            raise HetpartError(f"a shared strict mode binds {', '.join(mode.binding)}; this plan is placed on "
+                               f"{', '.join(plan.devices.names())}")
+        self.mode = mode if mode is not None else StrictDevices(plan.devices.names(), plan.devices.host_device().name,
+                                                                plan.placement)
         self.device_map: dict[str, str] = dict(self.mode.binding)
         self._state: list[tuple[str, torch.Tensor]] = []
         self._inputs: dict[Any, list[str]] = {}
 
     def __enter__(self) -> StrictRun:
+        self.mode.planned = dict(self.plan.placement)
         self.mode.__enter__()
         return self
 

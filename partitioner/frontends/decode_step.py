@@ -98,7 +98,10 @@ def decode_step(model: Any, *, batch: int, max_context: int) -> DecodeStep:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise CaptureError(f"{what} must be a positive integer, not {value!r}")
     if hasattr(model, "with_static_cache"):
-        inner = model.with_static_cache(batch, max_context)
+        try:
+            inner = model.with_static_cache(batch, max_context)
+        except ValueError as exc:  # the model's own refusal (a context beyond its positions, ...)
+            raise CaptureError(f"{type(model).__name__}.with_static_cache: {exc}") from exc
         return DecodeStep(inner, batch=batch, max_context=max_context, vocab_size=int(inner.vocab_size), kind="model")
     return _transformers_step(model, batch, max_context)
 
