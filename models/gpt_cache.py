@@ -5,7 +5,7 @@ number of cache positions. Out: :class:`CachedGPT`, whose ``forward(input_ids, c
 writes the keys and values of ``input_ids`` (``[batch, tokens]``) at ``cache_position`` (the
 ``tokens`` positions they take) into ``cache_k_i`` / ``cache_v_i`` (``[batch, heads, max_context,
 head dim]`` per block) and attends over the whole cache, each position seeing the positions up to
-its own; it returns the logits of every token. A prompt (positions ``0..P-1``) and one decode step
+its own (its row of the ``causal`` mask buffer); it returns the logits of every token. A prompt (positions ``0..P-1``) and one decode step
 (position ``p``) are the same code, so a capture at each shape gives the same ops.
 
 Example:
@@ -43,6 +43,8 @@ class CachedGPT(nn.Module):
         self.vocab_size = gpt.lm_head.out_features
         self.max_context = max_context
         weight = gpt.tok_emb.weight
+        self.register_buffer("causal", torch.ones(max_context, max_context, dtype=torch.bool,
+                                                  device=weight.device).tril(), persistent=False)
         for i, block in enumerate(gpt.blocks):
             shape = (batch, block.attn.n_heads, max_context, block.attn.head_dim)
             self.register_buffer(f"cache_k_{i}", torch.zeros(shape, dtype=weight.dtype, device=weight.device))
@@ -51,8 +53,8 @@ class CachedGPT(nn.Module):
     def forward(self, input_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
         gpt = self.gpt
         x = gpt.tok_emb(input_ids) + gpt.pos_emb(cache_position).unsqueeze(0)
-        slots = torch.arange(self.max_context, device=cache_position.device)
-        visible = slots.unsqueeze(0) <= cache_position.unsqueeze(1)  # [tokens, max_context]
+        # each position's row of the causal mask, taken where the mask lives (an index may sit on another device)
+        visible = self.causal[cache_position]  # [tokens, max_context]
         for i, block in enumerate(gpt.blocks):
             x = x + self._attend(block, block.ln1(x), i, cache_position, visible)
             x = x + block.mlp(block.ln2(x))
@@ -63,7 +65,7 @@ class CachedGPT(nn.Module):
         attn = block.attn
         q, k, v = attn._heads(attn.q_proj(h)), attn._heads(attn.k_proj(h)), attn._heads(attn.v_proj(h))
         keys, values = self.get_buffer(f"cache_k_{i}"), self.get_buffer(f"cache_v_{i}")
-        keys.index_copy_(2, cache_position, k)
-        values.index_copy_(2, cache_position, v)
+        keys[:, :, cache_position] = k  # an index_put_: its positions may sit on another device
+        values[:, :, cache_position] = v
         y = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible)
         return attn.o_proj(y.transpose(1, 2).flatten(2))

@@ -7,7 +7,8 @@ that reach a global batch),
 ``report`` and ``explain`` (draw a plan; why an op sits where it does), ``demo`` (the seed case end
 to end), ``emit`` (write a plan as a runnable Python file) and ``check`` (run the emitted plan
 beside the original model and compare outputs, gradients and time; exit 1 when they differ),
-``run`` (run a folder of ONNX parts written by ``emit`` for an ``.onnx`` model), ``profile`` (measure a
+``generate`` (run a generation plan's prefill and decode steps on a prompt; ``check --generate N``
+compares its tokens with the original's greedy decoding), ``run`` (run a folder of ONNX parts written by ``emit`` for an ``.onnx`` model), ``profile`` (measure a
 model's ops on this machine, cached; write a costs file for ``plan --costs``), ``calibrate`` (fit
 a device profile of this machine to micro-benchmarks; a poor fit says so) and ``launch`` (the
 torchrun commands of a pipeline plan, or a local run of every rank, ``--check``ed) and ``watch`` (the
@@ -28,13 +29,14 @@ import sys
 from collections.abc import Iterator, Sequence
 
 from partitioner.cli import (
-    calibrate, check, demo, devices, emit, fit, inspect_model, launch, plan, profile, report, run, watch,
+    calibrate, check, demo, devices, emit, fit, generate, inspect_model, launch, plan, profile, report, run, watch,
 )
 from partitioner.errors import HetpartError
 from partitioner.terminal import PrintableStream
 
 #: The subcommand modules, in the order ``hetpart --help`` lists them.
-COMMANDS = (devices, inspect_model, plan, fit, report, demo, emit, check, run, profile, calibrate, launch, watch)
+COMMANDS = (devices, inspect_model, plan, fit, report, demo, emit, check, generate, run, profile, calibrate, launch,
+            watch)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

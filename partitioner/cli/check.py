@@ -29,6 +29,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     ck.add_argument("--optimizer-args", nargs="+", default=[], metavar="KEY=VALUE",
                     help="with --steps: the optimizer's hyperparameters as Python literals, e.g. lr=1e-3 "
                          "betas=(0.9,0.99) (default: lr=1e-3)")
+    ck.add_argument("--generate", type=positive_int, metavar="N",
+                    help="a generation plan: run its emitted generate loop for N new tokens beside the original's "
+                         "greedy decoding; compare tokens and logits (the verdict is the last line)")
     ck.add_argument("--repeat", type=positive_int, default=5, metavar="N", help="timed runs of each (median)")
     ck.add_argument("--strict-devices", action="store_true",
                     help="bind every plan device to its own CPU tag and fail on the first op reading a tensor "
@@ -45,6 +48,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
     from partitioner.model_source import load_model
     from partitioner.plan import Plan
 
+    if args.generate is not None:
+        return _check_generation(args)
     if args.optimizer_args and args.steps is None:
         raise HetpartError("--optimizer-args sets the optimizer of --steps N: add --training --steps 3")
     plan = Plan.load(args.plan)
@@ -80,6 +85,26 @@ def _cmd_check(args: argparse.Namespace) -> int:
         else:
             report = check_plan(plan, loaded.module, loaded.example_inputs, binding or None,
                                 training=args.training, repeat=args.repeat, strict_devices=args.strict_devices)
+    print(report.to_text())
+    return 0 if report.passed else 1
+
+
+def _check_generation(args: argparse.Namespace) -> int:
+    """``--generate N``: :func:`backends.torch.generate_check.check_generation` on the plan's model."""
+    from backends.torch.generate_check import check_generation
+    from partitioner.cli.generate import load_generation
+
+    other = [flag for flag, given in (("--training", args.training), ("--steps", args.steps is not None),
+                                      ("--input", bool(args.input)), ("--input-shape", bool(args.input_shape)))
+             if given]
+    if other:
+        raise HetpartError(f"--generate checks a generation plan's decoding; {', '.join(other)} belong to plans of "
+                           f"one forward pass: drop them")
+    gen, model, name = load_generation(args)
+    binding = pairs(args.bind, "--bind", "cuda:0=cpu")
+    with naming_the_model(gen.prefill, name):
+        report = check_generation(gen, model, args.generate, binding or None, strict_devices=args.strict_devices,
+                                  model_name=name)
     print(report.to_text())
     return 0 if report.passed else 1
 

@@ -40,7 +40,8 @@ def plan_fields(d: Any, source: str) -> dict[str, Any]:
     top = r.mapping(d, "")
     if top.get("format") == "hetpart.generation-plan":  # partitioner.plan.generation.FORMAT
         r.fail("", "this is a generation plan (a prefill and a decode placement): read it with "
-                   "GenerationPlan.load, run it with `hetpart generate MODEL --plan FILE`")
+                   "GenerationPlan.load, run it with `hetpart generate MODEL --plan FILE`, check it with "
+                   "`hetpart check MODEL --plan FILE --generate 32`")
     if "format_version" in top:
         _check_version(r, top["format_version"])
     r.keys(top, "", TOP_LEVEL_KEYS, ("constraints", "costs", "pipeline", "batch", "probe", "fallbacks", "precision",

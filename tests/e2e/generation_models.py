@@ -1,5 +1,5 @@
 """Small causal LMs for generation tests: transformers' GPT-2, Llama, Mistral and Qwen2-MoE from
-configs (random weights) and the zoo's GPT, with a reference greedy decoding of each."""
+configs (random weights) and the zoo's GPT."""
 
 from __future__ import annotations
 
@@ -37,19 +37,3 @@ def build(name: str, seed: int = 0) -> torch.nn.Module:
 
 def weight_bytes(model: torch.nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
-
-
-@torch.no_grad()
-def reference_greedy(model: torch.nn.Module, ids: torch.Tensor, new: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The original model's greedy tokens and the logits each was chosen from ([batch, new, vocab]):
-    transformers' own ``generate`` where the model has it, else the whole sequence recomputed per token."""
-    if hasattr(model, "generate"):
-        out = model.generate(ids, max_new_tokens=new, do_sample=False, output_logits=True,
-                             return_dict_in_generate=True)
-        return out.sequences, torch.stack(out.logits, dim=1).float()
-    seq, seen = ids, []
-    for _ in range(new):
-        logits = model(seq)[:, -1]
-        seen.append(logits)
-        seq = torch.cat([seq, logits.argmax(-1, keepdim=True)], dim=1)
-    return seq, torch.stack(seen, dim=1).float()

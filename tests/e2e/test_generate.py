@@ -9,8 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from backends.torch.generate_check import reference_greedy
 from partitioner import plan_generation
-from tests.e2e.generation_models import ARCHITECTURES, build, reference_greedy, weight_bytes
+from tests.e2e.generation_models import ARCHITECTURES, build, weight_bytes
 
 PROMPT, NEW = 64, 32
 
