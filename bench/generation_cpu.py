@@ -5,8 +5,9 @@
    each capped at 60% of what the model needs alone, so the plan must use both.
 2. A small Llama from a transformers config (hidden 512, 8 layers, vocabulary 32,000, float32,
    random weights) planned with ``plan_generation`` (prompt 64 tokens, 32 new).
-3. The emitted prefill and decode modules (``npu:0`` bound to the CPU), and the original decode step
-   (eager, one device), timed interleaved: each repeat runs one of each; medians reported.
+3. The emitted generate loop (``emit_generate``, ``npu:0`` bound to the CPU): its prefill and its decode
+   step, and the original decode step (eager, one device), timed interleaved: each repeat runs one of
+   each; medians reported; then one whole request, its tokens compared with transformers' greedy ones.
 
     python bench/generation_cpu.py [--calibrated FILE] [--repeat 30]
 """
@@ -66,11 +67,12 @@ def main() -> None:
     whole = partition(step, phase_inputs(step, 1, start=PROMPT), profile, solver="single:cpu").memory["cpu"]["used"]
     caps = {"cpu": int(0.6 * whole), "npu:0": int(0.6 * whole)}
     gen = plan_generation(model, twins, memory=caps, prompt_tokens=PROMPT, new_tokens=NEW, time_limit=30)
-    binding = {"npu:0": "cpu"}
-    prefill = gen.prefill.emit(step, binding, example_inputs=phase_inputs(step, PROMPT))
-    decode = gen.decode.emit(step, binding, example_inputs=phase_inputs(step, 1, start=PROMPT))
-    pre_in, dec_in = phase_inputs(step, PROMPT), phase_inputs(step, 1, start=PROMPT)
-    runs = {"prefill (emitted)": (prefill, pre_in), "decode step (emitted)": (decode, dec_in),
+    generator = gen.emit_generate(model, {"npu:0": "cpu"})
+    dec_in = phase_inputs(step, 1, start=PROMPT)
+    prompt = torch.randint(0, 32000, (1, PROMPT), generator=torch.Generator().manual_seed(1))
+    token = torch.zeros(1, dtype=torch.long)
+    runs = {"prefill (emitted)": (generator.prefill, (prompt,)),
+            "decode step (emitted)": (generator.decode_one, (token, PROMPT)),
             "decode step (eager, one device)": (step, dec_in)}
     for fn, inputs in runs.values():  # warm-up
         for _ in range(3):
@@ -93,6 +95,12 @@ def main() -> None:
         p = predicted[name]
         error = f"{(p - got) / got:+.0%}" if p else "-"
         print(f"  {name:<32} {format_seconds(p) if p else '-':>10} {format_seconds(got):>10} {error:>7}")
+    tokens = generator.generate(prompt, max_new_tokens=NEW)
+    request = _time(generator.generate, prompt, NEW)
+    same = torch.equal(tokens, model.generate(prompt, max_new_tokens=NEW, do_sample=False))
+    print(f"  {'request (generate, ' + str(NEW) + ' tokens)':<32} {format_seconds(gen.predicted['request_s']):>10} "
+          f"{format_seconds(request):>10} {(gen.predicted['request_s'] - request) / request:+7.0%}   "
+          f"tokens equal transformers' greedy: {same}")
     print(f"  emitted decode step / eager decode step: "
           f"{statistics.median(times['decode step (emitted)']) / statistics.median(times['decode step (eager, one device)']):.2f}x")
 

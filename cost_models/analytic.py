@@ -51,7 +51,8 @@ model on a CPU pays more than the sum of such rows:
   in registers, so with few rows per weight the packing and the partial blocks are a larger share
   (a Linear at batch 64 ran at 36-42 GFLOP/s on the 2-core machine, 64 GFLOP/s at 512 rows or more);
   one efficiency per class priced ``mlp`` inference 35-40 % too fast. A matmul's efficiency is
-  scaled by ``rows / (rows + matmul_half_rows)`` (:func:`weight_rows`), fitted by the calibration.
+  scaled by ``rows / (rows + matmul_half_rows)`` (:func:`weight_rows`), fitted by the calibration
+  (not below ``GEMV_ROWS`` rows: a matrix-vector product streams its weight and packs nothing).
 * attention's CPU path: fp32 ``scaled_dot_product_attention`` runs the flash kernel for CPU, which
   reaches 0.6-0.7 of the matmul peak at these shapes; the calibration fits it as its own class.
 
