@@ -17,15 +17,11 @@ Example:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-if TYPE_CHECKING:
-    from models.blocks import Block
-    from models.gpt import GPT
+from models.blocks import Block
 
 __all__ = ["CachedGPT"]
 
@@ -33,7 +29,9 @@ __all__ = ["CachedGPT"]
 class CachedGPT(nn.Module):
     """``gpt`` with a static KV cache of ``batch`` sequences and ``max_context`` positions."""
 
-    def __init__(self, gpt: GPT, batch: int, max_context: int) -> None:
+    def __init__(self, gpt: nn.Module, batch: int, max_context: int) -> None:
+        """``gpt``: a :class:`~models.gpt.GPT` (its ``tok_emb``, ``pos_emb``, ``blocks``, ``ln_f`` and
+        ``lm_head`` are used as they are)."""
         super().__init__()
         limit = gpt.pos_emb.num_embeddings
         if max_context > limit:
