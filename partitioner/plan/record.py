@@ -494,4 +494,13 @@ def _op_difference(placed: Mapping[str, str], ops: Mapping[str, Any], shown: int
         if names:
             more = f" and {len(names) - shown} more" if len(names) > shown else ""
             lines.append(f"  {label}: {', '.join(names[:shown])}{more}")
+    differ = [o for o in placed if o not in ops] + [o for o in ops if o not in placed]
+    if differ and all(o.rsplit("_", 1)[0] in _LAYOUT_COPIES or o in _LAYOUT_COPIES for o in differ):
+        lines.append("  the ops that differ only copy a tensor into another memory layout: a capture on the meta device "
+                     "lays some outputs out unlike a real device (transformers' sdpa attention on meta); plan the model "
+                     "built on the device type it runs on, or from its model folder (read hollow, laid out as on the CPU)")
     return lines
+
+
+#: op names of layout-only copies, whose presence depends on the strides a device gives its outputs
+_LAYOUT_COPIES = ("contiguous", "clone")

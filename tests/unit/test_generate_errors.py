@@ -110,3 +110,15 @@ def test_gpt2_eos_stops_like_transformers() -> None:
     want = model.generate(ids, max_new_tokens=24, do_sample=False, eos_token_id=eos, pad_token_id=0)
     assert torch.equal(stopped, want)
     assert stopped.shape[1] <= 8 < first.shape[1]
+
+
+def test_a_plan_made_on_meta_names_the_layout_copies_a_real_capture_lacks() -> None:
+    config = _llama().config
+    config._attn_implementation = "sdpa"
+    with torch.device("meta"):
+        hollow = LlamaForCausalLM(config).eval()
+    gen = plan_generation(hollow, "h200-host", prompt_tokens=8, new_tokens=8, time_limit=10)
+    real = LlamaForCausalLM(config).eval()
+    with pytest.raises(PlanMismatch, match="another memory layout") as err:
+        gen.emit_generate(real, {"cuda:0": "cpu"})
+    assert "model folder" in str(err.value)
