@@ -46,6 +46,9 @@ Cases, on ``emb-transformer`` (at ``base``: a 1,048,576 x 1024 fp32 embedding, 8
     emb+half cap and run through ``plan.emit_optimizer`` (row-sparse embedding update, optimizer
     state where the plan puts it), beside all-GPU torch SGD and the calibration's 467 ms / 40.8 ms
     (``--skip-training``).
+(k) generation (``bench/gpu_generation.py``): the Llama-3-8B shape at a 16 GB cap, the joint
+    generation plan and the llama.cpp ``--fit`` pair through ``emit_generate``, prefill and decode
+    tokens/s measured beside predicted (a small Llama on a CPU run; ``--skip-generation``).
 
 For each: the plan's predicted time (the h200-host profile's prediction, also on CPU runs), the
 forward time (wall time with ``torch.cuda.synchronize``, median of ``--repeat`` runs after
@@ -55,7 +58,7 @@ memory of the forward runs (``torch.cuda.max_memory_allocated``, resident weight
 the largest output difference from (a), and the calibration measurement beside it.
 
     python bench/gpu_check.py [--size small|base] [--repeat 20] [--skip-accelerate] [--skip-tests] [--skip-onnx]
-        [--skip-fidelity | --fidelity-only] [--skip-live] [--skip-training]
+        [--skip-fidelity | --fidelity-only] [--skip-live] [--skip-training] [--skip-generation]
 
 The exit status is 1 when a GPU test failed (the measurements still run), else 0.
 """
@@ -510,6 +513,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--skip-live", action="store_true", help="leave out case (i), the live device state")
     parser.add_argument("--skip-training", action="store_true",
                         help="leave out case (j), the seed case trained under its cap by the placed optimizer")
+    parser.add_argument("--skip-generation", action="store_true",
+                        help="leave out case (k), generation through the emitted prefill and decode loop")
     args = parser.parse_args(argv)
     cuda = torch.cuda.is_available()
     size = args.size or ("base" if cuda else "small")
@@ -536,6 +541,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(tests_line)
     if not args.skip_training:
         training_case(env)
+    if not args.skip_generation:
+        generation_case(env)
     if not args.skip_live:
         live_state(env)
     if not args.skip_fidelity:
@@ -569,6 +576,18 @@ def training_case(env: Env) -> None:
         lines = run_training(env.size, env.cuda, lambda model: caps(model)["emb+half"])
     except Exception as exc:  # noqa: BLE001 - a benchmark reports every case it can
         lines = [f"(j) training FAILED: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:160]}"]
+    for line in lines:
+        print(line, flush=True)
+
+
+def generation_case(env: Env) -> None:
+    """Case (k): generation plans through the emitted loop, measured beside predicted (bench/gpu_generation.py)."""
+    from gpu_generation import run_generation   # bench/ is on the path when this runs as a script
+
+    try:
+        lines = run_generation(small=not env.cuda, repeat=3, time_limit=60.0 if env.cuda else 20.0)
+    except Exception as exc:  # noqa: BLE001 - a benchmark reports every case it can
+        lines = [f"(k) generation FAILED: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:160]}"]
     for line in lines:
         print(line, flush=True)
 

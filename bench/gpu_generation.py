@@ -54,43 +54,49 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--time-limit", type=float, default=60.0)
     args = parser.parse_args()
-    torch.set_grad_enabled(False)
-    prompt_tokens, new_tokens = (64, 32) if args.small else (512, 128)
-    cap = {"cuda:0": "145MB" if args.small else "16GB"}
-    binding = None if torch.cuda.is_available() else {"cuda:0": "cpu"}
-    if binding and not args.small:
+    if not torch.cuda.is_available() and not args.small:
         sys.exit("no CUDA GPU here: run with --small to check the script on this machine")
+    for line in run_generation(args.small, args.repeat, args.time_limit):
+        print(line, flush=True)
+
+
+def run_generation(small: bool, repeat: int = 3, time_limit: float = 60.0) -> list[str]:
+    """The table's lines (``bench/gpu_check.py`` case (k) calls it)."""
+    torch.set_grad_enabled(False)
+    prompt_tokens, new_tokens = (64, 32) if small else (512, 128)
+    cap = {"cuda:0": "145MB" if small else "16GB"}
+    binding = None if torch.cuda.is_available() else {"cuda:0": "cpu"}
     # planned as built (bf16 on the CPU): a capture on the meta device lays attention's output out
     # unlike a real device, and the plan would not match the module emitted from real weights
-    model = _model(args.small, "cpu")
+    model = _model(small, "cpu")
     planned = {name: plan_generation(model, "h200-host", memory=cap, prompt_tokens=prompt_tokens,
-                                     new_tokens=new_tokens, time_limit=args.time_limit,
+                                     new_tokens=new_tokens, time_limit=time_limit,
                                      **({"solver": solver} if solver else {}))
                for name, solver in (("hetpart", None), ("llama.cpp --fit", "llama.cpp --fit"))}
     prompt = torch.randint(0, model.config.vocab_size, (1, prompt_tokens), generator=torch.Generator().manual_seed(1))
-    print(f"Llama {'small' if args.small else '3-8B shape'}, h200-host plans, cuda:0 capped at {cap['cuda:0']}, "
-          f"prompt {prompt_tokens}, {new_tokens} new; run on "
-          f"{torch.cuda.get_device_name(0) if binding is None else 'the CPU (cuda:0 bound to cpu)'}; "
-          f"medians of {args.repeat} requests")
-    print(f"  {'plan':<18} {'prefill tok/s':>14} {'predicted':>10} {'decode tok/s':>13} {'predicted':>10} "
-          f"{'request s':>10} {'predicted':>10}")
+    where = torch.cuda.get_device_name(0) if binding is None else "the CPU (cuda:0 bound to cpu)"
+    lines = [f"(k) Llama {'small' if small else '3-8B shape'}, h200-host plans, cuda:0 capped at {cap['cuda:0']}, "
+             f"prompt {prompt_tokens}, {new_tokens} new; run on {where}; medians of {repeat} requests",
+             f"  {'plan':<18} {'prefill tok/s':>14} {'predicted':>10} {'decode tok/s':>13} {'predicted':>10} "
+             f"{'request s':>10} {'predicted':>10}"]
     for name, gen in planned.items():
         generator = gen.emit_generate(model, binding)
         generator.generate(prompt, max_new_tokens=new_tokens)  # warm-up
         pre, dec, req = [], [], []
-        for _ in range(args.repeat):
+        for _ in range(repeat):
             generator.generate(prompt, max_new_tokens=new_tokens, eos_token_id=None)
             t = generator.timings
             pre.append(t["prefill_s"])
             dec.append(statistics.median(t["decode_s"]))
             req.append(t["prefill_s"] + sum(t["decode_s"]))
         p = gen.predicted
-        print(f"  {name:<18} {prompt_tokens / statistics.median(pre):>14,.0f} {p['prefill_tokens_per_s']:>10,.0f} "
-              f"{1 / statistics.median(dec):>13,.1f} {p['decode_tokens_per_s']:>10,.1f} "
-              f"{statistics.median(req):>10.3f} {p['request_s']:>10.3f}")
+        lines.append(f"  {name:<18} {prompt_tokens / statistics.median(pre):>14,.0f} "
+                     f"{p['prefill_tokens_per_s']:>10,.0f} {1 / statistics.median(dec):>13,.1f} "
+                     f"{p['decode_tokens_per_s']:>10,.1f} {statistics.median(req):>10.3f} {p['request_s']:>10.3f}")
         del generator
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+    return lines
 
 
 if __name__ == "__main__":
