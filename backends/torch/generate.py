@@ -36,6 +36,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -51,7 +52,7 @@ from partitioner.errors import GenerationError, HetpartError, PlanMismatch
 from partitioner.frontends.decode_step import DecodeStep, decode_step, phase_inputs
 from partitioner.ir import NOT_A_TENSOR
 
-__all__ = ["PlacedGenerator", "emit_generate"]
+__all__ = ["GenerateOutput", "PlacedGenerator", "emit_generate"]
 
 
 def emit_generate(gen: Any, model: Any, device_map: Mapping[str, str] | None = None, *,
@@ -224,21 +225,59 @@ class PlacedGenerator:
     # -- a request ---------------------------------------------------------------------------------
 
     @torch.no_grad()
-    def generate(self, input_ids: torch.Tensor, max_new_tokens: int | None = None, *, do_sample: bool = False,
-                 temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
-                 seed: int | None = None, attention_mask: torch.Tensor | None = None,
-                 eos_token_id: Any = "model", pad_token_id: Any = "model") -> torch.Tensor:
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int | None = None, *, max_length: int | None = None,
+                 generation_config: Any = None, do_sample: bool | None = None, temperature: float | None = None,
+                 top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+                 attention_mask: torch.Tensor | None = None, eos_token_id: Any = "model", pad_token_id: Any = "model",
+                 num_beams: int = 1, return_dict_in_generate: bool = False, output_logits: bool = False,
+                 **unsupported: Any) -> Any:
         """The prompt followed by its new tokens, ``[batch, length + new]`` (fewer when every
-        sequence ended), as transformers' ``generate(input_ids, max_new_tokens=...)`` returns.
+        sequence ended), as transformers' ``generate(input_ids, max_new_tokens=...)`` returns; with
+        ``return_dict_in_generate=True`` a :class:`GenerateOutput` (``sequences``, and ``logits``
+        with ``output_logits=True``: one ``[batch, vocab]`` tensor per new token).
 
-        ``max_new_tokens`` defaults to the plan's ``new_tokens``; ``eos_token_id`` and
-        ``pad_token_id`` to the model's generation config (``None``: never stop early).
+        ``max_new_tokens`` defaults to the plan's ``new_tokens`` (``max_length``: the prompt and
+        the new tokens together); ``eos_token_id`` and ``pad_token_id`` to the model's generation
+        config (``None``: never stop early). A transformers ``generation_config`` supplies what the
+        arguments leave out (``max_new_tokens``, ``max_length``, ``do_sample``, ``temperature``,
+        ``top_k``, ``top_p``, ``eos_token_id``, ``pad_token_id``, ``num_beams``), as
+        transformers reads it. ``seed`` seeds this call's own generator.
 
         Raises:
             GenerationError: a prompt longer than planned, more sequences than the cache holds,
-                more tokens than the cache has positions, a padded ``attention_mask``, or bad
-                sampling settings.
+                more tokens than the cache has positions, a padded ``attention_mask``, bad
+                sampling settings, beam search, or an argument transformers has and this loop does not.
         """
+        if unsupported:
+            raise GenerationError(f"generate() does not take {', '.join(sorted(unsupported))}: the placed loop takes "
+                                  f"input_ids, max_new_tokens, max_length, generation_config, do_sample, temperature, "
+                                  f"top_k, top_p, seed, attention_mask, eos_token_id, pad_token_id, "
+                                  f"return_dict_in_generate and output_logits")
+        if generation_config is not None:
+            def given(value: Any, key: str) -> Any:
+                return value if value is not None else getattr(generation_config, key, None)
+
+            max_new_tokens = given(max_new_tokens, "max_new_tokens")
+            max_length = max_length if max_length is not None or max_new_tokens is not None \
+                else getattr(generation_config, "max_length", None)
+            do_sample = given(do_sample, "do_sample")
+            if do_sample:
+                temperature, top_k, top_p = (given(temperature, "temperature"), given(top_k, "top_k"),
+                                             given(top_p, "top_p"))
+            num_beams = getattr(generation_config, "num_beams", 1) if num_beams == 1 else num_beams
+            if isinstance(eos_token_id, str) and eos_token_id == "model":
+                eos_token_id = getattr(generation_config, "eos_token_id", None)
+            if isinstance(pad_token_id, str) and pad_token_id == "model":
+                pad_token_id = getattr(generation_config, "pad_token_id", None)
+        if num_beams not in (None, 1):
+            raise GenerationError(f"num_beams={num_beams}: the placed loop decodes greedily or by sampling, one "
+                                  f"sequence per cache row; beam search is not planned (use num_beams=1)")
+        do_sample = bool(do_sample)
+        if max_length is not None and max_new_tokens is None:
+            if isinstance(max_length, bool) or not isinstance(max_length, int):
+                raise GenerationError(f"max_length must be a whole number of tokens, not {max_length!r}")
+            length = input_ids.shape[-1] if isinstance(input_ids, torch.Tensor) else 0
+            max_new_tokens = max_length - length
         sampling = Sampling.build(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
         ids = self._prompt(input_ids)
         if attention_mask is not None:
@@ -258,8 +297,8 @@ class PlacedGenerator:
             raise GenerationError(f"a prompt of {length} tokens and {new} new tokens need {length + new} cache "
                                   f"positions; the plan's cache holds {self.max_context} (prompt_tokens + "
                                   f"new_tokens): ask for at most {self.max_context - length} new tokens or re-plan")
-        eos = _token_set(self.eos_token_id if eos_token_id == "model" else eos_token_id)
-        pad = self.pad_token_id if pad_token_id == "model" else pad_token_id
+        eos = _token_set(self.eos_token_id if _from_model(eos_token_id) else eos_token_id)
+        pad = self.pad_token_id if _from_model(pad_token_id) else pad_token_id
         if pad is None and eos:
             pad = min(eos)
         generator = sampling.generator()
@@ -278,7 +317,10 @@ class PlacedGenerator:
             logits = self.decode_one(token, length + i)
             seen.append(logits)
         self.last_logits = torch.stack(seen, dim=1)
-        return torch.cat([ids.cpu(), torch.stack(chosen, dim=1)], dim=1)
+        sequences = torch.cat([ids.cpu(), torch.stack(chosen, dim=1)], dim=1)
+        if not return_dict_in_generate:
+            return sequences
+        return GenerateOutput(sequences, tuple(seen) if output_logits else None)
 
     def _prompt(self, input_ids: Any) -> torch.Tensor:
         if not isinstance(input_ids, torch.Tensor):
@@ -298,6 +340,18 @@ class PlacedGenerator:
         if bool((ids < 0).any()) or bool((ids >= self.vocab_size).any()):
             raise GenerationError(f"input_ids hold token ids outside the vocabulary of {self.vocab_size}")
         return ids.long()
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerateOutput:
+    """What ``generate(..., return_dict_in_generate=True)`` returns, named as transformers names it."""
+
+    sequences: torch.Tensor
+    logits: tuple[torch.Tensor, ...] | None = None
+
+
+def _from_model(value: Any) -> bool:
+    return isinstance(value, str) and value == "model"
 
 
 def _token_set(value: Any) -> set[int]:

@@ -122,3 +122,24 @@ def test_a_plan_made_on_meta_names_the_layout_copies_a_real_capture_lacks() -> N
     with pytest.raises(PlanMismatch, match="another memory layout") as err:
         gen.emit_generate(real, {"cuda:0": "cpu"})
     assert "model folder" in str(err.value)
+
+
+def test_transformers_generate_arguments_work_as_transformers_reads_them(planned) -> None:
+    from transformers import GenerationConfig
+
+    model, _, generator = planned
+    ids = torch.randint(3, 250, (1, 6))
+    want = model.generate(ids, max_new_tokens=8, do_sample=False, return_dict_in_generate=True, output_logits=True)
+    got = generator.generate(ids, max_new_tokens=8, return_dict_in_generate=True, output_logits=True)
+    assert torch.equal(got.sequences, want.sequences) and len(got.logits) == len(want.logits)
+    torch.testing.assert_close(torch.stack(got.logits), torch.stack(want.logits), rtol=1e-4, atol=1e-4)
+    assert torch.equal(generator.generate(ids, max_length=14), want.sequences)
+    config = GenerationConfig(max_new_tokens=8, do_sample=False, eos_token_id=None)
+    assert torch.equal(generator.generate(ids, generation_config=config),
+                       model.generate(ids, generation_config=config))
+    sampled = GenerationConfig(max_new_tokens=5, do_sample=True, top_k=3)
+    assert generator.generate(ids, generation_config=sampled, seed=4).shape == (1, 11)
+    with pytest.raises(GenerationError, match="beam search is not planned"):
+        generator.generate(ids, num_beams=4)
+    with pytest.raises(GenerationError, match="does not take repetition_penalty"):
+        generator.generate(ids, repetition_penalty=1.2)
