@@ -149,6 +149,8 @@ class CheckReport:
     devices: DeviceReport | None = None  # strict devices: copies per link, bytes per device vs the plan
     emitted: str = "emitted plan"    # what ran the plan, as the report names it
     loss_name: str = "sum of outputs"  # how the training loss is made, as the report names it
+    packed: PackedErrors | None = None  # packed weights: the error against the float model (the outputs
+                                        # above compare with the same packing run on the host alone)
 
     def failures(self) -> list[TensorError]:
         """The tensors outside their tolerance."""
@@ -177,6 +179,8 @@ class CheckReport:
                      f"emitted {format_seconds(self.emitted_s)} ({ratio:.2f}x)")
         if self.devices is not None:
             lines.append(self.devices.to_text())
+        if self.packed is not None:
+            lines.append(self.packed.to_text())
         bad = self.failures()
         devices_ok = self.devices is None or self.devices.passed
         if self.passed:
@@ -190,6 +194,28 @@ class CheckReport:
             lines.append("FAILED: " + ("devices differ from the plan (strict devices)" if not devices_ok else
                                        "the check did not pass"))
         return "\n".join(lines)
+
+
+@dataclasses.dataclass(frozen=True)
+class PackedErrors:
+    """A plan with packed weights against the float model: per output its relative L2 error
+    ``||emitted - float|| / ||float||``, and the same error of the whole-model reference (the
+    plan's packing applied to every listed linear, on the host alone, no placement)."""
+
+    weights: Mapping[str, int]       # packed dtype -> linears packed in it
+    placed: Mapping[str, float]      # output -> the emitted module's relative error against float
+    reference: Mapping[str, float]   # output -> the unplaced reference's relative error against float
+
+    @property
+    def worst(self) -> float:
+        return max(self.placed.values(), default=0.0)
+
+    def to_text(self) -> str:
+        held = ", ".join(f"{n} linears in {w}" for w, n in sorted(self.weights.items()))
+        rows = ", ".join(f"{name} {e:.2e} (reference {self.reference.get(name, float('nan')):.2e})"
+                         for name, e in self.placed.items())
+        return (f"  packed weights ({held}): outputs compared with the same packing run unplaced on the host; "
+                f"relative error against the float model: {rows}")
 
 
 MISSING = object()  # a gradient the emitted module did not produce (or has no parameter for)

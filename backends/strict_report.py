@@ -187,12 +187,16 @@ def observed_transfers(plan: Any, copies: Iterable[Copy]) -> dict[TransferKey, t
 
 def planned_parameters(plan: Any) -> dict[str, int]:
     """Parameter bytes per device as the plan counts them: each op's own, where its weights live
-    (an inference plan stores the weights of an op computing in 16 bits in half the bytes)."""
+    (an inference plan stores the weights of an op computing in 16 bits in half the bytes, and a
+    packed weight in the bytes ``precision.weight_bytes`` gives)."""
     out = {d: 0 for d in plan.devices.names()}
     low = plan.precision.get("ops", {}) if plan.precision and not plan.training else {}
+    packed = plan.precision.get("weight_bytes", {}) if plan.precision and not plan.training else {}
     for op in plan.param_ops:
         nbytes = plan.op_bytes.get(op, (0, 0))[1]
-        if op in low and op not in plan.weights:
+        if op in packed:  # held packed (precision.weight_bytes)
+            nbytes = packed[op]
+        elif op in low:  # (streamed too: the host keeps it in its op's dtype)
             nbytes //= 2
         out[plan.weights.get(op, plan.placement[op])] += nbytes
     return out

@@ -58,7 +58,7 @@ from cost_models.calibration import measured_anchors
 from cost_models.profiles import builtin_profiles
 from cost_models.units import format_seconds
 from partitioner import from_module, load_profile, partition_outcome
-from partitioner.errors import InfeasiblePlacement
+from partitioner.errors import HetpartError, InfeasiblePlacement
 from partitioner.solvers.pipeline_baselines import PIPELINE_BASELINES
 
 PROFILES = ("h200-host", "cpu-gpu-npu", "2xh200-host")
@@ -337,6 +337,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.precision:
         precision_rows(args.time_limit)
+        weight_rows(args.time_limit)
         return 0
     if args.training:
         from training_plans import CASES, training_rows  # bench/ is the script's folder
@@ -449,6 +450,68 @@ def precision_rows(time_limit: float) -> None:
                              + (", ".join(f"{n} {k}" for k, n in sorted(where.items())) or "none")])
     _print(header, rows)
     print("(predicted by the cost model; auto keeps softmax, norms, reductions and losses in float32)")
+
+
+def _llama_8b() -> tuple[torch.nn.Module, tuple]:
+    """The Llama-3-8B shape (transformers config, bfloat16 on the meta device) and one token: a
+    decode-shaped step that reads every weight once (no cache: the bytes a decode step moves)."""
+    import transformers
+
+    config = transformers.LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                                      num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+                                      use_cache=False)
+    config._attn_implementation = "sdpa"
+    with torch.device("meta"):
+        module = transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    return module, (torch.zeros(1, 1, dtype=torch.long, device="meta"),)
+
+
+#: weight-dtype rows: the precision settings compared (None: as traced)
+WEIGHT_SETTINGS = (("float32 / as traced", None), ("bf16", "bf16"), ("int8", {"weights": "int8"}),
+                   ("int4", {"weights": "int4"}), ("auto + weights auto", {"activations": "auto", "weights": "auto"}))
+
+
+def weight_rows(time_limit: float) -> None:
+    """Weight-dtype rows (``--precision``): the seed case, ``gpt:small`` and the Llama-3-8B shape at a
+    16 GB cap on ``h200-host`` and at 24 GB on ``desktop-4090``, planned as traced, in bf16, with
+    int8 and int4 packed weights and with both chosen by the solver: predicted time and memory per
+    device (the cost model's predictions; the profiles' weight-only rates are estimates except the
+    CPU measured by ``hetpart calibrate``)."""
+    from cost_models.units import format_bytes
+
+    cap = int(measured_anchors()["cap_half_layers"])
+    cases = [("seed case (GPU emb+half layers)", lambda: models.get("emb-transformer", "base", device="meta"),
+              "h200-host", {"cuda:0": cap}),
+             ("gpt:small", lambda: models.get("gpt", "small", device="meta"), "h200-host", None),
+             ("Llama-3-8B, 1 token, 16 GB", _llama_8b, "h200-host", {"cuda:0": "16GB"}),
+             ("Llama-3-8B, 1 token, 24 GB", _llama_8b, "desktop-4090", {"cuda:0": "24GB"})]
+    header = ["case", "profile", "setting", "time", "vs traced", "memory per device", "packed linears"]
+    rows = []
+    for label, build, profile, caps in cases:
+        module, inputs = build()
+        graph = from_module(module, inputs, name=label)
+        traced = None
+        for name, setting in WEIGHT_SETTINGS:
+            if setting == "bf16":
+                setting = {d: "bf16" for d in load_profile(profile).names()}
+            try:
+                plan = partition_outcome(graph, devices=profile, memory=caps, precision=setting,
+                                         time_limit=time_limit).plan
+            except (InfeasiblePlacement, HetpartError) as exc:
+                rows.append([label, profile, name, "-", "-", f"({str(exc).splitlines()[0][:60]})", ""])
+                continue
+            total = plan.predicted["total_s"]
+            traced = traced or total
+            packed: dict[str, int] = {}
+            for op, w in (plan.precision or {}).get("weights", {}).items():
+                key = f"{w} on {plan.placement[op]}"
+                packed[key] = packed.get(key, 0) + 1
+            rows.append([label, profile, name, format_seconds(total), f"{traced / total:.2f}x",
+                         ", ".join(f"{d} {format_bytes(m['used'])}" for d, m in plan.memory.items() if m["used"]),
+                         ", ".join(f"{n} {k}" for k, n in sorted(packed.items())) or "-"])
+    _print(header, rows)
+    print("(predicted; weights packed per output row (int8, fp8) or per group of 128 (int4), bfloat16 activations "
+          "in the kernels; 'auto' is the fastest plan with no accuracy budget)")
 
 
 def onnx_table(names: list[str], size: str, profiles: list[str], time_limit: float) -> tuple[list[list[str]], bool]:

@@ -120,7 +120,10 @@ def _detect_cpu(torch: Any, measure: bool, notes: list[str]) -> Device:
                     CPU_DEFAULTS["max_bandwidth"])
     launch = CPU_DEFAULTS["launch_overhead"]
     how = "per-core defaults (CPU_DEFAULTS)"
+    weight_only: dict[str, float] = {}
+    unpack: dict[str, float] = {}
     if measure and torch is not None:
+        weight_only, unpack = _cpu_weight_only(torch)
         flops = _best_rate(_cpu_matmul(torch, 1024), 2 * 1024**3, budget=0.1)
         nbytes = 2 * 32 * 2**20                                 # 32 MiB read + 32 MiB written
         bandwidth = _best_rate(_cpu_copy(torch, 32 * 2**20), nbytes, budget=0.06)
@@ -129,7 +132,44 @@ def _detect_cpu(torch: Any, measure: bool, notes: list[str]) -> Device:
     notes.append(f"cpu: {cores} cores, {format_bytes(memory)}; {how}: "
                  f"{format_flops(flops, per_second=True)}, {format_rate(bandwidth)}, "
                  f"{format_seconds(launch)} per op")
-    return Device("cpu", DeviceKind.CPU, memory, {"float32": flops}, bandwidth, launch)
+    if weight_only:
+        notes.append("cpu: weight-only kernels (64 rows, 2048x2048 weight, bfloat16 activations): " + ", ".join(
+            f"{w} {format_flops(r, per_second=True)}" + (f", unpacking {unpack[w] / 1e9:.0f}G values/s" if w in unpack
+                                                          else "") for w, r in weight_only.items()))
+    return Device("cpu", DeviceKind.CPU, memory, {"float32": flops}, bandwidth, launch, weight_only=weight_only,
+                  weight_unpack=unpack)
+
+
+def _cpu_weight_only(torch: Any, rows: int = 64, n: int = 2048,
+                     group: int = 128) -> tuple[dict[str, float], dict[str, float]]:
+    """FLOP/s of torch's weight-only int8 and int4 CPU kernels (``_weight_int8pack_mm``,
+    ``_weight_int4pack_mm_for_cpu``) on bfloat16 activations at ``rows`` rows, and the weight values
+    each unpacks per second (its time at one row beyond that rate); a kernel this torch lacks is
+    left out. Random packed values: the kernels' speed does not depend on them."""
+    rates: dict[str, float] = {}
+    unpack: dict[str, float] = {}
+    aten = torch.ops.aten
+    kernels = {}
+    try:
+        q8 = torch.randint(-127, 128, (n, n), dtype=torch.int8)
+        s8 = torch.rand(n, dtype=torch.bfloat16)
+        kernels["int8"] = lambda x: aten._weight_int8pack_mm(x, q8, s8)
+        q4 = aten._convert_weight_to_int4pack_for_cpu(torch.randint(0, 16, (n, n), dtype=torch.int32), 1)
+        sz = torch.rand(n // group, n, 2, dtype=torch.bfloat16)
+        kernels["int4"] = lambda x: aten._weight_int4pack_mm_for_cpu(x, q4, group, sz)
+    except (AttributeError, RuntimeError, NotImplementedError):
+        pass
+    many, one = torch.randn(rows, n, dtype=torch.bfloat16), torch.randn(1, n, dtype=torch.bfloat16)
+    for name, kernel in kernels.items():
+        try:
+            rates[name] = _best_rate(lambda: kernel(many), 2 * rows * n * n, budget=0.1)
+            single = 1.0 / _best_rate(lambda: kernel(one), 1.0, budget=0.05)  # seconds at one row
+        except (RuntimeError, NotImplementedError):
+            continue
+        fixed = single - 2 * n * n / rates[name]
+        if fixed > 0:
+            unpack[name] = _round3(n * n / fixed)
+    return rates, unpack
 
 
 def _best_rate(run: Callable[[], Any], work: float, *, budget: float) -> float:

@@ -47,6 +47,8 @@ from partitioner.errors import HetpartError
 FLOAT32 = "float32"
 LOW = ("bfloat16", "float16")        # the 16-bit dtypes an op may compute in
 DTYPES = (FLOAT32, *LOW)
+WEIGHT_DTYPES = ("int8", "int4", "float8")  # packed weight-only formats of a linear's weight
+KERNEL_ACTIVATIONS = "bfloat16"     # what the weight-only kernels read (torch's int8/int4 ops, fp8 dequant)
 
 #: names accepted for a dtype (case-insensitive) -> the torch name
 ALIASES = {
@@ -54,6 +56,9 @@ ALIASES = {
     "bf16": "bfloat16", "bfloat16": "bfloat16", "torch.bfloat16": "bfloat16",
     "fp16": "float16", "float16": "float16", "half": "float16", "torch.float16": "float16",
 }
+#: names accepted for a weight dtype (case-insensitive)
+WEIGHT_ALIASES = {"int8": "int8", "i8": "int8", "w8": "int8", "int4": "int4", "i4": "int4", "w4": "int4",
+                  "float8": "float8", "fp8": "float8", "float8_e4m3fn": "float8", "e4m3": "float8"}
 
 #: aten operator names (``aten.<name>.<overload>``) and module types that stay in float32
 FP32_OPS = frozenset({
@@ -98,8 +103,96 @@ def parse_dtype(name: Any, where: str = "precision") -> str:
 
 
 def itemsize_factor(dtype: str) -> float:
-    """Bytes of a float32 tensor held in ``dtype``, as a fraction of its float32 bytes."""
-    return 0.5 if dtype in LOW else 1.0
+    """Bytes of a float32 activation held in ``dtype`` (a compute choice: its activation part), as a
+    fraction of its float32 bytes."""
+    return 0.5 if activations(dtype) in LOW else 1.0
+
+
+# -- compute choices: an activation dtype, and optionally a packed weight dtype -------------------
+#
+# A node's choice is a string: ``"float32"``, ``"bfloat16"``, ``"float16"`` (activations and
+# weights in that dtype) or ``"<activations>+<weights>"`` (``"float32+int8"``, ``"bfloat16+int4"``):
+# its quantizable linears keep their weight packed in ``<weights>`` and run a weight-only kernel
+# (bfloat16 activations inside it, cast in and out), its other members compute in ``<activations>``.
+
+
+def compose(activation: str, weight: str | None) -> str:
+    """The choice of ``activation`` compute with weights packed in ``weight`` (None: unpacked).
+
+    Example:
+        >>> compose("float32", "int8"), compose("bfloat16", None)
+        ('float32+int8', 'bfloat16')
+    """
+    return f"{activation}+{weight}" if weight else activation
+
+
+def activations(choice: str) -> str:
+    """The activation dtype of a compute choice (``"float32+int8"`` -> ``"float32"``)."""
+    return choice.partition("+")[0]
+
+
+def weights(choice: str) -> str | None:
+    """The packed weight dtype of a compute choice, or None (``"bfloat16+int4"`` -> ``"int4"``)."""
+    return choice.partition("+")[2] or None
+
+
+def parse_weight_dtype(name: Any, where: str = "precision.weights") -> str:
+    """The name of a packed weight dtype given as ``int8``, ``int4`` or ``fp8``/``float8``.
+
+    Example:
+        >>> parse_weight_dtype("fp8")
+        'float8'
+    """
+    key = str(name).strip().lower()
+    if key not in WEIGHT_ALIASES:
+        raise PrecisionError(f"{where}: {name!r} is not a weight dtype hetpart packs; use one of "
+                             f"{', '.join(WEIGHT_DTYPES)} (or auto)")
+    return WEIGHT_ALIASES[key]
+
+
+def int4_group(in_features: int) -> int | None:
+    """The int4 group size of a weight with ``in_features`` columns: the largest of 128, 64, 32 dividing it."""
+    return next((g for g in (128, 64, 32) if in_features % g == 0), None) if in_features > 0 else None
+
+
+def weight_shape_problem(shape: tuple[int, ...], weight: str) -> str | None:
+    """Why a ``[out, in]`` weight cannot be packed in ``weight`` (None: it can)."""
+    if len(shape) != 2 or min(shape) <= 0:
+        return f"{weight} packs 2-D [out, in] linear weights (this one is {list(shape)})"
+    if weight == "int4" and (int4_group(shape[1]) is None or shape[0] % 16):
+        return (f"int4 needs in_features divisible by 32 and out_features by 16 (this weight is "
+                f"{shape[0]}x{shape[1]})")
+    if weight == "int8" and shape[1] % 16:  # torch's CPU int8 kernel is wrong for other widths
+        return f"int8 needs in_features divisible by 16 (this weight is {shape[0]}x{shape[1]})"
+    return None
+
+
+def packed_weight_bytes(out_features: int, in_features: int, weight: str) -> int:
+    """Bytes a ``[out, in]`` weight packed in ``weight`` takes with its scales: int8 one byte per
+    value and a bfloat16 scale per row; int4 half a byte per value and a bfloat16 scale and zero per
+    group of :func:`int4_group` values; float8 one byte per value and a float32 scale per row.
+
+    Example:
+        >>> packed_weight_bytes(4096, 4096, "int4")
+        8912896
+    """
+    values = out_features * in_features
+    if weight == "int8":
+        return values + 2 * out_features
+    if weight == "int4":
+        group = int4_group(in_features) or in_features
+        return values // 2 + (in_features // group) * out_features * 4
+    if weight == "float8":
+        return values + 4 * out_features
+    raise PrecisionError(f"{weight!r} is not a packed weight dtype; use one of {', '.join(WEIGHT_DTYPES)}")
+
+
+def device_weight_dtypes(device: Any) -> tuple[str, ...]:
+    """The packed weight dtypes ``device`` has a weight-only kernel for (its profile's ``weight_only``
+    rates; a kernel reads bfloat16 activations, so the device must run bfloat16 too)."""
+    if KERNEL_ACTIVATIONS not in device_dtypes(device):
+        return ()
+    return tuple(w for w in WEIGHT_DTYPES if w in getattr(device, "weight_only", {}))
 
 
 def device_dtypes(device: Any) -> tuple[str, ...]:
@@ -127,56 +220,95 @@ def _faster(device: Any, a: str, b: str) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class Precision:
-    """The dtypes each device may compute its flexible ops in, and the setting they came from.
+    """The dtypes each device may compute its flexible ops in, the packed weight dtypes its
+    quantizable linears may hold, and the setting they came from.
 
-    ``dtypes[device]`` lists them with the default first (what a baseline uses there: float32,
-    or the device's first dtype when it cannot run float32). ``setting`` is what the user asked
-    for, as the plan records it: ``"auto"`` or ``{device: dtype}``.
+    ``dtypes[device]`` lists activation dtypes with the default first (what a baseline uses there:
+    float32, or the device's first dtype when it cannot run float32). ``weights[device]`` lists
+    the packed weight dtypes offered there (empty: weights stay as computed); with
+    ``float_weights`` the unpacked weight stays a choice beside them (``weights="auto"``), else a
+    quantizable linear on that device packs its weight. ``max_error`` bounds the relative output
+    error of the whole plan against the float model (``auto`` weights; None: no bound), ``keep``
+    lists module paths or op names (globs) whose weights stay unpacked. ``setting`` is what the
+    user asked for, as the plan records it: ``"auto"`` or a mapping.
     """
 
     dtypes: Mapping[str, tuple[str, ...]]
     setting: Any
     can_fp32: Mapping[str, bool]  # whether the device runs float32 (fixed ops need it)
+    weights: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
+    float_weights: bool = True
+    max_error: float | None = None
+    keep: tuple[str, ...] = ()
 
     @property
     def auto(self) -> bool:
-        return self.setting == "auto"
+        return self.setting == "auto" or isinstance(self.setting, Mapping) and (
+            self.setting.get("activations") == "auto" or self.setting.get("weights") == "auto")
 
-    def choices(self, kinds: set[str], device: str) -> tuple[str, ...]:
-        """The dtypes a node whose member ops have precision ``kinds`` may compute in on ``device``
+    @property
+    def packs(self) -> bool:
+        """Whether some device may hold packed weights."""
+        return any(self.weights.values())
+
+    def choices(self, kinds: set[str], device: str, quantizable: bool = False) -> tuple[str, ...]:
+        """The compute choices of a node whose member ops have precision ``kinds`` on ``device``
         (empty: it cannot run there). Fixed members need float32 on the device; a node without
-        flexible members computes "as traced", written float32."""
+        flexible members computes "as traced", written float32; a node with a ``quantizable``
+        linear may pack its weight in each of ``weights[device]``."""
         if "fixed" in kinds and not self.can_fp32[device]:
             return ()
-        if "flexible" not in kinds:
+        packed = self.weights.get(device, ()) if quantizable else ()
+        base = self.dtypes[device] if "flexible" in kinds else (FLOAT32,)  # float32: as traced
+        if "flexible" not in kinds and not packed:
             return (FLOAT32,)
-        return self.dtypes[device]
+        if not packed:
+            return base
+        composed = tuple(compose(a, w) for w in packed for a in base)
+        return (*base, *composed) if self.float_weights else composed
+
+
+#: keys of a precision mapping that are not device names
+SETTING_KEYS = ("activations", "weights", "max_error", "keep")
 
 
 def resolve_precision(value: Any, devices: Any) -> Precision | None:
     """The :class:`Precision` of a setting over ``devices`` (None: every op as traced).
 
+    ``value`` is ``"auto"`` (each device's fast 16-bit dtypes), or a mapping of device names to
+    dtypes with optional keys ``activations`` (``"auto"``), ``weights`` (a packed weight dtype for
+    every device with a kernel for it, a mapping of device to one, or ``"auto"``: the solver
+    chooses per op), ``max_error`` (with ``weights="auto"``: the relative output error allowed)
+    and ``keep`` (module paths or op names, globs, whose weights stay unpacked).
+
     Raises:
-        PrecisionError: an unknown dtype or device, or a dtype the device's profile does not run.
+        PrecisionError: an unknown dtype, device or key, or a dtype the device's profile does not run.
+
+    Example:
+        >>> from cost_models.profiles import load_profile
+        >>> resolve_precision({"weights": "int8"}, load_profile("h200-host")).weights["cpu"]
+        ('int8',)
     """
     if value is None:  # as traced: a profile's dtypes limit only plans that ask for precision
         return None
     names = devices.names()
-    can_fp32 = {d.name: FLOAT32 in device_dtypes(d) for d in devices.devices}
+    can_fp32 = MappingProxyType({d.name: FLOAT32 in device_dtypes(d) for d in devices.devices})
+    auto_dtypes = MappingProxyType({d.name: runs_well(d) for d in devices.devices})
     if isinstance(value, str) and value.strip().lower() == "auto":
-        return Precision(MappingProxyType({d.name: runs_well(d) for d in devices.devices}), "auto",
-                         MappingProxyType(can_fp32))
+        return Precision(auto_dtypes, "auto", can_fp32)
     if isinstance(value, str):
         value = parse_precision_text(value)
     if not isinstance(value, Mapping):
         raise PrecisionError(f"precision={value!r}: give \"auto\" or a mapping of device to dtype, "
-                             f"e.g. {{\"cuda:0\": \"bf16\", \"cpu\": \"fp32\"}}")
+                             f"e.g. {{\"cuda:0\": \"bf16\", \"cpu\": \"fp32\"}} or {{\"weights\": \"int8\"}}")
     chosen: dict[str, tuple[str, ...]] = {}
-    setting: dict[str, str] = {}
+    setting: dict[str, Any] = {}
     for name, dtype in value.items():
+        if name in SETTING_KEYS:
+            continue
         if name not in names:
             raise PrecisionError(f"precision: {name!r} is not a device of profile {devices.name!r}; "
-                                 f"its devices are {', '.join(names)}")
+                                 f"its devices are {', '.join(names)} (other keys: {', '.join(SETTING_KEYS)})")
         dt = parse_dtype(dtype, f"precision[{name!r}]")
         runs = device_dtypes(devices.device(name))
         if dt not in runs:
@@ -184,11 +316,80 @@ def resolve_precision(value: Any, devices: Any) -> Precision | None:
                                  f"{', '.join(runs)}); choose one of those for it")
         chosen[name] = (dt,)
         setting[name] = dt
+    act = value.get("activations")
+    if act is not None:
+        if str(act).strip().lower() != "auto" or chosen:
+            raise PrecisionError(f"precision['activations']={act!r}: give \"auto\" (the solver chooses each op's "
+                                 f"dtype), or name a dtype per device instead, e.g. {{\"cuda:0\": \"bf16\"}}")
+        setting["activations"] = "auto"
     for d in devices.devices:
         if d.name not in chosen:
             runs = device_dtypes(d)
-            chosen[d.name] = (FLOAT32,) if FLOAT32 in runs else (runs[0],)
-    return Precision(MappingProxyType(chosen), setting, MappingProxyType(can_fp32))
+            chosen[d.name] = auto_dtypes[d.name] if act is not None else (FLOAT32,) if FLOAT32 in runs else (runs[0],)
+    packed, float_weights = _resolve_weights(value.get("weights"), devices, setting)
+    max_error = _max_error(value.get("max_error"), setting)
+    keep = _keep(value.get("keep"), setting)
+    if (max_error is not None or keep) and not packed:
+        raise PrecisionError("precision: max_error and keep bound packed weights; add weights=int8, int4, float8 "
+                             "or auto")
+    return Precision(MappingProxyType(chosen), setting, can_fp32, MappingProxyType(packed), float_weights,
+                     max_error, keep)
+
+
+def _resolve_weights(raw: Any, devices: Any, setting: dict[str, Any]) -> tuple[dict[str, tuple[str, ...]], bool]:
+    """Per device the packed weight dtypes offered, and whether unpacked weights stay a choice."""
+    if raw is None:
+        return {}, True
+    kernels = {d.name: device_weight_dtypes(d) for d in devices.devices}
+    have = "; ".join(f"{n}: {', '.join(k) or 'none'}" for n, k in kernels.items())
+    if isinstance(raw, str) and raw.strip().lower() == "auto":
+        setting["weights"] = "auto"
+        if not any(kernels.values()):
+            raise PrecisionError(f"precision: weights=auto, but no device of profile {devices.name!r} lists a "
+                                 f"weight-only kernel (its profile's weight_only rates); calibrate one with "
+                                 f"hetpart calibrate, or drop weights")
+        return kernels, True
+    if isinstance(raw, Mapping):
+        out: dict[str, tuple[str, ...]] = {}
+        for name, dtype in raw.items():
+            if name not in kernels:
+                raise PrecisionError(f"precision['weights']: {name!r} is not a device of profile "
+                                     f"{devices.name!r}; its devices are {', '.join(kernels)}")
+            w = parse_weight_dtype(dtype, f"precision['weights'][{name!r}]")
+            if w not in kernels[name]:
+                raise PrecisionError(f"precision: device {name} has no {w} weight-only kernel (it runs "
+                                     f"{', '.join(kernels[name]) or 'no packed weights'}); choose one of those "
+                                     f"for it, or leave it out")
+            out[name] = (w,)
+        setting["weights"] = {n: a[0] for n, a in out.items()}
+        return out, False
+    w = parse_weight_dtype(raw)
+    out = {n: (w,) for n, k in kernels.items() if w in k}
+    if not out:
+        raise PrecisionError(f"precision: weights={w}, but no device of profile {devices.name!r} has a {w} "
+                             f"weight-only kernel ({have}); choose a dtype one of them runs")
+    setting["weights"] = w
+    return out, False
+
+
+def _max_error(raw: Any, setting: dict[str, Any]) -> float | None:
+    if raw is None:
+        return None
+    raise PrecisionError(f"precision['max_error']={raw!r}: an error budget is not planned yet (the solver does not "
+                         f"measure errors); pack explicitly (weights=int8 or int4), keep the modules that must stay "
+                         f"unpacked (keep=lm_head;*.down_proj), and read the error hetpart check reports against "
+                         f"the float model")
+
+
+def _keep(raw: Any, setting: dict[str, Any]) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    items = raw.split(";") if isinstance(raw, str) else raw
+    if not isinstance(items, (list, tuple)) or not all(isinstance(i, str) and i.strip() for i in items):
+        raise PrecisionError(f"precision['keep']={raw!r}: give module paths or op names (globs), e.g. "
+                             f"[\"lm_head\", \"*.mlp.down_proj\"] (CLI: keep=lm_head;*.down_proj)")
+    setting["keep"] = [i.strip() for i in items]
+    return tuple(setting["keep"])
 
 
 def parse_precision_text(text: str) -> dict[str, str]:
@@ -225,6 +426,27 @@ def op_precision(op: Any, tensors: Mapping[str, Any], params: Mapping[str, Any] 
     float_params = bool(op.params) and any(getattr((params or {}).get(p), "dtype", FLOAT32) == FLOAT32
                                            for p in op.params)
     return "flexible" if float_inputs or float_params else "native"
+
+
+#: aten operators whose weight operand a weight-only kernel replaces (``linear(x, weight, bias)``)
+PACKABLE_OPS = frozenset({"linear"})
+
+
+def quantizable_weight(op: Any, params: Mapping[str, Any]) -> str | None:
+    """The parameter of ``op`` a weight-only kernel may pack, or None: ``op`` is an aten linear whose
+    own 2-D floating weight (float32, or a model traced in 16 bits) (its second operand) no other op reads (a tied embedding table is read
+    by its gather too, so it stays), with a shape every packed dtype takes except for int4's
+    divisibility (checked per dtype by :func:`weight_shape_problem`)."""
+    if op.kind.split(".")[0] != "aten" or op_base_name(op.kind) not in PACKABLE_OPS:
+        return None
+    for name in op.owned_params:
+        param = params.get(name)
+        if param is None or len(param.shape) != 2 or param.dtype not in DTYPES:
+            continue
+        if tuple(param.users) != (op.name,):
+            return None
+        return name
+    return None
 
 
 def cast_bytes(nbytes_fp32: int) -> float:

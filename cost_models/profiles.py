@@ -30,6 +30,11 @@ The TOML shape (see DESIGN.md, "Devices and costs")::
                                              #   backward, when slower than its class (0: as its class)
     update_bandwidth = "40GB/s"              # optional: bytes/s an optimizer step and a dense gradient
                                              #   fill stream at (0: the elementwise rate)
+    weight_only = { int8 = 190e9, int4 = 190e9 }  # optional: FLOP/s of weight-only quantized matmul
+                                             #   kernels per packed weight dtype (int8, int4, float8);
+                                             #   a dtype not listed has no kernel there
+    weight_unpack = { int8 = 67e9 }          # optional: weight values such a kernel unpacks per second,
+                                             #   once per call whatever its rows (not listed: free)
 
     [[links]]
     between = ["cpu", "cuda:0"]              # links are bidirectional
@@ -310,7 +315,7 @@ _DEVICE_REQUIRED = {
 _DEVICE_FIELDS = (*_DEVICE_REQUIRED, "efficiency", "mem_efficiency", "fixed_latency",
                   "supported_ops", "host", "cache_size", "cache_bandwidth", "onnx_provider", "alloc_threshold",
                   "first_touch_bandwidth", "dtypes", "matmul_half_rows", "grouped_backward_flops",
-                  "update_bandwidth")
+                  "update_bandwidth", "weight_only", "weight_unpack")
 _LINK_REQUIRED = {"between": 'between = ["cpu", "cuda:0"]', "bandwidth": 'bandwidth = "55GB/s"',
                   "latency": 'latency = "17us"'}
 _LINK_FIELDS = (*_LINK_REQUIRED, "pageable_bandwidth", "kind")
@@ -373,6 +378,8 @@ def _device_fields(name: str, raw: Mapping[str, Any], where: Where) -> dict[str,
         kind=kind,
         memory=memory,
         update_bandwidth=update,
+        weight_only=_weight_only(raw.get("weight_only"), where("weight_only")),
+        weight_unpack=_weight_only(raw.get("weight_unpack"), where("weight_unpack")),
         matmul_half_rows=float(half_rows),
         grouped_backward_flops=float(grouped),
         peak_flops=_peak_table(raw["peak_flops"], where("peak_flops")),
@@ -398,6 +405,30 @@ def _device_fields(name: str, raw: Mapping[str, Any], where: Where) -> dict[str,
         first_touch_bandwidth=first_touch,
         dtypes=_dtypes(raw.get("dtypes"), where("dtypes")),
     )
+
+
+def _weight_only(raw: Any, where: str) -> Mapping[str, float]:
+    """FLOP/s of the device's weight-only quantized matmul kernels per packed weight dtype
+    (``weight_only = { int8 = 190e9, int4 = 190e9 }``; a dtype not listed: no kernel)."""
+    from cost_models.precision import PrecisionError, parse_weight_dtype
+
+    if not raw:
+        return MappingProxyType({})
+    example = "weight_only = { int8 = 190e9, int4 = 190e9 }"
+    if not isinstance(raw, Mapping):
+        raise ProfileError(f"{where}: {raw!r} is not a table of weight dtype to FLOP/s; e.g. {example}")
+    out = {}
+    for key, rate in raw.items():
+        try:
+            name = parse_weight_dtype(key, where)
+        except PrecisionError as exc:
+            raise ProfileError(f"{exc}; e.g. {example}") from None
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not (
+                LIMITS["flops"][0] <= rate <= LIMITS["flops"][1]):
+            raise ProfileError(f"{where}.{key}: {rate!r} is not a FLOP/s rate from {LIMITS['flops'][0]:g} to "
+                               f"{LIMITS['flops'][1]:g}; e.g. {example}")
+        out[name] = float(rate)
+    return MappingProxyType(out)
 
 
 def _dtypes(raw: Any, where: str) -> tuple[str, ...] | None:
@@ -493,6 +524,10 @@ class Device:
     grouped_backward_flops: float = 0.0          # FLOP/s of a grouped convolution's backward (0: as its class)
     update_bandwidth: float = 0.0                # bytes/s of an optimizer step and a dense gradient fill
                                                  # (0: the elementwise streaming rate)
+    weight_only: Mapping[str, float] = _none_listed()  # packed weight dtype -> FLOP/s of its weight-only
+                                                       # matmul kernel (none listed: no packed weights)
+    weight_unpack: Mapping[str, float] = _none_listed()  # packed weight dtype -> weight values its kernel
+                                                         # unpacks per second, once per call (none: free)
 
     def __post_init__(self) -> None:
         name = _device_name(self.name, "Device.name")
@@ -879,6 +914,10 @@ class DeviceSet:
             if d.grouped_backward_flops:
                 out.append(f"grouped_backward_flops = {_toml_num(d.grouped_backward_flops)}  "
                            f"# {d.grouped_backward_flops / 1e9:.2f} GFLOP/s in a grouped convolution's backward")
+            if d.weight_only:
+                out.append(f"weight_only = {_toml_inline(d.weight_only)}")
+            if d.weight_unpack:
+                out.append(f"weight_unpack = {_toml_inline(d.weight_unpack)}")
             if d.update_bandwidth:
                 out.append(f"update_bandwidth = {_toml_num(d.update_bandwidth)}  "
                            f"# {format_rate(d.update_bandwidth)} in an optimizer step")

@@ -207,7 +207,8 @@ class PlanOptions:
     generation: Generate = dataclasses.field(default_factory=Generate)
     precision: Any = _field(None, flag="--precision", compile="the compile backend runs float32 plans only", doc=(
         "the dtype each device computes in: 'auto' (the solver chooses per op) or {'cuda:0': 'bf16', 'cpu': 'fp32'}; "
-        "softmax, norms, reductions and losses stay float32; latency and throughput objectives only"))
+        "softmax, norms, reductions and losses stay float32; {'weights': 'int8'} (or int4, fp8, auto) packs linear "
+        "weights for inference; latency and throughput objectives only"))
     batch: Any = _field(None, flag="hetpart fit --micro-batch", compile="a compiled graph runs the batch it is given",
                         doc=("size the micro-batch from memory (training): 'auto' (the largest dividing the example "
                              "batch that fits) or a micro-batch; the plan records the accumulation steps"))
@@ -484,6 +485,19 @@ def _combinations(opts: PlanOptions, objective: Any, fractions: tuple[float, ...
         raise PrecisionError("precision is planned for the latency and throughput objectives without pipeline "
                              "stages (the makespan and pipeline models do not price 16-bit copies and casts): "
                              "drop precision, or plan with objective 'latency' or 'throughput'")
+    if opts.train.training and _packs(opts.precision):
+        from cost_models.precision import PrecisionError
+
+        raise PrecisionError("precision weights=... packs linear weights for inference, but training=True: a training "
+                             "step updates float32 master weights; drop weights from precision (16-bit compute "
+                             "is planned for training: precision={'cuda:0': 'bf16'} or 'auto')")
+
+
+def _packs(precision: Any) -> bool:
+    """Whether a precision setting asks for packed weights (a ``weights`` key)."""
+    if isinstance(precision, str) and precision.strip().lower() != "auto":
+        return any(item.strip().startswith("weights=") for item in precision.split(","))
+    return isinstance(precision, Mapping) and precision.get("weights") is not None
 
 
 class OptionError(HetpartError, ValueError):

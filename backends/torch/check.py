@@ -39,7 +39,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from backends.binding import bind_devices
-from backends.compare import MISSING, CheckReport, compare, interleaved_medians
+from backends.compare import MISSING, CheckReport, PackedErrors, compare, interleaved_medians
 from backends.strict_training import observe_params, param_rows
 from backends.torch.precision import SCALER_ATTR
 from backends.torch.strict import StrictRun
@@ -127,7 +127,13 @@ def check_plan(
                 devices = strict.report(error=str(exc))
                 emit_outs, emit_grads = run_emitted(emitted, args)
         via = computed_in(plan)
-        ac_outs, ac_grads = _autocast_reference(reference, args, via, run) if via is not None else ({}, {})
+        packed = _packed_errors(plan, reference, device_map, micro, args, ref_outs, emit_outs) \
+            if plan.precision and plan.precision.get("weights") and not training else None
+        if packed is not None:  # held to the same packing unplaced (bfloat16 kernels), not to autocast's noise
+            packed, ref_outs = packed
+            via = torch.bfloat16
+        ac_outs, ac_grads = _autocast_reference(reference, args, via, run) \
+            if via is not None and packed is None else ({}, {})
         outputs = tuple(compare(name, emit_outs.get(name), ref, computed_in=via, noise=ac_outs.get(name))
                         for name, ref in ref_outs.items())
         loss = grads = None
@@ -145,7 +151,32 @@ def check_plan(
         model_name=plan.model_name, binding=dict(binding), training=training, repeat=repeat,
         outputs=outputs, loss=loss, grads=grads or (), original_s=original_s, emitted_s=emitted_s,
         passed=all(e.passed for e in errors) and (devices is None or devices.passed), devices=devices,
+        packed=packed,
     )
+
+
+def _packed_errors(plan: Any, reference: torch.nn.Module, device_map: Mapping[str, str] | None, micro: tuple,
+                   args: tuple, float_outs: Mapping[str, torch.Tensor],
+                   emit_outs: Mapping[str, torch.Tensor]) -> tuple[PackedErrors, dict[str, torch.Tensor]]:
+    """The whole-model reference of a plan with packed weights (the same linears packed the same
+    way, every device bound to the host: no placement) and its outputs, and the relative error of
+    the emitted module and of that reference against the float model."""
+    unplaced = _emit(plan, reference, {d: "cpu" for d in plan.devices.names()}, micro, False)
+    ref_outs, _ = _inference(unplaced, args)
+    counts: dict[str, int] = {}
+    for w in plan.precision["weights"].values():
+        counts[w] = counts.get(w, 0) + 1
+    errors = PackedErrors(counts, {n: _relative(emit_outs.get(n), f) for n, f in float_outs.items()},
+                          {n: _relative(ref_outs.get(n), f) for n, f in float_outs.items()})
+    return errors, ref_outs
+
+
+def _relative(value: Any, original: torch.Tensor | None) -> float:
+    """``||value - original|| / ||original||`` in float32 (inf where either is missing)."""
+    if not isinstance(value, torch.Tensor) or not isinstance(original, torch.Tensor):
+        return float("inf")
+    a, b = value.detach().float().cpu(), original.detach().float().cpu()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
 def _batch_inputs(plan: Any, args: tuple) -> tuple[tuple, tuple]:

@@ -35,6 +35,7 @@ import torch
 import torch.fx
 
 from backends.torch.attributes import attribute, rebind_tensor
+from backends.torch.packed import pack_linears
 from partitioner.errors import HetpartError
 
 __all__ = ["apply_precision", "LossScaler", "SCALER_ATTR", "DTYPES"]
@@ -52,8 +53,10 @@ def apply_precision(gm: torch.fx.GraphModule, plan: Any) -> torch.fx.GraphModule
             dtypes the casts depend on are unknown.
     """
     section = plan.precision
-    if not section or not section.get("ops"):
+    if not section or not (section.get("ops") or section.get("weights")):
         return gm
+    if section.get("weights"):
+        pack_linears(gm, plan, section["weights"])
     if plan.capture != "export":
         raise HetpartError(f"{plan.source} computes ops in 16 bits but was captured with {plan.capture!r}: "
                            f"precision needs the dtypes torch.export records; re-plan with capture 'export'")
@@ -120,8 +123,8 @@ class _Casts:
         if "hetpart_cast" in node.meta:
             return DTYPES[node.meta["hetpart_cast"]]
         if self._is_copy(node):
-            if node.target == "get":  # a streamed weight: float32 on the host
-                return torch.float32
+            if node.target == "get":  # a streamed weight: as the host holds it (its op's dtype)
+                return attribute(self.gm, str(node.args[1])).dtype
             first = node.args[0]
             return self.held.get(first) if isinstance(first, torch.fx.Node) else None
         traced = _traced(node, self.held)
@@ -161,7 +164,7 @@ def _store_low_weights(gm: torch.fx.GraphModule, plan: Any, low: Mapping[str, to
             continue
         target = str(node.target)
         op = owner_of.get(target)
-        if op is None or op not in low or op in plan.weights:
+        if op is None or op not in low:  # (a streamed weight too: the host keeps it in its op's dtype)
             continue
         owner, _, attr = target.rpartition(".")
         module = gm.get_submodule(owner) if owner else gm

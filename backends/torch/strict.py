@@ -40,6 +40,7 @@ import torch.utils._pytree as pytree
 
 from backends.strict_devices import Site, StrictDevices, schema_name, strict_binding
 from backends.torch.attributes import attribute
+from backends.torch.packed import PACKED_ATTR
 from backends.torch.recompute import recompute_regions
 from backends.strict_report import DeviceReport, compare_with_plan
 from partitioner.errors import HetpartError
@@ -93,6 +94,7 @@ class StrictRun:
         self._inputs[forward.__code__] = list(inspect.signature(forward).parameters)[1:]
         state = [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]
         known = {n for names in self.plan.param_names.values() for n in names}
+        known |= set(getattr(module, PACKED_ATTR, {}))  # packed weights stand for the weights they replace
         state += _plain_tensors(module, known - {n for n, _ in state})  # constants the capture lifted
         for name, tensor in state:
             self.mode.name(tensor, canonical.get(name, name))

@@ -46,6 +46,11 @@ def _key(path: str, key: str) -> str:
     return f'{path}["{key}"]'
 
 
+#: the least share of its float32 parameter bytes a linear holds with its weight packed (the weight
+#: alone shrinks this much; scales and the bias add to it)
+PACKED_FLOOR = {"int8": 0.25, "float8": 0.25, "int4": 0.125}
+
+
 def memory_floor(plan: Any) -> dict[str, tuple[int, int, int, str | None]]:
     """Per device, what the placement alone puts there at least: (resident parameter bytes, stream
     buffer bytes, the largest output of an op computing there, the op with the most resident
@@ -60,14 +65,15 @@ def memory_floor(plan: Any) -> dict[str, tuple[int, int, int, str | None]]:
     names = plan.devices.names()
     params, buffers, largest = dict.fromkeys(names, 0), dict.fromkeys(names, 0), dict.fromkeys(names, 0)
     heaviest: dict[str, tuple[int, str]] = {}
+    packed = plan.precision.get("weights", {}) if plan.precision else {}
     for op, device in plan.placement.items():
         out, par = plan.op_bytes.get(op, (0, 0))
         share = itemsize_factor(low[op]) if op in low else 1.0
         home = plan.weights.get(op, device)
-        if home != device:  # streamed: held on its home, copied into a reused buffer where it runs
+        if not plan.training:  # training keeps float32 master weights; inference holds them as computed
+            par = int(par * (PACKED_FLOOR[packed[op]] if op in packed else share))
+        if home != device:  # streamed: held on its home in that form, copied into a reused buffer where it runs
             buffers[device] = max(buffers[device], buffers_of * par)
-        elif share != 1.0 and not plan.training:  # training keeps float32 master weights
-            par = int(par * share)
         params[home] += par
         if par > heaviest.get(home, (0, ""))[0]:
             heaviest[home] = (par, op)
@@ -191,7 +197,7 @@ def check_against_graph(plan: Any, graph: OpGraph) -> None:
 
 def _evaluate(plan: Any, graph: OpGraph) -> Any:
     """``evaluate`` of the plan's placement on ``graph``, under the plan's options."""
-    from cost_models.precision import resolve_precision
+    from cost_models.precision import compose, resolve_precision
     from partitioner.solvers.pipeline import PipelineSpec
     from partitioner.solvers.problem import Objective, Options, Placement, Problem, StreamMode, evaluate
 
@@ -207,7 +213,8 @@ def _evaluate(plan: Any, graph: OpGraph) -> Any:
                       delayed_update=bool(state.get("delayed_update")) if state else False)
     problem = Problem(graph, plan.devices, options)
     ops = plan.precision.get("ops", {}) if plan.precision else {}
-    dtypes = {op: ops.get(op, FLOAT32) for op in plan.placement} if precision is not None else {}
+    packed = plan.precision.get("weights", {}) if plan.precision else {}
+    dtypes = {op: compose(ops.get(op, FLOAT32), packed.get(op)) for op in plan.placement} if precision is not None else {}
     host = plan.devices.host_device().name
     offloaded = {ps["op"]: host for ps in params.values() if ps["state"] == host and ps["weights"] == ps["compute"] != host}
     recompute = frozenset(state.get("recompute", ())) if state else frozenset()

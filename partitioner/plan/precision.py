@@ -7,9 +7,14 @@ without the section (every plan made without ``precision``) compute every op as 
 
 The section::
 
-    precision  {"setting": "auto" | {device: dtype},          # what partition(precision=...) was given
+    precision  {"setting": "auto" | {device: dtype, "weights": ..., ...},  # what partition(precision=...) was given
                 "ops": {op: "bfloat16" | "float16"},          # ops computing in 16 bits (the rest: as traced)
+                "weights": {op: "int8" | "int4" | "float8"},  # linears holding their weight packed (optional)
+                "weight_bytes": {op: bytes},                  # ... their parameter bytes so held (with weights)
                 "casts": count}                               # tensors cast at a dtype boundary (predicted)
+
+A linear listed in ``weights`` holds its weight packed (with its scales) on its device and runs a
+weight-only kernel on bfloat16 activations (cast in, and back to float32 unless ``ops`` lists it).
 
 An op listed computes in that dtype: its float32 inputs (activations and weights) are cast to it,
 and what it produces is held in it until an op computing in another dtype reads it (cast there),
@@ -28,7 +33,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from cost_models.precision import DTYPES, FLOAT32, LOW, device_dtypes, itemsize_factor
+from cost_models.precision import (
+    DTYPES, FLOAT32, LOW, SETTING_KEYS, WEIGHT_DTYPES, activations, device_dtypes, device_weight_dtypes,
+    itemsize_factor, weights,
+)
 
 if TYPE_CHECKING:
     from partitioner.plan.fields import FieldReader
@@ -37,7 +45,7 @@ if TYPE_CHECKING:
 __all__ = ["precision_record", "read_precision", "check_precision", "graph_differences", "precision_lines",
            "refuse_precision", "PRECISION_KEYS"]
 
-PRECISION_KEYS = ("setting", "ops", "casts")
+PRECISION_KEYS = ("setting", "ops", "weights", "weight_bytes", "casts")
 
 
 def precision_record(problem: Problem, placement: Placement) -> dict[str, Any]:
@@ -52,34 +60,74 @@ def precision_record(problem: Problem, placement: Placement) -> dict[str, Any]:
     if problem.precision is None:
         return {}
     dtype = node_dtypes(problem, placement)
-    ops = {}
+    ops, packed, held = {}, {}, {}
     for n in problem.nodes:
         for op in problem.members[n]:
             a = problem.op_dtype(op, dtype[n])
-            if a != FLOAT32:
-                ops[op] = a
+            if activations(a) != FLOAT32:
+                ops[op] = activations(a)
+            if weights(a):
+                packed[op] = weights(a)
+                held[op] = problem.op_param_bytes(problem.original.ops[op], a)
     casts = cast_load(problem, placement, dtype)
     setting = problem.precision.setting
-    return {"setting": setting if isinstance(setting, str) else dict(setting),
-            "ops": {op: ops[op] for op in problem.original.ops if op in ops},
-            "casts": sum(1 for s in casts.values() if s > 0)}
+    out = {"setting": setting if isinstance(setting, str) else dict(setting),
+           "ops": {op: ops[op] for op in problem.original.ops if op in ops}}
+    if problem.precision.packs:
+        out["weights"] = {op: packed[op] for op in problem.original.ops if op in packed}
+        out["weight_bytes"] = {op: held[op] for op in out["weights"]}
+    out["casts"] = sum(1 for s in casts.values() if s > 0)
+    return out
 
 
 def read_precision(r: FieldReader, value: Any) -> dict[str, Any]:
     """``precision``: the section as written (see the module docstring); ``{}`` when absent."""
     if value == {}:
         return {}
-    c = r.keys(r.mapping(value, "precision"), "precision", ("setting", "ops"), ("casts",))
+    c = r.keys(r.mapping(value, "precision"), "precision", ("setting", "ops"),
+               ("weights", "weight_bytes", "casts"))
     setting = c["setting"]
     if isinstance(setting, str):
         if setting != "auto":
             r.fail("precision.setting", f"{setting!r} is neither \"auto\" nor a mapping of device to dtype")
     else:
-        setting = r.string_map(setting, "precision.setting", lambda v, p: _dtype(r, v, p, DTYPES))
+        setting = _read_setting(r, setting)
     out: dict[str, Any] = {"setting": setting,
                            "ops": r.string_map(c["ops"], "precision.ops", lambda v, p: _dtype(r, v, p, LOW))}
+    if "weights" in c:
+        out["weights"] = r.string_map(c["weights"], "precision.weights",
+                                      lambda v, p: _dtype(r, v, p, WEIGHT_DTYPES))
+    if "weight_bytes" in c:
+        out["weight_bytes"] = r.string_map(c["weight_bytes"], "precision.weight_bytes", lambda v, p: r.count(v, p))
+        if set(out["weight_bytes"]) != set(out.get("weights", {})):
+            r.fail("precision.weight_bytes", "names other ops than precision.weights; re-plan rather than editing "
+                                             "the file")
     if "casts" in c:
         out["casts"] = r.count(c["casts"], "precision.casts")
+    return out
+
+
+def _read_setting(r: FieldReader, setting: Any) -> dict[str, Any]:
+    """A mapping setting: devices to dtypes, and the keys ``activations``, ``weights``, ``max_error``, ``keep``."""
+    raw = r.mapping(setting, "precision.setting")
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        path = f"precision.setting[{key!r}]"
+        if key == "activations":
+            if value != "auto":
+                r.fail(path, f"{value!r}: only \"auto\" is recorded here")
+            out[key] = value
+        elif key == "weights":
+            if isinstance(value, str):
+                out[key] = value if value == "auto" else _dtype(r, value, path, WEIGHT_DTYPES)
+            else:
+                out[key] = r.string_map(value, path, lambda v, p: _dtype(r, v, p, WEIGHT_DTYPES))
+        elif key == "keep":
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                r.fail(path, f"{value!r} is not a list of module paths or op names")
+            out[key] = list(value)
+        else:
+            out[key] = _dtype(r, value, path, DTYPES)
     return out
 
 
@@ -103,17 +151,20 @@ def check_precision(plan: Any, r: FieldReader) -> None:
     setting = section["setting"]
     if isinstance(setting, Mapping):
         for device in setting:
-            if device not in names:
+            if device not in names and device not in SETTING_KEYS:
                 r.fail(f"precision.setting[{device!r}]", f"{device!r} is not a device of the plan "
                                                          f"({', '.join(sorted(names))})")
-    for op, dtype in section["ops"].items():
-        path = f"precision.ops[{op!r}]"
-        if op not in plan.placement:
-            r.fail(path, "names an op that is not in placement")
-        device = plan.devices.device(plan.placement[op])
-        if dtype not in device_dtypes(device):
-            r.fail(path, f"{op} computes in {dtype} on {device.name}, whose profile runs only "
-                         f"{', '.join(device_dtypes(device))}")
+    for key, runs, says in (("ops", device_dtypes, "computes in {a} on {d}, whose profile runs only {runs}"),
+                            ("weights", device_weight_dtypes,
+                             "packs its weight in {a} on {d}, which has no {a} weight-only kernel (it runs {runs})")):
+        for op, dtype in section.get(key, {}).items():
+            path = f"precision.{key}[{op!r}]"
+            if op not in plan.placement:
+                r.fail(path, "names an op that is not in placement")
+            device = plan.devices.device(plan.placement[op])
+            if dtype not in runs(device):
+                r.fail(path, f"{op} " + says.format(a=dtype, d=device.name,
+                                                    runs=", ".join(runs(device)) or "none of them"))
 
 
 def precision_lines(plan: Any) -> list[str]:
@@ -129,7 +180,14 @@ def precision_lines(plan: Any) -> list[str]:
     shown = setting if isinstance(setting, str) else ", ".join(f"{d}={a}" for d, a in setting.items()) or "fp32"
     where = ", ".join(f"{n} in {a} on {d}" for (a, d), n in sorted(counts.items())) or "every op in float32"
     casts = f"; {section['casts']} casting" if "casts" in section else ""
-    return [f"  precision  {shown}: {where}{casts}"]
+    lines = [f"  precision  {shown}: {where}{casts}"]
+    if "weights" in section:
+        packed: dict[tuple[str, str], int] = {}
+        for op, w in section["weights"].items():
+            packed[(w, plan.placement[op])] = packed.get((w, plan.placement[op]), 0) + 1
+        held = ", ".join(f"{n} in {w} on {d}" for (w, d), n in sorted(packed.items())) or "none packed"
+        lines.append(f"  weights    {held} (hetpart check reports the output error against the float model)")
+    return lines
 
 
 def refuse_precision(plan: Any, backend: str) -> None:
@@ -140,6 +198,11 @@ def refuse_precision(plan: Any, backend: str) -> None:
     """
     from partitioner.errors import HetpartError
 
+    if plan.precision and plan.precision.get("weights"):
+        count = len(plan.precision["weights"])
+        raise HetpartError(f"{plan.source} packs the weights of {count} linears (precision.weights), but {backend} runs "
+                           f"every op as traced: run it with plan.emit(model) (CLI: hetpart check / hetpart run), "
+                           f"or re-plan without weights in --precision")
     if plan.precision and plan.precision.get("ops"):
         count = len(plan.precision["ops"])
         raise HetpartError(f"{plan.source} computes {count} ops in 16 bits (its precision section), but {backend} runs "
@@ -173,7 +236,7 @@ def graph_differences(plan: Any, graph: Any) -> list[str]:
     from cost_models.precision import op_precision
 
     setting = plan.precision.get("setting") if plan.precision else None
-    if not isinstance(setting, Mapping):
+    if not isinstance(setting, Mapping) or setting.get("activations") == "auto":
         return []
     listed = plan.precision["ops"]
     lines = []
@@ -181,7 +244,7 @@ def graph_differences(plan: Any, graph: Any) -> list[str]:
         want = setting.get(plan.placement.get(name))
         if want is None:
             continue
-        flexible = op_precision(op, graph.tensors, graph.params) == "flexible" and name not in plan.weights
+        flexible = op_precision(op, graph.tensors, graph.params) == "flexible"
         expected = want if want != FLOAT32 and flexible else None
         if listed.get(name) != expected:
             lines.append(f"  precision.ops[{name!r}]: {listed.get(name) or 'float32'} where the setting "

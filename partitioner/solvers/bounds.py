@@ -159,9 +159,9 @@ def _program(p: Problem, scale: float) -> Milp:
             if d in s.get(n, {}):
                 terms.append((-mu * p.param_mem[n], s[n][d]))
                 m.at_least(f"buffer[{n}][{d}]", buffer,
-                           [(mu * p.stream_buffer_bytes(n, StreamMode.PREFETCH), s[n][d])])
+                           [(mu * p.stream_buffer_bytes(n, StreamMode.PREFETCH, d), s[n][d])])
             if d == p.host:
-                terms += [(mu * p.param_mem[n], v) for v in s.get(n, {}).values()]
+                terms += [(mu * p.stream_mem(n, t), v) for t, v in s.get(n, {}).items()]
                 terms += [(mu * p.offload_mem[n], v) for v in o.get(n, {}).values()]
         m.at_most(f"mem_cap[{d}]", terms + [(1.0, work), (1.0, buffer)], mu * p.capacity[d])
     T = m.column("T", cost=1.0)

@@ -66,7 +66,7 @@ import itertools
 from collections.abc import Mapping
 
 from partitioner.solvers.milp import Column, Milp, Term, value
-from cost_models.precision import FLOAT32, LOW
+from cost_models.precision import FLOAT32, LOW, activations
 from partitioner.solvers.problem import Objective, Placement, Problem, StreamMode, list_schedule, node_dtypes
 from partitioner.solvers.train_state_rows import TrainStateColumns
 
@@ -192,11 +192,12 @@ class Formulation:
         per = self.rv.get(node, {}).get(device)
         return per[dtype] if per else self.x(node, device)
 
-    def held(self, node: str | None, dtype: str) -> list[Term]:
-        """Terms of "``node`` computes in ``dtype``" (on whichever device); ``None``: a graph input (float32)."""
+    def held_in(self, node: str | None, act: str) -> list[Term]:
+        """Terms of "``node`` holds its activations in ``act``" (any choice of that activation dtype)."""
         if node is None:
-            return [(1.0 if dtype == FLOAT32 else 0.0, 1.0)]
-        return [(1.0, self.r(node, d, dtype)) for d in self.allowed[node]]
+            return [(1.0 if act == FLOAT32 else 0.0, 1.0)]
+        return [(1.0, self.r(node, d, a)) for d in self.allowed[node] for a in self.dtypes_on(node, d)
+                if activations(a) == act]
 
     def dtypes_on(self, node: str, device: str) -> tuple[str, ...]:
         return self.p.choices[node].get(device, ()) if device in self.allowed[node] else ()
@@ -244,7 +245,8 @@ class Formulation:
         self.sv: dict[str, dict[str, Column]] = {}
         p = self.p
         for n in p.streamable:
-            targets = [d for d in self.allowed[n] if d != p.host and FLOAT32 in p.choices[n][d]
+            targets = [d for d in self.allowed[n] if d != p.host and p.stream_choice(n, d) is not None
+                       and (not p.options.training or FLOAT32 in p.choices[n][d])
                        and not self.too_dear(p.node_stream_issue_s(n, d))
                        and not any(self.too_dear(p.node_stream_hop_s(n, p.host, d, lbl)) for lbl in p.hops(p.host, d))]
             if not targets:
@@ -253,8 +255,9 @@ class Formulation:
             for d, s in self.sv[n].items():
                 if isinstance(self.x(n, d), Column):
                     self.milp.at_most(_name("stream_le_x", n, d), [(1.0, s), (-1.0, self.x(n, d))], 0.0)
-                if d in self.rv.get(n, {}):  # streamed weights are float32: the node computes in float32
-                    self.milp.at_most(_name("stream_fp32", n, d), [(1.0, s), (-1.0, self.r(n, d, FLOAT32))], 0.0)
+                if d in self.rv.get(n, {}):  # the host holds streamed weights in one form: the node computes in it
+                    self.milp.at_most(_name("stream_form", n, d),
+                                      [(1.0, s), (-1.0, self.r(n, d, p.stream_choice(n, d)))], 0.0)
 
     def _copies(self) -> None:
         """One ``Copy`` per (tensor, source, destination) that may happen; see the module docstring."""
@@ -315,7 +318,7 @@ class Formulation:
             saved = cp.nbytes - self.least_bytes(t, cp.src)
             if saved <= 0:
                 continue
-            low = [(1.0, self.r(t.producer, cp.src, a)) for a in LOW if a in self.dtypes_on(t.producer, cp.src)]
+            low = [(1.0, self.r(t.producer, cp.src, a)) for a in self.dtypes_on(t.producer, cp.src) if activations(a) in LOW]
             u = self.milp.column(_name("half", cp.tensor, cp.src, cp.dst), upper=1.0)
             if isinstance(cp.term, Column):
                 self.milp.at_most(_name("half_le_copy", cp.tensor, cp.src, cp.dst), [(1.0, u), (-1.0, cp.term)], 0.0)
@@ -333,7 +336,7 @@ class Formulation:
                 continue
             follows = t.follows and t.producer is not None
             if follows:
-                held_as = {a for d in self.allowed[t.producer] for a in self.dtypes_on(t.producer, d)}
+                held_as = {activations(a) for d in self.allowed[t.producer] for a in self.dtypes_on(t.producer, d)}
             else:
                 held_as = {FLOAT32}
             holder = t.producer if follows else None  # a tensor that does not follow is held in float32
@@ -345,20 +348,22 @@ class Formulation:
         for name, u, nbytes in p.output_casts:
             for d in self.allowed[u]:
                 for a in self.dtypes_on(u, d):
-                    if a != FLOAT32:
+                    if activations(a) != FLOAT32:
                         self.cast_cols.append((u, d, p.cast_s(nbytes, d), self.r(u, d, a)))
 
     def _cast(self, tensor: str, held_as: set[str], holder: str | None, c: str, d: str, count: int,
               in_own: bool) -> None:
         """The cast ``count`` member ops of ``c`` on ``d`` make of ``tensor`` (held by ``holder``'s dtype,
         or float32 without one) when they read it in ``c``'s dtype (``in_own``) or in float32."""
-        options = self.dtypes_on(c, d) if in_own else (FLOAT32,)
+        options: dict[str, list[str]] = {}  # activation dtype -> the reader's choices reading in it
+        for a in (self.dtypes_on(c, d) if in_own else (FLOAT32,)):
+            options.setdefault(activations(a), []).append(a)
         rows = []
-        for a in options:
-            if held_as == {a}:
-                continue  # never a mismatch in a
-            reader = self.r(c, d, a) if in_own else self.x(c, d)
-            rows.append((a, [(1.0, reader)] + [(-k, v) for k, v in self.held(holder, a)]))
+        for act, choices in options.items():
+            if held_as == {act}:
+                continue  # never a mismatch in act
+            reader = [(1.0, self.r(c, d, a)) for a in choices] if in_own else [(1.0, self.x(c, d))]
+            rows.append((act, reader + [(-k, v) for k, v in self.held_in(holder, act)]))
         if not rows:
             return
         seconds = count * self.p.cast_s(self.p.tensor_info[tensor].bytes, d)
@@ -406,7 +411,7 @@ class Formulation:
                 terms += self.ts.memory_terms(n, d)
             work = [(n, mu * p.work_mem_at[n][a], self.r(n, d, a)) for n in p.nodes for a in self.dtypes_on(n, d)]
             work = [(n, w, z) for n, w, z in work if w > 0]
-            streamed = [(n, mu * p.stream_buffer_bytes(n, StreamMode.PREFETCH), self.sv[n][d])
+            streamed = [(n, mu * p.stream_buffer_bytes(n, StreamMode.PREFETCH, d), self.sv[n][d])
                         for n in self.sv if d in self.sv[n]]
             most = (self._most(terms) + max((w for _, w, _ in work), default=0.0)
                     + max((w for _, w, _ in streamed), default=0.0))
@@ -450,15 +455,16 @@ class Formulation:
         return terms
 
     def param_terms(self, n: str, d: str) -> list[Term]:
-        """Memory of ``n``'s own parameters on ``d`` (in the dtype it computes in; streamed: float32)."""
+        """Memory of ``n``'s own parameters on ``d`` (in the choice it computes in; streamed: on the host, in
+        the form it is streamed in, :meth:`~partitioner.solvers.problem.Problem.stream_choice`)."""
         p, mu = self.p, self.units.memory
         if p.precision is None:
             return [(mu * c * p.param_mem[n], v) for c, v in self.resident(n, d)]
         terms: list[Term] = [(mu * p.param_mem_at[n][a], self.r(n, d, a)) for a in self.dtypes_on(n, d)]
         if d == p.host:
-            return terms + [(mu * p.param_mem[n], s) for s in self.sv.get(n, {}).values()]
+            return terms + [(mu * p.stream_mem(n, t), s) for t, s in self.sv.get(n, {}).items()]
         s = self.sv.get(n, {}).get(d)
-        return terms + ([(-mu * p.param_mem[n], s)] if s is not None else [])
+        return terms + ([(-mu * p.param_mem_at[n][p.stream_choice(n, d)], s)] if s is not None else [])
 
     def link_terms(self, label: str, *, budget: bool = False) -> list[Term]:
         """Load on link ``label``: model time (or memory units of bytes when ``budget``)."""
@@ -478,7 +484,7 @@ class Formulation:
         for n, per_d in self.sv.items():
             for d, s in per_d.items():
                 if label in p.hops(p.host, d):
-                    terms.append((mu * p.stream_passes * p.param_bytes[n] if budget
+                    terms.append((mu * p.stream_bytes(n, d) if budget
                                   else tu * p.node_stream_hop_s(n, p.host, d, label), s))
         return terms + self.ts.link_terms(label, budget)
 
@@ -539,7 +545,7 @@ class Formulation:
             for d in per_d:
                 if d in self.rv.get(n, {}):
                     continue
-                key = (d, p.param_mem[n], p.param_bytes[n], tuple(sorted(p.stream_parts[n])), p.opt_step[n][d])
+                key = (d, p.param_mem[n], p.param_bytes[n], tuple(sorted(p.stream_parts_to(n, d))), p.opt_step[n][d])
                 classes.setdefault(key, []).append(n)
         order = {n: i for i, n in enumerate(p.nodes)}
         return [(key[0], sorted(ns, key=order.__getitem__)) for key, ns in classes.items() if len(ns) > 1]
@@ -666,7 +672,7 @@ class Formulation:
         self._propagate(values)
         for cp, u, _ in self.halves:  # the copy happens and its producer holds the tensor in 16 bits
             y = values[cp.term.index] if isinstance(cp.term, Column) else float(cp.term)
-            values[u.index] = min(y, 1.0 if dtype[p.tensor_info[cp.tensor].producer] in LOW
+            values[u.index] = min(y, 1.0 if activations(dtype[p.tensor_info[cp.tensor].producer]) in LOW
                                   and dev[p.tensor_info[cp.tensor].producer] == cp.src else 0.0)
         return values
 

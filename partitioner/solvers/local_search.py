@@ -101,7 +101,7 @@ class _State:
             self.busy[d] += sign * issue
             for label in p.hops(p.host, d):
                 self.link[label] += sign * p.node_stream_hop_s(n, p.host, d, label)
-            self._count(self.buffer[d], p.stream_buffer_bytes(n, StreamMode.PREFETCH), sign)
+            self._count(self.buffer[d], p.stream_buffer_bytes(n, StreamMode.PREFETCH, d), sign)
 
     @staticmethod
     def _count(counter: collections.Counter, value: int, sign: int) -> None:

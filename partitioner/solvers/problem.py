@@ -61,7 +61,10 @@ from collections.abc import Collection, Mapping, Sequence
 from types import MappingProxyType
 
 from cost_models.costs import ANALYTIC, CostModel
-from cost_models.precision import FLOAT32, Precision, itemsize_factor, op_precision
+from cost_models.precision import (
+    FLOAT32, Precision, activations, compose, itemsize_factor, op_precision, packed_weight_bytes, quantizable_weight,
+    weight_shape_problem, weights,
+)
 from cost_models.profiles import DeviceKind, DeviceSet
 from cost_models.training import (
     Optimizer,
@@ -341,9 +344,49 @@ class Problem:
         g = self.original
         return {name: op_precision(op, g.tensors, g.params) for name, op in g.ops.items()}
 
+    @functools.cached_property
+    def quantizable(self) -> dict[str, str]:
+        """Original ops whose weight may be packed (``precision`` with ``weights``): op -> weight parameter.
+
+        A linear whose own 2-D float32 weight no other op reads, not matched by ``keep``
+        (:func:`~cost_models.precision.quantizable_weight`)."""
+        if self.precision is None or not self.precision.packs:
+            return {}
+        g, keep = self.original, self.precision.keep
+        out = {}
+        for name, op in g.ops.items():
+            param = quantizable_weight(op, g.params)
+            if param is None or any(fnmatch.fnmatchcase(name, k) or op.module_path and (
+                    fnmatch.fnmatchcase(op.module_path, k) or fnmatch.fnmatchcase(op.module_path, k + ".*"))
+                    for k in keep):
+                continue
+            out[name] = param
+        return out
+
     def op_dtype(self, op: str, dtype: str) -> str:
-        """The dtype member op ``op`` computes in when its node computes in ``dtype``."""
-        return dtype if dtype != FLOAT32 and self.op_kind[op] == "flexible" else FLOAT32
+        """The choice member op ``op`` computes in when its node computes in ``dtype``: the node's
+        activation dtype where the op is flexible (else float32), with the node's packed weight
+        dtype where the op's weight may be packed."""
+        act = activations(dtype)
+        act = act if act != FLOAT32 and self.op_kind[op] == "flexible" else FLOAT32
+        w = weights(dtype)
+        return compose(act, w) if w and self.packable(op, w) else act
+
+    def packable(self, op: str, weight: str) -> bool:
+        """Whether original op ``op`` may hold its weight packed in ``weight`` (its shape allows it)."""
+        if op not in self.quantizable:
+            return False
+        return weight_shape_problem(self.original.params[self.quantizable[op]].shape, weight) is None
+
+    def op_param_bytes(self, op, choice: str) -> int:  # noqa: ANN001
+        """Bytes of ``op``'s own parameters held for inference in member choice ``choice`` (packed
+        weight and scales, the rest in the activation dtype)."""
+        w = weights(choice)
+        if w is None:
+            return int(op.param_bytes * itemsize_factor(choice)) if choice != FLOAT32 else op.param_bytes
+        param = self.original.params[self.quantizable[op.name]]
+        rest = op.param_bytes - param.nbytes
+        return packed_weight_bytes(param.shape[0], param.shape[1], w) + int(rest * itemsize_factor(choice))
 
     def _cost_nodes(self) -> None:
         training, opt = self.options.training, self.options.optimizer
@@ -356,6 +399,7 @@ class Problem:
         self.compute: dict[str, dict[str, float]] = {}
         self.param_bytes: dict[str, int] = {}
         self.stream_parts: dict[str, tuple[int, ...]] = {}  # each member op's own weights: streamed one copy per op
+        self.stream_parts_at: dict[str, dict[str, tuple[int, ...]]] = {}  # ... held in each choice's form
         self.param_mem: dict[str, int] = {}
         self.trainable: dict[str, int] = {}
         self.work_mem: dict[str, int] = {}
@@ -389,11 +433,13 @@ class Problem:
         members) and its parameters, working set and saved activations."""
         training, tensors = self.options.training, self.original.tensors
         kinds = self.precision_kinds(node)
-        self.choices[node] = {d: self.precision.choices(kinds, d) if self.precision else (FLOAT32,)
+        packs = any(m in self.quantizable for m in self.members[node])
+        self.choices[node] = {d: self.precision.choices(kinds, d, packs) if self.precision else (FLOAT32,)
                               for d in self.allowed[node]}
         dtypes = {a for per_d in self.choices[node].values() for a in per_d}
         if dtypes == {FLOAT32}:
             self.compute_in[node] = {d: {FLOAT32: t} for d, t in self.compute[node].items()}
+            self.stream_parts_at[node] = {FLOAT32: self.stream_parts[node]}
             self.param_mem_at[node] = {FLOAT32: self.param_mem[node]}
             self.work_mem_at[node] = {FLOAT32: self.work_mem[node]}
             self.saved_at[node] = {FLOAT32: self.saved[node]}
@@ -405,11 +451,14 @@ class Problem:
             return int(t.nbytes * itemsize_factor(dtype)) if t.dtype == FLOAT32 else t.nbytes
 
         self.compute_in[node], self.param_mem_at[node], self.work_mem_at[node], self.saved_at[node] = {}, {}, {}, {}
+        self.stream_parts_at[node] = {}
         for a in dtypes:
             eff = {op.name: self.op_dtype(op.name, a) for op in ops}
             self.param_mem_at[node][a] = sum(
                 parameter_memory(op, self.options.optimizer, training=training) if training or eff[op.name] == FLOAT32
-                else int(op.param_bytes * itemsize_factor(a)) for op in ops)
+                else self.op_param_bytes(op, eff[op.name]) for op in ops)
+            self.stream_parts_at[node][a] = self.stream_parts[node] if training else tuple(
+                b for op in ops if op.param_bytes > 0 and (b := self.op_param_bytes(op, eff[op.name])) > 0)
             self.work_mem_at[node][a] = max(
                 sum(size(t, eff[op.name]) for t in (*op.inputs, *op.outputs)) for op in ops)
             self.saved_at[node][a] = sum(
@@ -424,7 +473,8 @@ class Problem:
                 for op in ops:  # casts between the node's own members (once per reading op)
                     for t in dict.fromkeys(op.inputs):
                         src = tensors[t].producer
-                        if src in members and tensors[t].dtype == FLOAT32 and eff[src] != eff[op.name]:
+                        if src in members and tensors[t].dtype == FLOAT32 and \
+                                activations(eff[src]) != activations(eff[op.name]):
                             seconds += self.cast_s(tensors[t].nbytes, d)
                 self.compute_in[node][d][a] = seconds
             self.compute[node][d] = self.compute_in[node][d][per_d[0]]
@@ -434,7 +484,8 @@ class Problem:
         if dtype == FLOAT32:
             cost = self.costs.training_op_time if self.options.training else self.costs.op_time
             return cost(op, device).seconds
-        return self.costs.op_time_in(op, device, dtype, training=self.options.training).seconds
+        packed = self.op_param_bytes(op, dtype) if weights(dtype) else 0
+        return self.costs.op_time_in(op, device, dtype, training=self.options.training, weight_bytes=packed).seconds
 
     @functools.cache  # noqa: B019
     def cast_s(self, nbytes_fp32: int, device: str) -> float:
@@ -454,7 +505,7 @@ class Problem:
     def tensor_dtype(self, t: CrossTensor | str, node_dtype: Mapping[str, str]) -> str:
         """The dtype a tensor crosses in: its producer node's when it follows it, else float32."""
         t = self.tensor_info[t] if isinstance(t, str) else t
-        return node_dtype[t.producer] if t.follows and t.producer is not None else FLOAT32
+        return activations(node_dtype[t.producer]) if t.follows and t.producer is not None else FLOAT32
 
     def copy_bytes(self, t: CrossTensor, dtype: str) -> int:
         """Bytes of ``t`` held in ``dtype`` (float32 tensors only shrink)."""
@@ -551,9 +602,36 @@ class Problem:
         """Copies of a streamed weight per step: forward only, or forward and backward (training)."""
         return 2 if self.options.training else 1
 
+    def stream_choice(self, node: str, dst: str) -> str | None:
+        """The choice ``node`` computes in on ``dst`` when it streams its weights there: the host
+        keeps them in that form (cast once, when loaded). Float32 without precision and in training
+        (float32 master weights); else the unpacked choice holding its parameters in the fewest bytes
+        (a 16-bit one where offered). None: every choice there packs its weight, and packed weights
+        stay resident (the emitted streamer fetches one tensor per weight)."""
+        dtypes = self.choices[node].get(dst, (FLOAT32,))
+        if self.options.training or self.precision is None:
+            return FLOAT32 if FLOAT32 in dtypes else dtypes[0]
+        unpacked = [a for a in dtypes if not weights(a)]
+        return min(unpacked, key=lambda a: (self.param_mem_at[node][a], dtypes.index(a))) if unpacked else None
+
+    def stream_parts_to(self, node: str, dst: str) -> tuple[int, ...]:
+        """Bytes of each member op's weights as streamed to ``dst`` (in :meth:`stream_choice`'s form)."""
+        choice = self.stream_choice(node, dst)
+        return self.stream_parts_at[node][choice] if choice is not None else self.stream_parts[node]
+
+    def stream_bytes(self, node: str, dst: str) -> int:
+        """Bytes per step streamed to ``dst`` for ``node`` (every member op's weights, once per pass)."""
+        return self.stream_passes * sum(self.stream_parts_to(node, dst))
+
+    def stream_mem(self, node: str, dst: str) -> int:
+        """Host bytes of ``node``'s weights when it streams them to ``dst`` (in the form streamed)."""
+        choice = self.stream_choice(node, dst)
+        return self.param_mem_at[node][choice] if self.precision is not None and choice is not None \
+            else self.param_mem[node]
+
     def node_stream_s(self, node: str, src: str, dst: str, mode: StreamMode) -> float:
         """Seconds per step to stream every member op's weights of ``node`` (one copy per op and pass)."""
-        return self.stream_passes * sum(self.stream_s(b, src, dst, mode) for b in self.stream_parts[node])
+        return self.stream_passes * sum(self.stream_s(b, src, dst, mode) for b in self.stream_parts_to(node, dst))
 
     def node_stream_issue_s(self, node: str, dst: str) -> float:
         """Issue latency a prefetched ``node`` pays on ``dst``: once per member op's copy and pass."""
@@ -561,7 +639,7 @@ class Problem:
 
     def node_stream_hop_s(self, node: str, src: str, dst: str, label: str, pinned: bool = True) -> float:
         """Seconds link ``label`` is busy streaming ``node``'s weights (one copy per member op and pass)."""
-        return self.stream_passes * sum(self.hop_s(b, src, dst, label, pinned) for b in self.stream_parts[node])
+        return self.stream_passes * sum(self.hop_s(b, src, dst, label, pinned) for b in self.stream_parts_to(node, dst))
 
     @functools.cache  # noqa: B019
     def one_way_s(self, nbytes: int, src: str, dst: str) -> float:
@@ -569,9 +647,9 @@ class Problem:
         return self.costs.transfer_time(nbytes, src, dst, self.devices).seconds if src != dst and nbytes else 0.0
 
 
-    def stream_buffer_bytes(self, node: str, mode: StreamMode) -> int:
-        """Device buffer ``node``'s streamed weights need: its largest member copy, once or twice."""
-        return self.buffer_factor(mode) * max(self.stream_parts[node], default=0)
+    def stream_buffer_bytes(self, node: str, mode: StreamMode, dst: str) -> int:
+        """Buffer on ``dst`` ``node``'s streamed weights need: its largest member copy, once or twice."""
+        return self.buffer_factor(mode) * max(self.stream_parts_to(node, dst), default=0)
 
     def shared_param_s(self, param: SharedParam, dst: str) -> float:
         """Seconds to copy a shared parameter to ``dst``, from the slowest possible source."""
@@ -608,8 +686,8 @@ class Problem:
         dtypes = self.choices[node].get(device, (FLOAT32,))
         for a in dtypes:
             weights = self.param_mem_at[node][a]
-            if node in self.streamable and device != self.host and a == FLOAT32:
-                weights = min(weights, self.stream_buffer_bytes(node, StreamMode.PREFETCH))
+            if node in self.streamable and device != self.host and a == self.stream_choice(node, device):
+                weights = min(weights, self.stream_buffer_bytes(node, StreamMode.PREFETCH, device))
             if node in self.offloadable and device != self.host:  # optimizer state on the host
                 weights = min(weights, self.weight_mem[node])
             saved = 0 if node in self.recomputable and len(dtypes) == 1 else self.saved_at[node][a]
@@ -649,8 +727,12 @@ def evaluate(problem: Problem, placement: Placement) -> Evaluation:
         if x[n] in p.choices[n] and dtype[n] not in p.choices[n][x[n]]:
             violations.append(f"op {n} computes in {dtype[n]} on {x[n]}, which offers it "
                               f"{', '.join(p.choices[n][x[n]])} only")
-        if n in placement.streamed and placement.streamed[n] != x[n] and dtype[n] != FLOAT32:
-            violations.append(f"op {n} streams its float32 weights but computes in {dtype[n]}")
+        if n in placement.streamed and placement.streamed[n] != x[n] and x[n] in p.choices[n] \
+                and dtype[n] != p.stream_choice(n, x[n]):
+            form = p.stream_choice(n, x[n])
+            violations.append(f"op {n} streams its weights held as {form} but computes in {dtype[n]}" if form else
+                              f"op {n} streams its weights but computes with them packed ({dtype[n]}): packed "
+                              f"weights stay resident")
         if n in placement.streamed and placement.streamed[n] != x[n] and n in p.state_writers:
             violations.append(f"op {n} writes its own buffers (a KV cache), so they cannot be streamed: "
                               f"they live where it computes")
@@ -754,11 +836,11 @@ def cast_load(p: Problem, placement: Placement, dtype: Mapping[str, str]) -> dic
             continue
         held = p.tensor_dtype(t, dtype)
         for c, (in_node_dtype, in_float32) in zip(t.consumers, t.reads):
-            casts = in_node_dtype * (dtype[c] != held) + in_float32 * (held != FLOAT32)
+            casts = in_node_dtype * (activations(dtype[c]) != held) + in_float32 * (held != FLOAT32)
             if casts:
                 out[c] += casts * p.cast_s(t.bytes, x[c])
     for _, u, nbytes in p.output_casts:
-        if dtype[u] != FLOAT32:
+        if activations(dtype[u]) != FLOAT32:
             out[u] += p.cast_s(nbytes, x[u])
     return out
 
@@ -775,7 +857,7 @@ def _transfers(p: Problem, placement: Placement) -> list[Transfer]:
                 out.append(Transfer(t.name, src, dst, nbytes, p.transfer_s(nbytes, src, dst)))
     for n, home in placement.streamed.items():
         if home != x[n] and p.param_bytes[n]:
-            out.append(Transfer(n, home, x[n], p.stream_passes * p.param_bytes[n],
+            out.append(Transfer(n, home, x[n], p.stream_bytes(n, x[n]),
                                 p.node_stream_s(n, home, x[n], placement.stream_mode), "weights"))
     for sp in p.shared:
         home = placement.residence(sp.owner)
@@ -821,9 +903,9 @@ def memory_use(p: Problem, placement: Placement) -> dict[str, int]:
             params[d] += p.weight_mem[n]
             params[p.host] += p.offload_mem[n]
         else:
-            params[placement.residence(n)] += p.param_mem[n] if streams else p.param_mem_at[n].get(a, p.param_mem[n])
+            params[placement.residence(n)] += p.stream_mem(n, d) if streams else p.param_mem_at[n].get(a, p.param_mem[n])
         if streams:
-            buffers[d] = max(buffers[d], p.stream_buffer_bytes(n, placement.stream_mode))
+            buffers[d] = max(buffers[d], p.stream_buffer_bytes(n, placement.stream_mode, d))
         work[d] = max(work[d], p.work_mem_at[n].get(a, p.work_mem[n]))
         if n not in placement.recompute:
             saved[d] += p.saved_at[n].get(a, p.saved[n])

@@ -83,9 +83,13 @@ def _training_states(problem: Problem, device: dict, streamed: dict) -> Iterator
 
 
 def _dtypes(problem: Problem, node: str, device: str, streamed: bool) -> tuple[str, ...]:
-    """The dtypes ``node`` may compute in on ``device`` (streamed weights: float32 only)."""
+    """The dtypes ``node`` may compute in on ``device`` (streamed weights: the one form the host
+    holds them in, none where every choice packs them)."""
     choices = problem.choices[node][device]
-    return tuple(a for a in choices if a == "float32") if streamed else choices
+    if not streamed:
+        return choices
+    form = problem.stream_choice(node, device)
+    return (form,) if form is not None else ()
 
 
 def orders(problem: Problem) -> list[tuple[str, ...]]:

@@ -28,6 +28,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from models.synthetic import random_dag, random_profile
+from partitioner.ir import OpGraph
 from partitioner.coarsen import CoarsenOptions, coarsen
 from partitioner.solvers.bounds import memory_aware_lower_bound, physical_lower_bound
 from partitioner.solvers.heft import solve_heft
@@ -121,6 +122,7 @@ def check(problem: Problem, info: dict, solver: str, warm: bool) -> list[str]:
         start = None
     sol = solve_ilp(problem, solver=solver, time_limit=60, gap=0.0, warm_start=start)
     info["16-bit chosen"] = bool(sol.placement.precision)
+    info["packed chosen"] = any("+" in a for a in sol.placement.precision.values())
     if best == float("inf"):
         return [] if sol.status is Status.INFEASIBLE else [f"no placement fits, the ILP says {sol.status.value}"]
     if sol.status is Status.INFEASIBLE:
@@ -233,8 +235,16 @@ def precision_instances(draw: st.DrawFn) -> tuple[Problem, dict]:
     if draw(st.booleans()):  # a cap that 16-bit weights fit and float32 ones may not
         cap = max(1, graph.total_param_bytes() // 3) + (1 << 24)
         profile = profile.with_memory({d.name: min(cap, d.memory) for d in profile.devices if d.name != "cpu"})
+    packs = not training and draw(st.booleans())  # linears whose weights may be packed, int8 or int4
+    if packs:
+        graph = _as_linears(graph)
+        profile = dataclasses.replace(profile, devices=tuple(  # at the 16-bit rate: fewer bytes, as fast
+            dataclasses.replace(d, weight_only={"int8": 2 * d.peak("bfloat16"), "int4": 1.5 * d.peak("bfloat16")}
+                                if d.name != "cpu" or draw(st.booleans()) else {})
+            for d in profile.devices))
+    setting = {"activations": "auto", "weights": "auto"} if packs else "auto"
     options = Options(objective=objective, streaming=streaming, training=training,
-                      precision=resolve_precision("auto", profile))
+                      precision=resolve_precision(setting, profile))
     coarsened = draw(st.booleans())
     members, problem_graph = None, graph
     if coarsened:  # groups whose members read one tensor in several dtypes, and cast between themselves
@@ -250,8 +260,21 @@ def precision_instances(draw: st.DrawFn) -> tuple[Problem, dict]:
     info = {"objective": objective.value, "pipeline": False, "streaming": streaming, "training": training,
             "tied": bool(problem.shared), "coarsened": coarsened, "pinned": False,
             "pinned producer, several consumers": False, "nodes": len(problem.nodes),
-            "candidates": count_candidates(problem), "low only": low_only}
+            "candidates": count_candidates(problem), "low only": low_only, "packs": packs}
     return problem, info
+
+
+def _as_linears(graph: OpGraph) -> OpGraph:
+    """``graph`` with each matmul owning its weight made an ``aten.linear`` of a ``[16, n]`` weight
+    (so weight-only packing may apply to it)."""
+    import dataclasses
+
+    linear = {op.name for op in graph.ops.values() if op.op_class.value == "matmul" and op.owned_params}
+    ops = [dataclasses.replace(op, kind="aten.linear.default") if op.name in linear else op
+           for op in graph.topological_order()]
+    params = [dataclasses.replace(p, shape=(16, p.shape[0] // 16)) if p.owner in linear else p
+              for p in graph.params.values()]
+    return OpGraph(graph.name, ops, graph.tensors.values(), params, graph.inputs, graph.outputs)
 
 
 @settings(SETTINGS, max_examples=150)
@@ -265,7 +288,48 @@ def test_precision_certificate_holds(case: tuple[Problem, dict], warm: bool) -> 
     COUNTS["precision"] += 1
     COUNTS["precision, 16-bit chosen"] += info["16-bit chosen"]
     COUNTS["precision, coarsened"] += info["coarsened"]
+    COUNTS["precision, packed weights offered"] += info["packs"]
+    COUNTS["precision, packed weights chosen"] += info["packed chosen"]
     assert not failures, (info, failures)
+
+
+def _packed_instance(seed: int) -> Problem | None:
+    """A small inference problem whose accelerator holds its linears' weights only packed: float32
+    weights over its cap, a quarter of them under it (None: too many candidates to enumerate)."""
+    import dataclasses
+
+    from cost_models.precision import resolve_precision
+
+    graph = _as_linears(random_dag(seed, 4, max_inputs=2, param_prob=1.0, param_sizes=(1 << 22, 1 << 24)))
+    profile = random_profile(seed, 2)
+    profile = dataclasses.replace(profile, devices=tuple(
+        dataclasses.replace(d, peak_flops={"float32": d.peak("float32"), "bfloat16": 4 * d.peak("float32")},
+                            weight_only={"int8": 4 * d.peak("float32"), "int4": 3 * d.peak("float32")})
+        for d in profile.devices))
+    cap = graph.total_param_bytes() // 3 + (1 << 22)
+    profile = profile.with_memory({d.name: min(cap, d.memory) for d in profile.devices if d.name != "cpu"})
+    options = Options(precision=resolve_precision({"activations": "auto", "weights": "auto"}, profile))
+    problem = Problem(graph, profile, options)
+    return problem if count_candidates(problem) <= 3000 else None
+
+
+def test_packed_weight_choices_keep_the_certificate_on_fixed_instances() -> None:
+    """weights="auto": on instances where packing pays, the ILP's (device, dtype) choice with packed
+    forms is within gap 0 of brute force, its objective is evaluate's, and the bounds hold."""
+    chosen = 0
+    for seed in range(60):
+        problem = _packed_instance(seed)
+        if problem is None:
+            continue
+        info = {"objective": "latency", "pipeline": False, "streaming": True, "training": False, "tied": False,
+                "coarsened": False, "pinned": False, "pinned producer, several consumers": False,
+                "nodes": len(problem.nodes), "candidates": count_candidates(problem)}
+        failures = check(problem, info, "highs", False)
+        assert not failures, (seed, failures)
+        chosen += info["packed chosen"]
+        if chosen >= 3:
+            break
+    assert chosen >= 1, "no instance where packing pays: widen _packed_instance"
 
 
 def test_the_oracle_saw_every_kind_of_instance(capsys: pytest.CaptureFixture[str]) -> None:
@@ -275,7 +339,7 @@ def test_the_oracle_saw_every_kind_of_instance(capsys: pytest.CaptureFixture[str
         print("\noracle:", ", ".join(f"{k} {v}" for k, v in sorted(COUNTS.items())))
     for key in ("objective latency", "objective throughput", "objective makespan", "pipeline", "streaming", "training",
                 "tied", "coarsened", "pinned", "pinned producer, several consumers", "solver highs", "solver cbc",
-                "precision", "precision, 16-bit chosen", "precision, coarsened"):
+                "precision", "precision, 16-bit chosen", "precision, coarsened", "precision, packed weights offered"):
         assert COUNTS[key] > 0, f"no instance with {key}: widen the strategy"
     assert COUNTS["violations"] == 0
 

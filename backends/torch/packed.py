@@ -1,0 +1,107 @@
+"""Packed weights in the emitted module: linears the plan lists in ``precision.weights`` run a
+weight-only kernel on their packed weight.
+
+In: a GraphModule that :func:`~backends.torch.module.place_module` has placed (each weight already
+in its home) and a plan whose ``precision`` section lists ``weights`` (:mod:`partitioner.plan.precision`).
+Out: the same module, in place: each listed ``aten.linear(x, weight, bias)`` becomes
+``backends.torch.quantized_ops.linear_<dtype>(x, <packed tensors>, bias)``, the packed tensors
+(quantized values and scales, made by :func:`~backends.torch.quantized_ops.pack_weight` with
+torchao's quantization primitives and torch's packing op for the device) registered as buffers
+beside the weight on its device, and the float weight dropped (no other op reads it: the plan
+packs only weights their linear owns alone). The kernel reads bfloat16 activations and returns
+the dtype it was given, so :mod:`backends.torch.precision` casts around it as around any op.
+
+Packed weights are for inference: a training plan never lists them (refused when planned).
+
+Example:
+    >>> emitted = plan.emit(model, strict_devices=True)    # doctest: +SKIP
+    >>> print(emitted.code)                                 # doctest: +SKIP
+    ... linear = backends_torch_quantized_ops_linear_int8(layer_norm, self.fc_weight_int8_qweight, ...
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.fx
+
+from backends.strict_devices import StrictDevices
+from backends.torch.attributes import attribute
+from partitioner.errors import HetpartError
+
+__all__ = ["pack_linears", "PACKED_ATTR"]
+
+#: the emitted module's map of packed buffer name -> the parameter name of the weight it stands for
+PACKED_ATTR = "hetpart_packed"
+
+_LINEAR = torch.ops.aten.linear.default
+
+
+def pack_linears(gm: torch.fx.GraphModule, plan: Any, packed: Mapping[str, str]) -> None:
+    """Replace each linear named in ``packed`` (op -> weight dtype) by its weight-only kernel (see
+    the module docstring).
+
+    Raises:
+        HetpartError: a training plan; a listed op that is not a linear of the graph or whose weight
+            another op reads (the plan does not match the graph); a weight that cannot be packed.
+    """
+    from backends.torch import quantized_ops
+
+    if plan.training:
+        raise HetpartError(f"{plan.source} packs weights (precision.weights) but is a training plan: packed "
+                           f"weights are for inference; re-plan without weights in --precision")
+    nodes = {n.name: n for n in gm.graph.nodes}
+    names: dict[str, str] = getattr(gm, PACKED_ATTR, {})
+    for op, dtype in packed.items():
+        node = nodes.get(op)
+        if node is None or node.target is not _LINEAR:
+            raise HetpartError(f"{plan.source}: precision.weights lists {op!r}, which is not an aten.linear of "
+                               f"the captured graph; re-plan the model with --precision weights=...")
+        weight = node.args[1]
+        if not isinstance(weight, torch.fx.Node) or weight.op != "get_attr" or len(weight.users) != 1:
+            raise HetpartError(f"{plan.source}: {op!r} packs its weight, but its weight is not a parameter it "
+                               f"reads alone; re-plan the model with --precision weights=...")
+        target = str(weight.target)
+        value = attribute(gm, target)
+        tensors = _packed(quantized_ops, value, dtype)
+        owner, _, attr = target.rpartition(".")
+        module = gm.get_submodule(owner) if owner else gm
+        getters = []
+        with gm.graph.inserting_before(node):
+            for key, tensor in tensors.items():
+                name = f"{attr}_{dtype}_{key}"
+                module.register_buffer(name, tensor, persistent=False)
+                full = f"{owner}.{name}" if owner else name
+                names[full] = target
+                getter = gm.graph.get_attr(full)
+                if "hetpart_device" in weight.meta:
+                    getter.meta["hetpart_device"] = weight.meta["hetpart_device"]
+                getters.append(getter)
+            x, bias = node.args[0], node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
+            kwargs = {"group": quantized_ops.int4_group(value.shape[1])} if dtype == "int4" else {}
+        # the node keeps its name (the plan's op name: casts and strict devices find it by it) and meta
+        node.target, node.args, node.kwargs = quantized_ops.LINEAR[dtype], (x, *getters, bias), kwargs
+        gm.graph.erase_node(weight)
+        delattr(module, attr)
+    setattr(gm, PACKED_ATTR, names)
+    gm.graph.lint()
+    gm.recompile()
+
+
+def _packed(quantized_ops: Any, value: torch.Tensor, dtype: str) -> dict[str, torch.Tensor]:
+    """``value`` packed on its device. Packing is part of building, not of the planned step: under
+    strict devices (a :class:`~backends.strict_devices.StrictDevices` mode active while the module
+    is built) it runs outside the mode and its tensors are placed where the weight was."""
+    from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode
+
+    mode = _get_current_dispatch_mode()
+    strict = mode if isinstance(mode, StrictDevices) else None
+    home = strict.device_of(value) if strict is not None else None
+    with _disable_current_modes():
+        tensors = quantized_ops.pack_weight(value.detach(), dtype, value.device)
+    if strict is not None:
+        for tensor in tensors.values():
+            strict.place(tensor, home)
+    return tensors
