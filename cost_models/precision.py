@@ -227,9 +227,7 @@ class Precision:
     float32, or the device's first dtype when it cannot run float32). ``weights[device]`` lists
     the packed weight dtypes offered there (empty: weights stay as computed); with
     ``float_weights`` the unpacked weight stays a choice beside them (``weights="auto"``), else a
-    quantizable linear on that device packs its weight. ``max_error`` bounds the relative output
-    error of the whole plan against the float model (``auto`` weights; None: no bound), ``keep``
-    lists module paths or op names (globs) whose weights stay unpacked. ``setting`` is what the
+    quantizable linear on that device packs its weight. ``keep`` lists module paths or op names (globs) whose weights stay unpacked. ``setting`` is what the
     user asked for, as the plan records it: ``"auto"`` or a mapping.
     """
 
@@ -238,7 +236,6 @@ class Precision:
     can_fp32: Mapping[str, bool]  # whether the device runs float32 (fixed ops need it)
     weights: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
     float_weights: bool = True
-    max_error: float | None = None
     keep: tuple[str, ...] = ()
 
     @property
@@ -278,7 +275,7 @@ def resolve_precision(value: Any, devices: Any) -> Precision | None:
     ``value`` is ``"auto"`` (each device's fast 16-bit dtypes), or a mapping of device names to
     dtypes with optional keys ``activations`` (``"auto"``), ``weights`` (a packed weight dtype for
     every device with a kernel for it, a mapping of device to one, or ``"auto"``: the solver
-    chooses per op), ``max_error`` (with ``weights="auto"``: the relative output error allowed)
+    chooses per op), ``max_error`` (refused for now: no accuracy budget is planned yet)
     and ``keep`` (module paths or op names, globs, whose weights stay unpacked).
 
     Raises:
@@ -327,13 +324,11 @@ def resolve_precision(value: Any, devices: Any) -> Precision | None:
             runs = device_dtypes(d)
             chosen[d.name] = auto_dtypes[d.name] if act is not None else (FLOAT32,) if FLOAT32 in runs else (runs[0],)
     packed, float_weights = _resolve_weights(value.get("weights"), devices, setting)
-    max_error = _max_error(value.get("max_error"), setting)
+    _refuse_budget(value.get("max_error"))
     keep = _keep(value.get("keep"), setting)
-    if (max_error is not None or keep) and not packed:
-        raise PrecisionError("precision: max_error and keep bound packed weights; add weights=int8, int4, float8 "
-                             "or auto")
-    return Precision(MappingProxyType(chosen), setting, can_fp32, MappingProxyType(packed), float_weights,
-                     max_error, keep)
+    if keep and not packed:
+        raise PrecisionError("precision: keep bounds packed weights; add weights=int8, int4, float8 or auto")
+    return Precision(MappingProxyType(chosen), setting, can_fp32, MappingProxyType(packed), float_weights, keep)
 
 
 def _resolve_weights(raw: Any, devices: Any, setting: dict[str, Any]) -> tuple[dict[str, tuple[str, ...]], bool]:
@@ -372,9 +367,10 @@ def _resolve_weights(raw: Any, devices: Any, setting: dict[str, Any]) -> tuple[d
     return out, False
 
 
-def _max_error(raw: Any, setting: dict[str, Any]) -> float | None:
+def _refuse_budget(raw: Any) -> None:
+    """An accuracy budget (``max_error``) is refused: the solver does not measure errors yet."""
     if raw is None:
-        return None
+        return
     raise PrecisionError(f"precision['max_error']={raw!r}: an error budget is not planned yet (the solver does not "
                          f"measure errors); pack explicitly (weights=int8 or int4), keep the modules that must stay "
                          f"unpacked (keep=lm_head;*.down_proj), and read the error hetpart check reports against "

@@ -49,7 +49,7 @@ def test_bad_settings_name_the_device_the_dtype_and_the_fix() -> None:
         resolve_precision({"weights": {"npu:9": "int8"}}, h200)
     with pytest.raises(PrecisionError, match="error budget is not planned yet"):
         resolve_precision({"weights": "auto", "max_error": 0.02}, h200)
-    with pytest.raises(PrecisionError, match="keep bound packed weights"):
+    with pytest.raises(PrecisionError, match="keep bounds packed weights"):
         resolve_precision({"cuda:0": "bf16", "keep": ["lm_head"]}, h200)
     with pytest.raises(PrecisionError, match="no device of profile 't4-flexgen' lists a weight-only kernel"):
         resolve_precision({"weights": "auto"}, load_profile("t4-flexgen"))
