@@ -149,22 +149,24 @@ def _cpu_weight_only(torch: Any, rows: int = 64, n: int = 2048,
     rates: dict[str, float] = {}
     unpack: dict[str, float] = {}
     aten = torch.ops.aten
-    kernels = {}
-    try:
-        q8 = torch.randint(-127, 128, (n, n), dtype=torch.int8)
-        s8 = torch.rand(n, dtype=torch.bfloat16)
-        kernels["int8"] = lambda x: aten._weight_int8pack_mm(x, q8, s8)
+
+    def int8() -> Callable[[Any], Any]:
+        q8, s8 = torch.randint(-127, 128, (n, n), dtype=torch.int8), torch.rand(n, dtype=torch.bfloat16)
+        return lambda x: aten._weight_int8pack_mm(x, q8, s8)
+
+    def int4() -> Callable[[Any], Any]:
         q4 = aten._convert_weight_to_int4pack_for_cpu(torch.randint(0, 16, (n, n), dtype=torch.int32), 1)
         sz = torch.rand(n // group, n, 2, dtype=torch.bfloat16)
-        kernels["int4"] = lambda x: aten._weight_int4pack_mm_for_cpu(x, q4, group, sz)
-    except (AttributeError, RuntimeError, NotImplementedError):
-        pass
+        return lambda x: aten._weight_int4pack_mm_for_cpu(x, q4, group, sz)
+
     many, one = torch.randn(rows, n, dtype=torch.bfloat16), torch.randn(1, n, dtype=torch.bfloat16)
-    for name, kernel in kernels.items():
-        try:
+    for name, build in (("int8", int8), ("int4", int4)):
+        try:  # a torch without the kernel: the device gets no packed weights of that dtype
+            kernel = build()
             rates[name] = _best_rate(lambda: kernel(many), 2 * rows * n * n, budget=0.1)
             single = 1.0 / _best_rate(lambda: kernel(one), 1.0, budget=0.05)  # seconds at one row
-        except (RuntimeError, NotImplementedError):
+        except (AttributeError, RuntimeError, NotImplementedError) as exc:
+            log.info("cpu: no %s weight-only kernel in this torch (%s): no %s packed weights here", name, exc, name)
             continue
         fixed = single - 2 * n * n / rates[name]
         if fixed > 0:

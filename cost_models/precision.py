@@ -95,11 +95,16 @@ def parse_dtype(name: Any, where: str = "precision") -> str:
         >>> parse_dtype("bf16")
         'bfloat16'
     """
+    return _alias(name, ALIASES, f"{where}: {name!r} is not a dtype hetpart computes in; use one of "
+                                 f"fp32 (float32), bf16 (bfloat16), fp16 (float16)")
+
+
+def _alias(name: Any, aliases: Mapping[str, str], refusal: str) -> str:
+    """``aliases[name]`` (case and spaces aside), else a PrecisionError saying ``refusal``."""
     key = str(name).strip().lower()
-    if key not in ALIASES:
-        raise PrecisionError(f"{where}: {name!r} is not a dtype hetpart computes in; use one of "
-                             f"fp32 (float32), bf16 (bfloat16), fp16 (float16)")
-    return ALIASES[key]
+    if key not in aliases:
+        raise PrecisionError(refusal)
+    return aliases[key]
 
 
 def itemsize_factor(dtype: str) -> float:
@@ -143,11 +148,8 @@ def parse_weight_dtype(name: Any, where: str = "precision.weights") -> str:
         >>> parse_weight_dtype("fp8")
         'float8'
     """
-    key = str(name).strip().lower()
-    if key not in WEIGHT_ALIASES:
-        raise PrecisionError(f"{where}: {name!r} is not a weight dtype hetpart packs; use one of "
-                             f"{', '.join(WEIGHT_DTYPES)} (or auto)")
-    return WEIGHT_ALIASES[key]
+    return _alias(name, WEIGHT_ALIASES, f"{where}: {name!r} is not a weight dtype hetpart packs; use one of "
+                                        f"{', '.join(WEIGHT_DTYPES)} (or auto)")
 
 
 def int4_group(in_features: int) -> int | None:
