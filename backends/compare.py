@@ -205,6 +205,7 @@ class PackedErrors:
     weights: Mapping[str, int]       # packed dtype -> linears packed in it
     placed: Mapping[str, float]      # output -> the emitted module's relative error against float
     reference: Mapping[str, float]   # output -> the unplaced reference's relative error against float
+    budget: float | None = None      # the plan's precision max_error (measured on its example inputs), if any
 
     @property
     def worst(self) -> float:
@@ -214,8 +215,12 @@ class PackedErrors:
         held = ", ".join(f"{n} linears in {w}" for w, n in sorted(self.weights.items()))
         rows = ", ".join(f"{name} {e:.2e} (reference {self.reference.get(name, float('nan')):.2e})"
                          for name, e in self.placed.items())
+        budget = "" if self.budget is None else (
+            f"; the plan's max_error {self.budget:g} is " + ("kept on these inputs" if self.worst <= self.budget
+                                                             else "exceeded on these inputs (it was planned on "
+                                                                  "its example inputs)"))
         return (f"  packed weights ({held}): outputs compared with the same packing run unplaced on the host; "
-                f"relative error against the float model: {rows}")
+                f"relative error against the float model: {rows}{budget}")
 
 
 MISSING = object()  # a gradient the emitted module did not produce (or has no parameter for)

@@ -38,6 +38,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
@@ -223,14 +224,22 @@ def _faster(device: Any, a: str, b: str) -> bool:
 @dataclasses.dataclass(frozen=True)
 class Precision:
     """The dtypes each device may compute its flexible ops in, the packed weight dtypes its
-    quantizable linears may hold, and the setting they came from.
+    quantizable linears may hold, the accuracy budget, and the setting they came from.
 
     ``dtypes[device]`` lists activation dtypes with the default first (what a baseline uses there:
     float32, or the device's first dtype when it cannot run float32). ``weights[device]`` lists
     the packed weight dtypes offered there (empty: weights stay as computed); with
     ``float_weights`` the unpacked weight stays a choice beside them (``weights="auto"``), else a
-    quantizable linear on that device packs its weight. ``keep`` lists module paths or op names (globs) whose weights stay unpacked. ``setting`` is what the
-    user asked for, as the plan records it: ``"auto"`` or a mapping.
+    quantizable linear on that device packs its weight. ``keep`` lists module paths or op names
+    (globs) whose weights stay unpacked. ``setting`` is what the user asked for, as the plan
+    records it: ``"auto"`` or a mapping.
+
+    ``max_error`` is the user's accuracy budget: the relative L2 error of the plan's outputs against
+    the float model on the example inputs, measured. ``weight_errors[param][dtype]`` is the error
+    measured with that one weight packed in ``dtype`` (:mod:`backends.torch.weight_errors`); the
+    solver bounds their root sum of squares (independent rounding noise adds in quadrature) by
+    ``error_budget`` (``max_error`` unless the planner tightened it after measuring a whole plan
+    over it: :mod:`partitioner.error_budget`).
     """
 
     dtypes: Mapping[str, tuple[str, ...]]
@@ -239,6 +248,15 @@ class Precision:
     weights: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
     float_weights: bool = True
     keep: tuple[str, ...] = ()
+    max_error: float | None = None
+    weight_errors: Mapping[str, Mapping[str, float]] = dataclasses.field(
+        default_factory=lambda: MappingProxyType({}))
+    error_budget: float | None = None  # the bound on the estimate (None: max_error)
+
+    @property
+    def estimate_budget(self) -> float | None:
+        """What the solver bounds the estimated error by (None: no budget)."""
+        return self.error_budget if self.error_budget is not None else self.max_error
 
     @property
     def auto(self) -> bool:
@@ -277,8 +295,8 @@ def resolve_precision(value: Any, devices: Any) -> Precision | None:
     ``value`` is ``"auto"`` (each device's fast 16-bit dtypes), or a mapping of device names to
     dtypes with optional keys ``activations`` (``"auto"``), ``weights`` (a packed weight dtype for
     every device with a kernel for it, a mapping of device to one, or ``"auto"``: the solver
-    chooses per op), ``max_error`` (refused for now: no accuracy budget is planned yet)
-    and ``keep`` (module paths or op names, globs, whose weights stay unpacked).
+    chooses per op), ``max_error`` (the accuracy budget: the relative output error against the
+    float model the packed weights may cost, measured on the example inputs) and ``keep`` (module paths or op names, globs, whose weights stay unpacked).
 
     Raises:
         PrecisionError: an unknown dtype, device or key, or a dtype the device's profile does not run.
@@ -326,11 +344,15 @@ def resolve_precision(value: Any, devices: Any) -> Precision | None:
             runs = device_dtypes(d)
             chosen[d.name] = auto_dtypes[d.name] if act is not None else (FLOAT32,) if FLOAT32 in runs else (runs[0],)
     packed, float_weights = _resolve_weights(value.get("weights"), devices, setting)
-    _refuse_budget(value.get("max_error"))
+    max_error = _budget(value.get("max_error"), setting)
     keep = _keep(value.get("keep"), setting)
     if keep and not packed:
         raise PrecisionError("precision: keep bounds packed weights; add weights=int8, int4, float8 or auto")
-    return Precision(MappingProxyType(chosen), setting, can_fp32, MappingProxyType(packed), float_weights, keep)
+    if max_error is not None and not packed:
+        raise PrecisionError(f"precision: max_error={max_error:g} bounds the error packed weights cost; add "
+                             f"weights=auto (the solver packs what the budget allows) or weights=int8/int4")
+    return Precision(MappingProxyType(chosen), setting, can_fp32, MappingProxyType(packed), float_weights, keep,
+                     max_error)
 
 
 def _resolve_weights(raw: Any, devices: Any, setting: dict[str, Any]) -> tuple[dict[str, tuple[str, ...]], bool]:
@@ -369,14 +391,19 @@ def _resolve_weights(raw: Any, devices: Any, setting: dict[str, Any]) -> tuple[d
     return out, False
 
 
-def _refuse_budget(raw: Any) -> None:
-    """An accuracy budget (``max_error``) is refused: the solver does not measure errors yet."""
+def _budget(raw: Any, setting: dict[str, Any]) -> float | None:
+    """The accuracy budget ``max_error``: a relative output error, a number above 0 (None: no budget)."""
     if raw is None:
-        return
-    raise PrecisionError(f"precision['max_error']={raw!r}: an error budget is not planned yet (the solver does not "
-                         f"measure errors); pack explicitly (weights=int8 or int4), keep the modules that must stay "
-                         f"unpacked (keep=lm_head;*.down_proj), and read the error hetpart check reports against "
-                         f"the float model")
+        return None
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        value = float("nan")
+    if isinstance(raw, bool) or not math.isfinite(value) or value <= 0:
+        raise PrecisionError(f"precision['max_error']={raw!r}: give the relative output error the packed weights "
+                             f"may cost against the float model, a number above 0 (e.g. max_error=0.02: 2%)")
+    setting["max_error"] = value
+    return value
 
 
 def _keep(raw: Any, setting: dict[str, Any]) -> tuple[str, ...]:

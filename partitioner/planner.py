@@ -157,6 +157,10 @@ def partition_outcome(
     if onnx_graph and request.train.training:
         raise HetpartError(f"{graph.name!r} is an ONNX graph: ONNX models are planned for inference (onnxruntime "
                            "runs them forward only); drop training=True (CLI: --training)")
+    if dtypes is not None and dtypes.max_error is not None:  # the accuracy budget: each weight's error measured
+        from partitioner.error_budget import measured_precision
+
+        dtypes = measured_precision(dtypes, model_or_graph, example_inputs, graph, request)
     options_ = _solver_options(request, spec, dtypes, onnx_graph)
     cons, search = request.constraints, request.search
     pins = cons.pins
@@ -169,34 +173,46 @@ def partition_outcome(
 
     cost_model = resolve_costs(request.costs, graph, profile, example_inputs, training=bool(request.train.training),
                                optimizer=request.train.optimizer)
-    problem = Problem(coarse.graph, profile, options_, pins=pins, members=coarse.members, original=graph,
-                      costs=cost_model)
-    if problem.options.training and problem.options.optimizer.value == "sparse-adam" and not problem.sparse_ops:
-        from partitioner.plan.training_state import NO_TABLE
 
-        log.warning(NO_TABLE)
-    dense = _dense_problem(problem)
-    baselines = {name: _evaluated(dense if name in DENSE_BASELINES else problem,
-                                  run_baseline(name, problem, no_split=cons.no_split))
-                 for name in _baseline_names(problem)}
-    time_limit, gap = search.time_limit, search.gap
-    deadline = started + time_limit - _finishing_time(problem, baselines, time_limit)
-    lower_bound = _lower_bound(problem, started + LOWER_BOUND_SHARE * time_limit)
-    solution, evaluation, ilp = _solve(problem, search.solver, baselines, deadline, gap, search.progress)
-    if ilp is not None and problem.train_state:  # state kept on the host or recomputed for nothing: undone
-        tidied = tidy(problem, solution.placement, evaluate, deadline)  # within the solve's own time
-        if tidied != solution.placement:
-            solution, evaluation = dataclasses.replace(solution, placement=tidied), evaluate(problem, tidied)
-    if ilp is not None:  # the plan's solve time is everything after capture
-        solution = dataclasses.replace(solution, seconds=time.perf_counter() - started)
-        if lower_bound is not None and (solution.bound is None or lower_bound > solution.bound):
-            # the memory-aware bound is a bound on every placement too: a solver stopped before its
-            # root (a 3,000-op DAG in 5 s) states that one rather than none, or 0
-            solution = dataclasses.replace(solution, bound=lower_bound,
-                                           status=status_for_gap(relative_gap(evaluation.total_s, lower_bound), gap))
-    verify_placement(problem, solution.placement, evaluation)
-    plan = _plan(request, model_or_graph, graph, coarse, problem, solution, evaluation, baselines, lower_bound,
-                 inputs, ilp, onnx_graph)
+    def attempt(options: Options, started: float) -> Outcome:
+        """Problem, baselines, ILP and plan record for ``options``, within the time limit from ``started``."""
+        problem = Problem(coarse.graph, profile, options, pins=pins, members=coarse.members, original=graph,
+                          costs=cost_model)
+        if problem.options.training and problem.options.optimizer.value == "sparse-adam" and not problem.sparse_ops:
+            from partitioner.plan.training_state import NO_TABLE
+
+            log.warning(NO_TABLE)
+        dense = _dense_problem(problem)
+        baselines = {name: _evaluated(dense if name in DENSE_BASELINES else problem,
+                                      run_baseline(name, problem, no_split=cons.no_split))
+                     for name in _baseline_names(problem)}
+        time_limit, gap = search.time_limit, search.gap
+        deadline = started + time_limit - _finishing_time(problem, baselines, time_limit)
+        lower_bound = _lower_bound(problem, started + LOWER_BOUND_SHARE * time_limit)
+        solution, evaluation, ilp = _solve(problem, search.solver, baselines, deadline, gap, search.progress)
+        if ilp is not None and problem.train_state:  # state kept on the host or recomputed for nothing: undone
+            tidied = tidy(problem, solution.placement, evaluate, deadline)  # within the solve's own time
+            if tidied != solution.placement:
+                solution, evaluation = dataclasses.replace(solution, placement=tidied), evaluate(problem, tidied)
+        if ilp is not None:  # the plan's solve time is everything after capture
+            solution = dataclasses.replace(solution, seconds=time.perf_counter() - started)
+            if lower_bound is not None and (solution.bound is None or lower_bound > solution.bound):
+                # the memory-aware bound is a bound on every placement too: a solver stopped before its
+                # root (a 3,000-op DAG in 5 s) states that one rather than none, or 0
+                solution = dataclasses.replace(solution, bound=lower_bound,
+                                               status=status_for_gap(relative_gap(evaluation.total_s, lower_bound), gap))
+        verify_placement(problem, solution.placement, evaluation)
+        plan = _plan(request, model_or_graph, graph, coarse, problem, solution, evaluation, baselines, lower_bound,
+                     inputs, ilp, onnx_graph)
+        return Outcome(plan, problem, coarse, solution, evaluation, baselines)
+
+    if dtypes is not None and dtypes.max_error is not None:  # re-solved until the measured error keeps the budget
+        from partitioner.error_budget import within_budget
+
+        outcome = within_budget(attempt, options_, model_or_graph, example_inputs)
+    else:
+        outcome = attempt(options_, started)
+    plan = outcome.plan
     if profile.probe is not None:
         plan = dataclasses.replace(plan, probe=profile.probe.to_dict())
     fractions = tuple(request.fallbacks or ())
@@ -205,7 +221,7 @@ def partition_outcome(
                                    streaming=options_.streaming)
         plan = with_fallbacks(plan, profile, fractions, lambda base, caps: partition_outcome(
             graph, example_inputs, options=fallback.replace(devices=base, memory=caps)).plan)
-    return Outcome(plan, problem, coarse, solution, evaluation, baselines)
+    return dataclasses.replace(outcome, plan=plan)
 
 
 def _from_folder(spec: Any, example_inputs: Any, request: PlanOptions) -> tuple[Any, Any, PlanOptions]:

@@ -166,8 +166,9 @@ def _packed_errors(plan: Any, reference: torch.nn.Module, device_map: Mapping[st
     counts: dict[str, int] = {}
     for w in plan.precision["weights"].values():
         counts[w] = counts.get(w, 0) + 1
+    budget = plan.precision.get("error", {}).get("max_error")
     errors = PackedErrors(counts, {n: _relative(emit_outs.get(n), f) for n, f in float_outs.items()},
-                          {n: _relative(ref_outs.get(n), f) for n, f in float_outs.items()})
+                          {n: _relative(ref_outs.get(n), f) for n, f in float_outs.items()}, budget)
     return errors, ref_outs
 
 

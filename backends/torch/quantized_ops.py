@@ -352,6 +352,26 @@ def dequantized(tensors: dict[str, torch.Tensor], dtype: str, shape: tuple[int, 
     return weight
 
 
+def fake_quantized(weight: torch.Tensor, dtype: str) -> torch.Tensor:
+    """``weight`` packed in ``dtype`` and read back to float32, on the host: the values a
+    weight-only kernel multiplies by (how much packing alone moves a layer, without its kernel).
+    float8 is packed by its host arithmetic too, though only GPUs have its kernel.
+
+    Example:
+        >>> w = torch.randn(64, 128)
+        >>> bool((fake_quantized(w, "int8") - w).abs().max() < 0.05)
+        True
+    """
+    _require_quantizable(tuple(weight.shape), dtype)
+    with torch.no_grad():
+        w32 = weight.detach().to(device="cpu", dtype=torch.float32)
+        if dtype == "float8":  # dequantized() reads it back as qweight * scale
+            tensors = _pack_float8(w32)
+        else:
+            tensors = pack_weight(w32, dtype, "cpu")
+        return dequantized(tensors, dtype, tuple(weight.shape))
+
+
 def _int4_read_back(tensors: dict[str, torch.Tensor], in_features: int, chunk: int = 1024) -> torch.Tensor:
     """``W`` of an int4 pack, ``chunk`` identity rows at a time (so the identity stays small)."""
     qweight, szs = tensors["qweight"], tensors["scales_and_zeros"]

@@ -113,14 +113,15 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     profile = profile_for(request.hardware.devices, margin=request.hardware.detect_margin)  # before the capture
     if profile.probe is not None:
         print("\n".join(profile.notes[-1 - len(profile.probe.notes):]), file=sys.stderr)
+    measured = request.costs == "profiled"
     if request.precision is not None:  # a bad --precision fails before the capture too
         from cost_models.precision import resolve_precision
 
-        resolve_precision(request.precision, profile)
-    # zoo models: shapes only, no memory for weights (measuring ops needs real ones);
-    # ONNX models: the path, imported by partition
+        measured |= resolve_precision(request.precision, profile).max_error is not None
+    # zoo models: shapes only, no memory for weights (measuring ops, or the error packed weights
+    # cost, needs real ones); ONNX models: the path, imported by partition
     shapes = input_shapes(args.input_shape) or request.source.input_shapes
-    loaded = load_model(model, device=None if request.costs == "profiled" else "meta", input_shapes=shapes,
+    loaded = load_model(model, device=None if measured else "meta", input_shapes=shapes,
                         dtype=request.source.folder_dtype, trust_remote_code=request.source.trust_remote_code)
     print(f"capturing {loaded.name} ({'onnx' if loaded.is_onnx else request.source.capture}) ...", file=sys.stderr)
     if request.generation.generate:

@@ -28,6 +28,8 @@ keeps the memory and transfers of the old placement; these checks refuse it wher
 
 from __future__ import annotations
 
+import dataclasses
+
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -205,6 +207,8 @@ def _evaluate(plan: Any, graph: OpGraph) -> Any:
     spec = PipelineSpec(section["micro_batches"], section["schedule"]) if section else None
     precision = resolve_precision(dict(plan.precision["setting"]) if not isinstance(plan.precision["setting"], str)
                                   else plan.precision["setting"], plan.devices) if plan.precision else None
+    if precision is not None and precision.max_error is not None:  # measured when planned: precision.error
+        precision = dataclasses.replace(precision, max_error=None)
     state = plan.training_state
     params = state.get("params", {}) if state else {}
     options = Options(objective=Objective(plan.objective), training=plan.training, optimizer=plan.optimizer,

@@ -11,7 +11,12 @@ The section::
                 "ops": {op: "bfloat16" | "float16"},          # ops computing in 16 bits (the rest: as traced)
                 "weights": {op: "int8" | "int4" | "float8"},  # linears holding their weight packed (optional)
                 "weight_bytes": {op: bytes},                  # ... their parameter bytes so held (with weights)
-                "casts": count}                               # tensors cast at a dtype boundary (predicted)
+                "casts": count,                               # tensors cast at a dtype boundary (predicted)
+                "error": {"max_error": e,                     # with an accuracy budget (partitioner.error_budget):
+                          "measured": {output: e, "all": e},  #   the plan's relative output error, measured
+                          "measured_by": how,                 #   its kernels on the host, or dequantized weights
+                          "estimated": e,                     #   the solver's estimate (root sum of squares)
+                          "ops": {op: e}}}                    #   each packed op's own measured error
 
 A linear listed in ``weights`` holds its weight packed (with its scales) on its device and runs a
 weight-only kernel on bfloat16 activations (cast in, and back to float32 unless ``ops`` lists it).
@@ -45,7 +50,7 @@ if TYPE_CHECKING:
 __all__ = ["precision_record", "read_precision", "check_precision", "graph_differences", "precision_lines",
            "refuse_precision", "PRECISION_KEYS"]
 
-PRECISION_KEYS = ("setting", "ops", "weights", "weight_bytes", "casts")
+PRECISION_KEYS = ("setting", "ops", "weights", "weight_bytes", "casts", "error")
 
 
 def precision_record(problem: Problem, placement: Placement) -> dict[str, Any]:
@@ -85,7 +90,7 @@ def read_precision(r: FieldReader, value: Any) -> dict[str, Any]:
     if value == {}:
         return {}
     c = r.keys(r.mapping(value, "precision"), "precision", ("setting", "ops"),
-               ("weights", "weight_bytes", "casts"))
+               ("weights", "weight_bytes", "casts", "error"))
     setting = c["setting"]
     if isinstance(setting, str):
         if setting != "auto":
@@ -104,7 +109,34 @@ def read_precision(r: FieldReader, value: Any) -> dict[str, Any]:
                                              "the file")
     if "casts" in c:
         out["casts"] = r.count(c["casts"], "precision.casts")
+    if "error" in c:
+        out["error"] = _read_error(r, c["error"], set(out.get("weights", {})))
     return out
+
+
+def _read_error(r: FieldReader, value: Any, packed: set[str]) -> dict[str, Any]:
+    """``precision.error``: the budget, the measured and estimated errors, each packed op's own."""
+    c = r.keys(r.mapping(value, "precision.error"), "precision.error", ("max_error", "measured", "measured_by", "estimated", "ops"), ())
+    out = {"max_error": _error(r, c["max_error"], "precision.error.max_error", positive=True),
+           "measured": r.string_map(c["measured"], "precision.error.measured", lambda v, p: _error(r, v, p)),
+           "measured_by": r.string(c["measured_by"], "precision.error.measured_by"),
+           "estimated": _error(r, c["estimated"], "precision.error.estimated"),
+           "ops": r.string_map(c["ops"], "precision.error.ops", lambda v, p: _error(r, v, p))}
+    if "all" not in out["measured"]:
+        r.fail("precision.error.measured", "has no 'all' entry (the outputs taken together)")
+    if set(out["ops"]) != packed:
+        r.fail("precision.error.ops", "names other ops than precision.weights; re-plan rather than editing the file")
+    if out["measured"]["all"] > out["max_error"]:
+        r.fail("precision.error", f"the measured error {out['measured']['all']:.3g} is over max_error "
+                                  f"{out['max_error']:.3g}: a plan keeps its budget; re-plan rather than editing the file")
+    return out
+
+
+def _error(r: FieldReader, value: Any, path: str, positive: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == float("inf") \
+            or positive and value == 0:
+        r.fail(path, f"{value!r} is not a relative error (a finite number {'above' if positive else 'at least'} 0)")
+    return float(value)
 
 
 def _read_setting(r: FieldReader, setting: Any) -> dict[str, Any]:
@@ -122,6 +154,8 @@ def _read_setting(r: FieldReader, setting: Any) -> dict[str, Any]:
                 out[key] = value if value == "auto" else _dtype(r, value, path, WEIGHT_DTYPES)
             else:
                 out[key] = r.string_map(value, path, lambda v, p: _dtype(r, v, p, WEIGHT_DTYPES))
+        elif key == "max_error":
+            out[key] = _error(r, value, path, positive=True)
         elif key == "keep":
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                 r.fail(path, f"{value!r} is not a list of module paths or op names")
@@ -186,7 +220,10 @@ def precision_lines(plan: Any) -> list[str]:
         for op, w in section["weights"].items():
             packed[(w, plan.placement[op])] = packed.get((w, plan.placement[op]), 0) + 1
         held = ", ".join(f"{n} in {w} on {d}" for (w, d), n in sorted(packed.items())) or "none packed"
-        lines.append(f"  weights    {held} (hetpart check reports the output error against the float model)")
+        error = section.get("error")
+        said = (f"measured error {error['measured']['all']:.3g} of max_error {error['max_error']:g}" if error else
+                "hetpart check reports the output error against the float model")
+        lines.append(f"  weights    {held} ({said})")
     return lines
 
 

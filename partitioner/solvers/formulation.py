@@ -36,6 +36,8 @@ memory ``unit.memory`` per byte, chosen by ``ilp.py`` so that the numbers stay w
   ``half[t,a,b] <= y[t,a,b]``, ``half <= sum_low r[producer,a,low]`` takes back the bytes saved
   when it crosses in 16 bits; ``cast[t,c,d] >= [c reads in a on d] - [t held in a]`` for each
   dtype ``a`` prices a reader's cast, and ``r[v,d,low]`` the cast of a 16-bit graph output;
+  ``error_budget``: with ``precision.max_error``, ``sum e2[v,a] r[v,d,a] <= budget^2`` over packed
+  choices (:mod:`partitioner.solvers.packing_error`);
 * ``symmetry[d1,d2,k]``: between two interchangeable devices (same figures, same links, same
   cap, no pins, the same nodes allowed) the first node placed on either goes to the first one;
 * ``stream_order[a,b,d]``: nodes whose weights are interchangeable when streamed to ``d`` (same
@@ -112,6 +114,7 @@ class Formulation:
         self.defined: dict[int, list[int]] = {}  # column -> rows "column >= ..." that define it
         self._assignment()
         self._dtypes()
+        self._error_budget()
         self._streaming()
         self.ts = TrainStateColumns(self)
         self._copies()
@@ -240,6 +243,18 @@ class Formulation:
                     a: self.milp.column(_name("r", n, d, a), upper=1.0, integer=True) for a in dtypes}
                 self.milp.equal(_name("dtype", n, d), [(1.0, c) for c in cols.values()]
                                 + [(-1.0, self.x(n, d))], 0.0)
+
+    def _error_budget(self) -> None:
+        """``error_budget``: the packed weights' squared errors sum to at most the budget squared
+        (:mod:`partitioner.solvers.packing_error`), written divided by it (a right-hand side of 1)."""
+        budget = self.p.precision.estimate_budget if self.p.precision is not None else None
+        if budget is None:
+            return
+        terms: list[Term] = [(e2 / budget ** 2, self.r(n, d, a))
+                             for n, per in self.p.error_squares.items() for d in self.allowed[n]
+                             for a, e2 in per.items() if e2 > 0 and a in self.dtypes_on(n, d)]
+        if terms:
+            self.milp.at_most("error_budget", terms, 1.0 + 1e-9)
 
     def _streaming(self) -> None:
         self.sv: dict[str, dict[str, Column]] = {}

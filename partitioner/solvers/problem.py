@@ -73,6 +73,7 @@ from cost_models.training import (
     saved_activation_bytes,
 )
 from partitioner.errors import HetpartError, UnsupportedOp
+from partitioner.solvers.packing_error import budget_violation
 from partitioner.ir import OpGraph
 from partitioner.solvers.pipeline import PipelineSpec, evaluate_pipeline
 from partitioner.solvers.train_state import (
@@ -362,6 +363,14 @@ class Problem:
                 continue
             out[name] = param
         return out
+
+    @functools.cached_property
+    def error_squares(self) -> dict[str, dict[str, float]]:
+        """Per node and packed choice, its members' squared measured errors (a budget's terms:
+        :mod:`partitioner.solvers.packing_error`); empty without ``precision.max_error``."""
+        from partitioner.solvers.packing_error import error_squares
+
+        return error_squares(self)
 
     def op_dtype(self, op: str, dtype: str) -> str:
         """The choice member op ``op`` computes in when its node computes in ``dtype``: the node's
@@ -736,6 +745,9 @@ def evaluate(problem: Problem, placement: Placement) -> Evaluation:
         if n in placement.streamed and placement.streamed[n] != x[n] and n in p.state_writers:
             violations.append(f"op {n} writes its own buffers (a KV cache), so they cannot be streamed: "
                               f"they live where it computes")
+    over_budget = budget_violation(p, dtype)
+    if over_budget:
+        violations.append(over_budget)
     casts = cast_load(p, placement, dtype)
     transfers = _transfers(p, placement)
     link_load = {label: 0.0 for label in p.link_labels}

@@ -39,6 +39,8 @@ def test_a_fixed_weight_dtype_packs_every_linear_on_devices_with_its_kernel() ->
                                                                               "keep": "lm_head;*.down_proj"}
     kept = resolve_precision(parse_precision_text("weights=int4,keep=lm_head;*.down_proj"), load_profile("h200-host"))
     assert kept.keep == ("lm_head", "*.down_proj")
+    budget = resolve_precision(parse_precision_text("weights=auto,max_error=0.02"), load_profile("h200-host"))
+    assert budget.max_error == budget.estimate_budget == 0.02 and budget.setting["max_error"] == 0.02
 
 
 def test_bad_settings_name_the_device_the_dtype_and_the_fix() -> None:
@@ -47,8 +49,10 @@ def test_bad_settings_name_the_device_the_dtype_and_the_fix() -> None:
         resolve_precision({"weights": {"cpu": "float8"}}, h200)
     with pytest.raises(PrecisionError, match="'npu:9' is not a device"):
         resolve_precision({"weights": {"npu:9": "int8"}}, h200)
-    with pytest.raises(PrecisionError, match="error budget is not planned yet"):
-        resolve_precision({"weights": "auto", "max_error": 0.02}, h200)
+    with pytest.raises(PrecisionError, match="max_error=0.02 bounds the error packed weights cost"):
+        resolve_precision({"cuda:0": "bf16", "max_error": 0.02}, h200)
+    with pytest.raises(PrecisionError, match=r"max_error'\]='2%': give the relative output error"):
+        resolve_precision({"weights": "auto", "max_error": "2%"}, h200)
     with pytest.raises(PrecisionError, match="keep bounds packed weights"):
         resolve_precision({"cuda:0": "bf16", "keep": ["lm_head"]}, h200)
     with pytest.raises(PrecisionError, match="no device of profile 't4-flexgen' lists a weight-only kernel"):
