@@ -338,6 +338,9 @@ def main() -> int:
     if args.precision:
         precision_rows(args.time_limit)
         weight_rows(args.time_limit)
+        from error_budget import budget_rows  # bench/ is the script's folder
+
+        budget_rows(args.time_limit)
         return 0
     if args.training:
         from training_plans import CASES, training_rows  # bench/ is the script's folder

@@ -42,7 +42,7 @@ from partitioner.solvers.problem import node_dtypes
 
 log = logging.getLogger(__name__)
 
-__all__ = ["measured_precision", "within_budget", "MAX_ROUNDS"]
+__all__ = ["measured_precision", "within_budget", "with_measured_error", "MAX_ROUNDS"]
 
 MAX_ROUNDS = 4      # solves under a tightened bound after a measured plan is over the budget
 SEARCH_STEPS = 3    # solves looking for the least error once the budget cannot be kept
@@ -139,12 +139,31 @@ def _least(attempt: Callable[[Any, float], Any], options: Any, model: Any, args:
     return min(tried, key=lambda t: t[0])
 
 
+def with_measured_error(outcome: Any, model: Any, example_inputs: Any) -> Any:
+    """``outcome`` whose plan records the measured error of its packed weights against the float
+    model (``precision.error.measured``), where it packs some and ``model`` has its weights; else as is."""
+    import torch
+
+    packed = outcome.plan.precision.get("weights") if outcome.plan.precision else None
+    if not packed or not isinstance(model, torch.nn.Module) or any(p.is_meta for p in model.parameters()):
+        return outcome
+    args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+    measured = _measure(outcome, model, args)
+    section = dict(outcome.plan.precision)
+    section["error"] = {"measured": {k: v for k, v in measured.items() if k != "how"}, "measured_by": measured["how"]}
+    return dataclasses.replace(outcome, plan=dataclasses.replace(outcome.plan, precision=section))
+
+
 def _refusal(budget: float, least: tuple[float, Any]) -> str:
     error, outcome = least
     problem = _with_terms(outcome.problem)
     ops = op_errors(problem, node_dtypes(problem, outcome.solution.placement))
     worst = ", ".join(f"{op} ({e:.2g})" for op, e in list(ops.items())[:5]) or "none packed"
     keep = ";".join(dict.fromkeys(outcome.problem.original.ops[op].module_path or op for op in list(ops)[:3]))
+    if not ops:
+        return (f"no plan found keeps the output error within precision max_error={budget:g}: a plan packing no "
+                f"weight measures {error:.3g}, from its 16-bit activations alone; raise max_error, or drop the "
+                f"16-bit activations (activations=auto, or a device's bf16/fp16)")
     return (f"no plan found keeps the output error within precision max_error={budget:g}: the least error found "
             f"is {error:.3g} (measured on the example inputs), by a plan packing {len(ops)} weights; the largest "
             f"alone: {worst}. Raise max_error, give the devices more memory, or keep those modules unpacked "

@@ -212,6 +212,10 @@ def partition_outcome(
         outcome = within_budget(attempt, options_, model_or_graph, example_inputs)
     else:
         outcome = attempt(options_, started)
+        if dtypes is not None and dtypes.packs:  # the plan states the error its packed weights cost, measured
+            from partitioner.error_budget import with_measured_error
+
+            outcome = with_measured_error(outcome, model_or_graph, example_inputs)
     plan = outcome.plan
     if profile.probe is not None:
         plan = dataclasses.replace(plan, probe=profile.probe.to_dict())

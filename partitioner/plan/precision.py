@@ -12,9 +12,10 @@ The section::
                 "weights": {op: "int8" | "int4" | "float8"},  # linears holding their weight packed (optional)
                 "weight_bytes": {op: bytes},                  # ... their parameter bytes so held (with weights)
                 "casts": count,                               # tensors cast at a dtype boundary (predicted)
-                "error": {"max_error": e,                     # with an accuracy budget (partitioner.error_budget):
-                          "measured": {output: e, "all": e},  #   the plan's relative output error, measured
-                          "measured_by": how,                 #   its kernels on the host, or dequantized weights
+                "error": {"measured": {output: e, "all": e},  # packed weights of a model planned with its values:
+                          "measured_by": how,                 #   the relative output error against float, measured
+                                                              #   (its kernels on the host, or dequantized weights);
+                          "max_error": e,                     # with an accuracy budget (partitioner.error_budget):
                           "estimated": e,                     #   the solver's estimate (root sum of squares)
                           "ops": {op: e}}}                    #   each packed op's own measured error
 
@@ -115,15 +116,24 @@ def read_precision(r: FieldReader, value: Any) -> dict[str, Any]:
 
 
 def _read_error(r: FieldReader, value: Any, packed: set[str]) -> dict[str, Any]:
-    """``precision.error``: the budget, the measured and estimated errors, each packed op's own."""
-    c = r.keys(r.mapping(value, "precision.error"), "precision.error", ("max_error", "measured", "measured_by", "estimated", "ops"), ())
-    out = {"max_error": _error(r, c["max_error"], "precision.error.max_error", positive=True),
-           "measured": r.string_map(c["measured"], "precision.error.measured", lambda v, p: _error(r, v, p)),
-           "measured_by": r.string(c["measured_by"], "precision.error.measured_by"),
-           "estimated": _error(r, c["estimated"], "precision.error.estimated"),
-           "ops": r.string_map(c["ops"], "precision.error.ops", lambda v, p: _error(r, v, p))}
+    """``precision.error``: the measured error, and with a budget the budget, the solver's estimate
+    and each packed op's own error."""
+    c = r.keys(r.mapping(value, "precision.error"), "precision.error", ("measured", "measured_by"),
+               ("max_error", "estimated", "ops"))
+    out: dict[str, Any] = {
+        "measured": r.string_map(c["measured"], "precision.error.measured", lambda v, p: _error(r, v, p)),
+        "measured_by": r.string(c["measured_by"], "precision.error.measured_by")}
     if "all" not in out["measured"]:
         r.fail("precision.error.measured", "has no 'all' entry (the outputs taken together)")
+    budget = ("max_error", "estimated", "ops")
+    if any(k in c for k in budget) and not all(k in c for k in budget):
+        r.fail("precision.error", "a budget records max_error, estimated and ops together; re-plan rather than "
+                                  "editing the file")
+    if "max_error" not in c:
+        return out
+    out["max_error"] = _error(r, c["max_error"], "precision.error.max_error", positive=True)
+    out["estimated"] = _error(r, c["estimated"], "precision.error.estimated")
+    out["ops"] = r.string_map(c["ops"], "precision.error.ops", lambda v, p: _error(r, v, p))
     if set(out["ops"]) != packed:
         r.fail("precision.error.ops", "names other ops than precision.weights; re-plan rather than editing the file")
     if out["measured"]["all"] > out["max_error"]:
@@ -221,8 +231,9 @@ def precision_lines(plan: Any) -> list[str]:
             packed[(w, plan.placement[op])] = packed.get((w, plan.placement[op]), 0) + 1
         held = ", ".join(f"{n} in {w} on {d}" for (w, d), n in sorted(packed.items())) or "none packed"
         error = section.get("error")
-        said = (f"measured error {error['measured']['all']:.3g} of max_error {error['max_error']:g}" if error else
-                "hetpart check reports the output error against the float model")
+        said = ("hetpart check reports the output error against the float model" if not error else
+                f"measured error {error['measured']['all']:.3g} against the float model" if "max_error" not in error
+                else f"measured error {error['measured']['all']:.3g} of max_error {error['max_error']:g}")
         lines.append(f"  weights    {held} ({said})")
     return lines
 

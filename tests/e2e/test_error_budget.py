@@ -69,6 +69,18 @@ def test_budgeted_plan_checks_under_strict_devices_and_round_trips(budgeted, mlp
         Plan.load(tmp_path / "edited.json")
 
 
+def test_a_plan_packing_weights_records_its_measured_error_without_a_budget(mlp) -> None:
+    module, inputs = mlp
+    plan = partition(module, inputs, "h200-host", memory=CAP, time_limit=20, precision={"weights": "int8"})
+    error = plan.precision["error"]
+    assert set(error) == {"measured", "measured_by"} and error["measured_by"] == "the plan's kernels on the host"
+    assert 0 < error["measured"]["all"] < 0.02
+    assert "measured error" in plan.summary() and "against the float model" in plan.summary()
+    hollow, hollow_inputs = models.get("mlp", "small", device="meta")
+    plan = partition(hollow, hollow_inputs, "h200-host", memory=CAP, time_limit=20, precision={"weights": "int8"})
+    assert plan.precision["weights"] and "error" not in plan.precision  # no values to measure: check reports it
+
+
 def test_a_budget_no_plan_meets_names_the_least_error_and_its_ops(mlp) -> None:
     module, inputs = mlp
     with pytest.raises(PrecisionError, match=r"least error found is [0-9.e-]+ .*largest alone: linear"):
