@@ -27,7 +27,10 @@ The section::
                     "recompute": [op, ...],        # ops whose saved activations backward recomputes
                     "step": {"per_device_s": {device: s},   # optimizer-step time on each device
                              "hidden_s": s,                 # of it, what runs beside backward
-                             "exposed_s": s}}               # and what the step waits for after backward
+                             "exposed_s": s,                # and what the step waits for after backward
+                             "streamed_s": s,               # streamed states: their copies in and out and
+                                                            # their steps, in all (absent: none)
+                             "streamed_after_s": s}}        # latency: how long their chain runs past backward
 
 ``weights`` differs from ``compute`` only for a streamed parameter (the plan's ``weights``
 mapping names its op too); ``step`` is ``weights`` or the host CPU; ``state`` is ``step``, or the
@@ -97,7 +100,8 @@ class ParamState:
 
 def training_state_record(problem: Problem, placement: Placement, evaluation: Evaluation) -> dict[str, Any]:
     """The ``training_state`` section of the plan of ``placement`` (empty: not a training plan)."""
-    from partitioner.solvers.train_state import step_split
+    from partitioner.solvers.problem import node_dtypes
+    from partitioner.solvers.train_state import step_split, streamed_trips
 
     if not problem.options.training or problem.options.pipeline is not None:
         return {}
@@ -120,9 +124,14 @@ def training_state_record(problem: Problem, placement: Placement, evaluation: Ev
                                  "exact": not (sparse and not problem.sparse_exact) and not problem.options.delayed_update}
     recompute = [op for n in problem.nodes if n in placement.recompute for op in problem.members[n]]
     per_device, hidden, exposed = step_split(problem, placement, evaluation.critical_path_s, evaluation.total_s)
+    step = {"per_device_s": per_device, "hidden_s": hidden, "exposed_s": exposed}
+    if placement.streamed_state:
+        trips, after = streamed_trips(problem, placement, evaluation.critical_path_s, node_dtypes(problem, placement))
+        step["streamed_s"] = trips
+        if problem.options.objective.value == "latency":  # the chain beside backward is latency's semantics
+            step["streamed_after_s"] = after
     return {"optimizer": problem.options.optimizer.value, "delayed_update": problem.options.delayed_update,
-            "params": params, "recompute": recompute,
-            "step": {"per_device_s": per_device, "hidden_s": hidden, "exposed_s": exposed}}
+            "params": params, "recompute": recompute, "step": step}
 
 
 def read_training_state(r: FieldReader, value: Any) -> dict[str, Any]:
@@ -141,10 +150,13 @@ def read_training_state(r: FieldReader, value: Any) -> dict[str, Any]:
                            "recompute": list(r.string_list(c.get("recompute", []), "training_state.recompute"))}
     if "step" in c:
         s = r.keys(r.mapping(c["step"], "training_state.step"), "training_state.step",
-                   ("per_device_s", "hidden_s", "exposed_s"))
+                   ("per_device_s", "hidden_s", "exposed_s"), ("streamed_s", "streamed_after_s"))
         out["step"] = {"per_device_s": r.string_map(s["per_device_s"], "training_state.step.per_device_s", r.number),
                        "hidden_s": r.number(s["hidden_s"], "training_state.step.hidden_s"),
                        "exposed_s": r.number(s["exposed_s"], "training_state.step.exposed_s")}
+        for key in ("streamed_s", "streamed_after_s"):
+            if key in s:
+                out["step"][key] = r.number(s[key], f"training_state.step.{key}")
     return out
 
 
@@ -240,6 +252,12 @@ def training_state_lines(plan: Any) -> list[str]:
         total = sum(step["per_device_s"].values())
         lines.append(f"  step       optimizer {total * 1e3:.3g} ms in all, {step['hidden_s'] * 1e3:.3g} ms beside "
                      f"backward, {step['exposed_s'] * 1e3:.3g} ms after it")
+        if "streamed_s" in step:
+            streamed = sum(ps.streamed_state for ps in states.values())
+            after = (f", {step['streamed_after_s'] * 1e3:.3g} ms of it after backward"
+                     if "streamed_after_s" in step else "")
+            lines.append(f"  streamed   {streamed} params' state to and from the host for their steps: "
+                         f"{step['streamed_s'] * 1e3:.3g} ms of copies and steps{after}")
     if section["recompute"]:
         lines.append(f"  recompute  {len(section['recompute'])} ops recompute their activations in backward")
     return lines

@@ -62,7 +62,7 @@ from partitioner.ir import OpClass
 # Problem and Placement (partitioner.solvers.problem) are annotations only: problem.py imports this
 # module, which imports nothing back.
 
-__all__ = ["cost_training_state", "state_hop_s", "state_s", "step_schedule", "step_split", "tidy"]
+__all__ = ["cost_training_state", "state_hop_s", "state_s", "step_schedule", "step_split", "streamed_trips", "tidy"]
 
 
 def cost_training_state(p: Problem) -> None:
@@ -251,6 +251,19 @@ def step_schedule(p: Problem, placement: Placement, sequential: float, dtype: di
     """When the host's last optimizer step (and the updated weights it sends back), and the last
     streamed state back on the host, end, given the devices' sequential time ``sequential`` (see the
     module docstring); 0.0 without host steps or streamed states."""
+    host_end, link_end, _ = _chains(p, placement, sequential, dtype)
+    return max(host_end, link_end)
+
+
+def streamed_trips(p: Problem, placement: Placement, sequential: float, dtype: dict[str, str]) -> tuple[float, float]:
+    """The streamed states' seconds in all (each one's copies in and out and its step) and how long
+    their chain runs past the devices' sequential time ``sequential`` (after backward)."""
+    _, link_end, trips = _chains(p, placement, sequential, dtype)
+    return trips, max(0.0, link_end - sequential) if trips else 0.0
+
+
+def _chains(p: Problem, placement: Placement, sequential: float, dtype: dict[str, str]) -> tuple[float, float, float]:
+    """The host worker's end, the link's chain of streamed states' end, and those trips' seconds."""
     x, host = placement.device, p.host
     before = 0.0
     prefix: dict[str, float] = {}
@@ -258,14 +271,15 @@ def step_schedule(p: Problem, placement: Placement, sequential: float, dtype: di
         n = p.node_of[op]
         prefix[op] = before
         before += p.op_bwd[op].get(x[n], {}).get(dtype[n], 0.0)
-    worker = end = link = 0.0
+    worker = end = link = trips = 0.0
     for op in reversed(p.op_order):
         n = p.node_of[op]
         if p.op_grad[op] and n in placement.streamed_state:  # the link's chain: state in, step, state out
             ready = sequential - prefix[op] if placement.overlap else sequential
             nbytes = p.op_state[op]
-            link = max(link, ready) + p.one_way_s(nbytes, host, x[n]) + p.op_step[op][x[n]] + p.one_way_s(nbytes, x[n], host)
-            end = max(end, link)
+            trip = p.one_way_s(nbytes, host, x[n]) + p.op_step[op][x[n]] + p.one_way_s(nbytes, x[n], host)
+            link = max(link, ready) + trip
+            trips += trip
             continue
         if not p.op_grad[op] or placement.state_device(n) != host:
             continue
@@ -277,7 +291,7 @@ def step_schedule(p: Problem, placement: Placement, sequential: float, dtype: di
         worker = max(worker, ready) + p.op_step[op][host]
         back = p.one_way_s(p.original.ops[op].trainable_param_bytes, host, x[n]) if offloaded(p, placement, n) else 0.0
         end = max(end, worker + back)
-    return end
+    return end, link, trips
 
 
 def step_split(p: Problem, placement: Placement, sequential: float, total: float) -> tuple[dict[str, float], float, float]:

@@ -130,6 +130,9 @@ def test_a_plan_the_ilp_made_with_streamed_state_trains_as_eager_under_strict_de
     streamed = [ps for ps in params if ps["state"] == "cpu" and ps["step"] == "cuda:0"]
     assert streamed, plan.summary()
     assert "streamed to cuda:0 for the step" in plan.summary()
+    step = plan.training_state["step"]
+    assert step["streamed_s"] > 0 and 0 <= step["streamed_after_s"] <= step["streamed_s"]
+    assert f"streamed   {len(streamed)} params' state to and from the host" in plan.summary()
     path = str(plan.save(tmp_path / "streamed.json"))
     code, out = run(capsys, "gpt:small", "--plan", path, "--training", "--steps", "3", "--strict-devices")
     assert code == 0, out
