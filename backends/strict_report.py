@@ -82,9 +82,10 @@ class ParamRow:
     op: str
     compute: str
     weights: str
-    state: str            # its gradient goes there too
+    state: str            # where its optimizer state lives (and its gradient goes, unless ``step`` differs)
     update: str           # "dense" | "sparse"
     seen: Observed = Observed()
+    step: str = ""        # where its step runs and its gradient goes ("": ``state``)
 
     @property
     def ok(self) -> bool:
@@ -101,7 +102,7 @@ def training_table(rows: Sequence[ParamRow], seen: bool = True) -> list[str]:
         header += ["weight seen", "gradient seen", "state seen", ""]
     table = [header]
     for r in rows:
-        cells = [r.name, r.op, r.compute, r.weights, r.state, r.state, r.update]
+        cells = [r.name, r.op, r.compute, r.weights, r.step or r.state, r.state, r.update]
         if seen:
             cells += [r.seen.weights or "-", r.seen.gradient or "-", r.seen.state or "-", "ok" if r.ok else "DIFFERS"]
         table.append(cells)
@@ -152,13 +153,13 @@ TransferKey = tuple[str, str, str, str]   # (tensor, src, dst, kind)
 
 def planned_transfers(plan: Any) -> dict[TransferKey, int]:
     """The plan's transfers per step that the module's forward makes, keyed (tensor, src, dst, kind),
-    with their bytes: gradients out and updated weights back are the placed optimizer's
-    (``backends.torch.optim``), and a training plan's streamed weights cross twice per step, in
+    with their bytes: gradients out, updated weights back and streamed optimizer state are the
+    placed optimizer's (``backends.torch.optim``), and a training plan's streamed weights cross twice per step, in
     forward and again in backward (``backends.torch.train_streaming``), of which strict devices
     watch the forward's."""
     passes = 2 if plan.training else 1
     return {(t.tensor, t.src, t.dst, t.kind): t.bytes // passes if t.kind == "weights" else t.bytes
-            for t in plan.transfers if t.src != t.dst and t.kind not in ("gradient", "update")}
+            for t in plan.transfers if t.src != t.dst and t.kind not in ("gradient", "update", "state")}
 
 
 def observed_transfers(plan: Any, copies: Iterable[Copy]) -> dict[TransferKey, tuple[int, int]]:

@@ -10,9 +10,9 @@ caller says (the emitted optimizer knows; the module alone does not). Out: one
 --strict-devices`` prints (:func:`training_state_report`): the plan's devices, then what the run
 showed, ``DIFFERS`` where they disagree.
 
-The gradient goes where the plan keeps the state (``state``): the module's backward leaves it
-beside the weight, and an offloading optimizer moves it there, so the gradient's device is the
-plan's; its layout is what backward made.
+The gradient goes where the plan runs the step (``step``, the state's device unless the state is
+streamed to the weight's): the module's backward leaves it beside the weight, and an offloading
+optimizer moves it there, so the gradient's device is the plan's; its layout is what backward made.
 
 Example:
     >>> print("\\n".join(training_state_report(plan, observe_params(run.mode, emitted))))   # doctest: +SKIP
@@ -54,8 +54,8 @@ def observe_params(mode: StrictDevices, module: torch.nn.Module, plan: Any,
 def param_rows(plan: Any, observed: Mapping[str, Observed] | None = None) -> list[ParamRow]:
     """One row per parameter of ``plan``'s ``training_state`` section, in its order."""
     seen = observed or {}
-    return [ParamRow(ps.name, ps.op, ps.compute, ps.weights, ps.state, ps.update, seen.get(ps.name, Observed()))
-            for ps in param_states(plan).values()]
+    return [ParamRow(ps.name, ps.op, ps.compute, ps.weights, ps.state, ps.update, seen.get(ps.name, Observed()),
+                     ps.step) for ps in param_states(plan).values()]
 
 
 def training_state_report(plan: Any, observed: Mapping[str, Observed] | None = None) -> list[str]:

@@ -7,9 +7,10 @@ For each case the plan is made with ``partition_outcome(..., training=True)`` on
 ZeRO-Offload, FSDP2's ``CPUOffloadPolicy`` and torchao's ``CPUOffloadOptimizer``
 (:mod:`partitioner.solvers.offload_baselines`) — and accelerate's ``greedy`` fill. ``*`` marks a
 placement that does not fit the cap. Each row says where the optimizer state lives (parameter
-tensors resident with it on the GPU, offloaded to the host beside GPU weights, streamed from the
-host), how much of the host's optimizer step hides behind backward, and whether hetpart is at
-least as fast as every baseline that fits. The last line prices the calibration's measured training
+tensors resident with it on the GPU, offloaded to the host beside GPU weights, kept on the host and
+streamed to the GPU for its step, or streamed from the host with their weights), how much of the
+host's optimizer step hides behind backward, and whether hetpart is at least as fast as every
+baseline that fits. The last line prices the calibration's measured training
 scenario (the embedding and its dense SGD update on the CPU) beside its 467 ms measurement.
 
 Cases (``../shared/research/training-offload.md`` and issue 31):
@@ -82,21 +83,27 @@ CASES = {
 
 
 def state_summary(plan) -> str:  # noqa: ANN001 - a Plan
-    """``96 resident, 34 offloaded, 1 on host (cpu 16.0 GiB of state)``: where parameter tensors' state lives."""
+    """``96 resident, 34 offloaded, 20 state streamed, 1 on host``: where parameter tensors' state lives
+    (``state streamed``: on the host, stepped on the GPU; ``streamed``: the weights too, stepped on the host)."""
     kinds: dict[str, int] = {}
     for ps in param_states(plan).values():
-        kind = "streamed" if ps.streamed else "offloaded" if ps.offloaded else \
-            "on host" if ps.state == plan.devices.host_device().name else "resident"
+        kind = "streamed" if ps.streamed else "state streamed" if ps.streamed_state else "offloaded" if ps.offloaded \
+            else "on host" if ps.state == plan.devices.host_device().name else "resident"
         kinds[kind] = kinds.get(kind, 0) + 1
     return ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
 
 
 def hidden_share(plan) -> str:  # noqa: ANN001
+    """``49% of 200 ms; streamed 255 ms, 0 ms after``: the host step's share beside backward, and the
+    streamed states' trips (copies and GPU steps) with what of them runs after backward."""
     step = plan.training_state.get("step") if plan.training_state else None
     if not step:
         return "-"
     host = step["per_device_s"].get(plan.devices.host_device().name, 0.0)
-    return f"{step['hidden_s'] / host:.0%} of {format_seconds(host)}" if host else "no host step"
+    out = f"{step['hidden_s'] / host:.0%} of {format_seconds(host)}" if host else "no host step"
+    if "streamed_s" in step:
+        out += f"; streamed {format_seconds(step['streamed_s'])}, {format_seconds(step['streamed_after_s'])} after"
+    return out
 
 
 def calibration_line() -> str:
@@ -125,7 +132,7 @@ def calibration_line() -> str:
 def training_rows(cases: list[str], time_limit: float) -> bool:
     """Print the table; True when hetpart is at least as fast as every baseline that fits, on every row."""
     header = ["case", "optimizer", "hetpart", "all-GPU", "ratio", *BASELINES, "state (parameter tensors)",
-              "host step hidden", "plan s", "ok"]
+              "host step hidden; streamed states", "plan s", "ok"]
     rows, all_ok = [], True
     for key in cases:
         label, factory, cap, optimizers = CASES[key]

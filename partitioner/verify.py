@@ -77,6 +77,9 @@ def _check_memory(problem: Problem, placement: Placement, evaluation: Evaluation
         if placement.state.get(n) == problem.host and placement.residence(n) != problem.host:
             params[placement.residence(n)] += problem.weight_mem[n]  # its optimizer state lives on the host
             params[problem.host] += problem.offload_mem[n]
+        elif n in placement.streamed_state and placement.residence(n) != problem.host:
+            params[placement.residence(n)] += problem.least_param_mem(n) - problem.state_mem[n]  # state on the host
+            params[problem.host] += problem.state_mem[n]
         else:
             params[placement.residence(n)] += problem.least_param_mem(n)  # 16 bits: as few as half
     for d in problem.device_names:

@@ -44,6 +44,7 @@ from backends.strict_report import DeviceReport
 from backends.torch.optim.placed import PlacedOptimizer, StateRow
 from backends.torch.optim.reference import reference_optimizers
 from backends.torch.strict import StrictRun
+from cost_models.training import parse_optimizer
 from cost_models.units import format_bytes
 from partitioner.errors import DeviceMismatch, HetpartError
 from partitioner.plan.training_state import param_states
@@ -303,14 +304,22 @@ def _emitted_step(emitted: torch.nn.Module, opt: PlacedOptimizer, micro: list[tu
 
 def _copy_rows(plan: Any, emitted: torch.nn.Module, opt: PlacedOptimizer) -> tuple[CopyRow, ...]:
     """The last step's optimizer copies per link beside the plan's: each offloaded parameter's
-    dense gradient out and its weight back."""
+    dense gradient out and its weight back; each streamed state in and back (the optimizer's
+    state copies of the parameter's bytes each way)."""
     tensors = dict(emitted.named_parameters(remove_duplicate=False))
     expected: dict[tuple[str, str, str], int | None] = {}
+    copies = parse_optimizer(plan.optimizer).state_copies
     for name, place in param_states(plan).items():
         p = tensors.get(name)
-        if p is None or not place.offloaded or not p.requires_grad:
+        if p is None or not p.requires_grad:
             continue
         nbytes = p.numel() * p.element_size()
+        if place.streamed_state:
+            for key in (("state", place.state, place.step), ("state", place.step, place.state)):
+                expected[key] = expected.get(key, 0) + copies * nbytes
+            continue
+        if not place.offloaded:
+            continue
         grad_key = ("gradient", place.weights, place.state)
         if place.sparse:
             expected[grad_key] = None

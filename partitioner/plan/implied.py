@@ -220,10 +220,12 @@ def _evaluate(plan: Any, graph: OpGraph) -> Any:
     packed = plan.precision.get("weights", {}) if plan.precision else {}
     dtypes = {op: compose(ops.get(op, FLOAT32), packed.get(op)) for op in plan.placement} if precision is not None else {}
     host = plan.devices.host_device().name
-    offloaded = {ps["op"]: host for ps in params.values() if ps["state"] == host and ps["weights"] == ps["compute"] != host}
+    offloaded = {ps["op"]: host for ps in params.values() if ps["step"] == host and ps["weights"] == ps["compute"] != host}
+    streamed_state = frozenset(ps["op"] for ps in params.values() if ps["state"] == host != ps["step"])
     recompute = frozenset(state.get("recompute", ())) if state else frozenset()
     return evaluate(problem, Placement(dict(plan.placement), dict(plan.weights), StreamMode(plan.stream_mode),
-                                       precision=dtypes, state=offloaded, recompute=recompute))
+                                       precision=dtypes, state=offloaded, recompute=recompute,
+                                       streamed_state=streamed_state))
 
 
 def _copies(transfers: Iterable[Any]) -> dict[tuple[str, ...], int]:
@@ -231,7 +233,7 @@ def _copies(transfers: Iterable[Any]) -> dict[tuple[str, ...], int]:
     weights are one copy, its ops' one each: the same bytes)."""
     out: dict[tuple[str, ...], int] = {}
     for t in transfers:
-        summed = t.kind in ("weights", "gradient", "update")  # per coarse node in a plan, per op on the graph
+        summed = t.kind in ("weights", "gradient", "update", "state")  # per coarse node in a plan, per op on the graph
         key = (t.kind, "", t.src, t.dst) if summed else (t.kind, t.tensor, t.src, t.dst)
         out[key] = out.get(key, 0) + t.bytes
     return {k: b for k, b in out.items() if b}

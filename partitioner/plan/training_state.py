@@ -16,18 +16,25 @@ The section::
                                       "compute": device,    # where the op computes (reads the weight)
                                       "weights": device,    # where the weight lives in forward and backward:
                                                             # the compute device (resident) or the host (streamed)
-                                      "state": device,      # where its gradient goes, its optimizer state lives and
-                                                            # its step runs (a float32 master copy there when it
-                                                            # is not "weights")
+                                      "state": device,      # where its optimizer state lives between steps
+                                      "step": device,       # where its gradient goes and its step runs (a float32
+                                                            # master copy there when it is not "weights"); absent:
+                                                            # "state". The host "state" with the computing
+                                                            # accelerator's "step": the state is streamed there for
+                                                            # the step and back
                                       "update": "dense" | "sparse",  # sparse: row-sparse gradient and step
                                       "exact": true}},      # the update equals the optimizer's dense update
                     "recompute": [op, ...],        # ops whose saved activations backward recomputes
                     "step": {"per_device_s": {device: s},   # optimizer-step time on each device
                              "hidden_s": s,                 # of it, what runs beside backward
-                             "exposed_s": s}}               # and what the step waits for after backward
+                             "exposed_s": s,                # and what the step waits for after backward
+                             "streamed_s": s,               # streamed states: their copies in and out and
+                                                            # their steps, in all (absent: none)
+                             "streamed_after_s": s}}        # latency: how long their chain runs past backward
 
 ``weights`` differs from ``compute`` only for a streamed parameter (the plan's ``weights``
-mapping names its op too); ``state`` is ``weights`` or the host CPU; ``update`` is ``sparse`` only
+mapping names its op too); ``step`` is ``weights`` or the host CPU; ``state`` is ``step``, or the
+host where ``step`` is the weight's accelerator (a streamed state); ``update`` is ``sparse`` only
 for a parameter read by one gather (embedding) op, and ``exact`` is false only for
 ``sparse-adam`` (``torch.optim.SparseAdam``'s lazy moments) or a delayed update.
 """
@@ -45,7 +52,7 @@ __all__ = ["OPTIMIZERS", "ParamState", "TRAINING_STATE_KEYS", "check_training_st
            "read_training_state", "training_state_lines", "training_state_record"]
 
 TRAINING_STATE_KEYS = ("optimizer", "delayed_update", "params", "recompute", "step")
-PARAM_KEYS = ("op", "compute", "weights", "state", "update", "exact")
+PARAM_KEYS = ("op", "compute", "weights", "state", "step", "update", "exact")
 #: optimizer names a training plan may carry (cost_models.training.Optimizer)
 OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw", "adagrad", "sparse-adam")
 UPDATES = ("dense", "sparse")
@@ -65,6 +72,11 @@ class ParamState:
     state: str
     update: str = "dense"
     exact: bool = True
+    step: str = ""            # where the step runs; "" (plans without the key): ``state``
+
+    def __post_init__(self) -> None:
+        if not self.step:
+            object.__setattr__(self, "step", self.state)
 
     @property
     def streamed(self) -> bool:
@@ -74,7 +86,12 @@ class ParamState:
     @property
     def offloaded(self) -> bool:
         """Gradient, optimizer state and step live away from the weight (a master copy there)."""
-        return self.state != self.weights
+        return self.step != self.weights
+
+    @property
+    def streamed_state(self) -> bool:
+        """The optimizer state lives on the host and comes to the step's device for the step, and back."""
+        return self.state != self.step
 
     @property
     def sparse(self) -> bool:
@@ -83,7 +100,8 @@ class ParamState:
 
 def training_state_record(problem: Problem, placement: Placement, evaluation: Evaluation) -> dict[str, Any]:
     """The ``training_state`` section of the plan of ``placement`` (empty: not a training plan)."""
-    from partitioner.solvers.train_state import step_split
+    from partitioner.solvers.problem import node_dtypes
+    from partitioner.solvers.train_state import step_split, streamed_trips
 
     if not problem.options.training or problem.options.pipeline is not None:
         return {}
@@ -92,7 +110,8 @@ def training_state_record(problem: Problem, placement: Placement, evaluation: Ev
     for n in problem.nodes:
         compute = placement.device[n]
         weights = placement.residence(n)
-        state = placement.state_device(n)
+        step = placement.state_device(n)
+        state = placement.state_home(n, problem.host)
         for op_name in problem.members[n]:
             op = graph.ops[op_name]
             sparse = op_name in problem.sparse_ops
@@ -100,14 +119,19 @@ def training_state_record(problem: Problem, placement: Placement, evaluation: Ev
                 param = graph.params[pname]
                 if not param.trainable:
                     continue
-                params[pname] = {"op": op_name, "compute": compute, "weights": weights, "state": state,
+                params[pname] = {"op": op_name, "compute": compute, "weights": weights, "state": state, "step": step,
                                  "update": "sparse" if sparse else "dense",
                                  "exact": not (sparse and not problem.sparse_exact) and not problem.options.delayed_update}
     recompute = [op for n in problem.nodes if n in placement.recompute for op in problem.members[n]]
     per_device, hidden, exposed = step_split(problem, placement, evaluation.critical_path_s, evaluation.total_s)
+    step = {"per_device_s": per_device, "hidden_s": hidden, "exposed_s": exposed}
+    if placement.streamed_state:
+        trips, after = streamed_trips(problem, placement, evaluation.critical_path_s, node_dtypes(problem, placement))
+        step["streamed_s"] = trips
+        if problem.options.objective.value == "latency":  # the chain beside backward is latency's semantics
+            step["streamed_after_s"] = after
     return {"optimizer": problem.options.optimizer.value, "delayed_update": problem.options.delayed_update,
-            "params": params, "recompute": recompute,
-            "step": {"per_device_s": per_device, "hidden_s": hidden, "exposed_s": exposed}}
+            "params": params, "recompute": recompute, "step": step}
 
 
 def read_training_state(r: FieldReader, value: Any) -> dict[str, Any]:
@@ -126,16 +150,20 @@ def read_training_state(r: FieldReader, value: Any) -> dict[str, Any]:
                            "recompute": list(r.string_list(c.get("recompute", []), "training_state.recompute"))}
     if "step" in c:
         s = r.keys(r.mapping(c["step"], "training_state.step"), "training_state.step",
-                   ("per_device_s", "hidden_s", "exposed_s"))
+                   ("per_device_s", "hidden_s", "exposed_s"), ("streamed_s", "streamed_after_s"))
         out["step"] = {"per_device_s": r.string_map(s["per_device_s"], "training_state.step.per_device_s", r.number),
                        "hidden_s": r.number(s["hidden_s"], "training_state.step.hidden_s"),
                        "exposed_s": r.number(s["exposed_s"], "training_state.step.exposed_s")}
+        for key in ("streamed_s", "streamed_after_s"):
+            if key in s:
+                out["step"][key] = r.number(s[key], f"training_state.step.{key}")
     return out
 
 
 def _param(r: FieldReader, value: Any, path: str) -> dict[str, Any]:
-    c = r.keys(r.mapping(value, path), path, ("op", "compute", "weights", "state"), ("update", "exact"))
+    c = r.keys(r.mapping(value, path), path, ("op", "compute", "weights", "state"), ("step", "update", "exact"))
     out = {k: r.string(c[k], f"{path}.{k}") for k in ("op", "compute", "weights", "state")}
+    out["step"] = r.string(c.get("step", out["state"]), f"{path}.step")
     update = r.string(c.get("update", "dense"), f"{path}.update")
     if update not in UPDATES:
         r.fail(f"{path}.update", f"{update!r} is neither 'dense' nor 'sparse'")
@@ -147,8 +175,9 @@ def _param(r: FieldReader, value: Any, path: str) -> dict[str, Any]:
 def check_training_state(plan: Any, r: FieldReader) -> None:
     """The section agrees with the rest of the plan: a training plan of the same optimizer; every
     parameter is one its op owns; ``compute`` is where the plan places the op; ``weights`` is the
-    compute device, or the device the plan's ``weights`` mapping streams the op from; ``state`` is
-    ``weights`` or the host; a sparse update belongs to a gather op; recomputed ops are ops."""
+    compute device, or the device the plan's ``weights`` mapping streams the op from; ``step`` is
+    ``weights`` or the host; ``state`` is ``step``, or the host where ``step`` is the accelerator
+    holding the weight (a streamed state, dense and exact); a sparse update belongs to a gather op; recomputed ops are ops."""
     section = plan.training_state
     if not section:
         return
@@ -166,7 +195,7 @@ def check_training_state(plan: Any, r: FieldReader) -> None:
             r.fail(f"{path}.op", f"names {op!r}, which is not an op of the plan")
         if plan.param_names and pname not in plan.param_names.get(op, ()):
             r.fail(f"{path}.op", f"{op!r} does not own {pname!r} (it owns {', '.join(plan.param_names.get(op, ())) or 'nothing'})")
-        for key in ("compute", "weights", "state"):
+        for key in ("compute", "weights", "state", "step"):
             if ps[key] not in names:
                 r.fail(f"{path}.{key}", f"{ps[key]!r} is not a device of the plan ({', '.join(sorted(names))})")
         if ps["compute"] != plan.placement[op]:
@@ -174,9 +203,17 @@ def check_training_state(plan: Any, r: FieldReader) -> None:
         expected = plan.weights.get(op, plan.placement[op])
         if ps["weights"] != expected:
             r.fail(f"{path}.weights", f"says {ps['weights']} but the plan keeps {op}'s weights on {expected}")
-        if ps["state"] not in (ps["weights"], host):
-            r.fail(f"{path}.state", f"{ps['state']} is neither where the weight lives ({ps['weights']}) nor the "
-                                    f"host ({host}); re-plan rather than editing the file")
+        if ps["step"] not in (ps["weights"], host):
+            r.fail(f"{path}.step", f"{ps['step']} is neither where the weight lives ({ps['weights']}) nor the "
+                                   f"host ({host}); re-plan rather than editing the file")
+        if ps["state"] != ps["step"]:
+            if ps["state"] != host or ps["step"] == host:
+                r.fail(f"{path}.state", f"{ps['state']} differs from where the step runs ({ps['step']}): only a state "
+                                        f"held on the host ({host}) may be streamed to the weight's accelerator for "
+                                        f"its step; re-plan rather than editing the file")
+            if ps["update"] == "sparse" or section.get("delayed_update"):
+                r.fail(f"{path}.state", f"a streamed state steps densely and at once; this one is "
+                                        f"{'sparse' if ps['update'] == 'sparse' else 'delayed'}: re-plan")
     for i, op in enumerate(section["recompute"]):
         if op not in plan.placement:
             r.fail(f"training_state.recompute[{i}]", f"names {op!r}, which is not an op of the plan")
@@ -201,7 +238,8 @@ def training_state_lines(plan: Any) -> list[str]:
     where: dict[str, int] = {}
     for ps in states.values():
         kind = "streamed" if ps.streamed else ("offloaded" if ps.offloaded else "resident")
-        key = f"{kind} (state on {ps.state})"
+        key = (f"resident (state on {ps.state}, streamed to {ps.step} for the step)" if ps.streamed_state
+               else f"{kind} (state on {ps.state})")
         where[key] = where.get(key, 0) + 1
     sparse = sum(ps.sparse for ps in states.values())
     lines = [f"  training   {section['optimizer']}: " + ", ".join(f"{n} params {k}" for k, n in sorted(where.items()))
@@ -214,6 +252,12 @@ def training_state_lines(plan: Any) -> list[str]:
         total = sum(step["per_device_s"].values())
         lines.append(f"  step       optimizer {total * 1e3:.3g} ms in all, {step['hidden_s'] * 1e3:.3g} ms beside "
                      f"backward, {step['exposed_s'] * 1e3:.3g} ms after it")
+        if "streamed_s" in step:
+            streamed = sum(ps.streamed_state for ps in states.values())
+            after = (f", {step['streamed_after_s'] * 1e3:.3g} ms of it after backward"
+                     if "streamed_after_s" in step else "")
+            lines.append(f"  streamed   {streamed} params' state to and from the host for their steps: "
+                         f"{step['streamed_s'] * 1e3:.3g} ms of copies and steps{after}")
     if section["recompute"]:
         lines.append(f"  recompute  {len(section['recompute'])} ops recompute their activations in backward")
     return lines

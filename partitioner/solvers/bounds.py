@@ -10,7 +10,8 @@ In: a :class:`~partitioner.solvers.problem.Problem`. Out: seconds.
   so under tight caps it can fall far below the optimum (3% of it was seen).
 * :func:`memory_aware_lower_bound`: the optimum of a linear program that keeps what memory
   forces: each op of the *original* graph split over its devices (fractions summing to 1), its
-  weights resident or streamed (streamed bytes load the host link), parameters, saved
+  weights resident or streamed (streamed bytes load the host link), its optimizer state with them,
+  offloaded or streamed for its step (training), parameters, saved
   activations, working sets and stream buffers within every cap, an op never on a device where
   it cannot fit alone; its objective is the latency sum, or each device's and link's load, with
   activation copies left out; for pipeline stages, ``M - 1`` times the busiest device's compute
@@ -30,7 +31,7 @@ import logging
 from partitioner.solvers.milp import Milp, Term
 from partitioner.solvers.pipeline import Schedule
 from partitioner.solvers.problem import Objective, Problem, StreamMode
-from partitioner.solvers.train_state import grad_hop_s, update_hop_s
+from partitioner.solvers.train_state import grad_hop_s, state_hop_s, update_hop_s
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +123,12 @@ def _program(p: Problem, scale: float) -> Milp:
     # training state (solvers/train_state.py): o = state on the host, weights on d; c = recompute
     o = {n: {d: m.column(f"o[{n}][{d}]", upper=1.0) for d in x[n] if d != p.host} for n in p.offloadable}
     c = {n: {d: m.column(f"c[{n}][{d}]", upper=1.0) for d in x[n]} for n in p.recomputable}
+    # g = state on the host, streamed to d for its step (its buffer left out: fewer bytes, still a bound)
+    g = {n: {d: m.column(f"g[{n}][{d}]", upper=1.0) for d in x[n] if d != p.host} for n in p.state_streamable}
+    for n, per_d in g.items():
+        for d, v in per_d.items():
+            away = [w for w in (s.get(n, {}).get(d), o.get(n, {}).get(d)) if w is not None]
+            m.at_most(f"state_stream_le_x[{n}][{d}]", [(1.0, v), (-1.0, x[n][d])] + [(1.0, w) for w in away], 0.0)
     for n, per_d in o.items():
         for d, v in per_d.items():
             m.at_most(f"offload_le_x[{n}][{d}]", [(1.0, v), (-1.0, x[n][d])] + ([(1.0, s[n][d])] if d in s.get(n, {}) else []), 0.0)
@@ -152,6 +159,8 @@ def _program(p: Problem, scale: float) -> Milp:
                 terms += [(mu * p.least_param_mem(n), x[n][d]), (mu * in_flight * p.least_saved(n), x[n][d])]
                 if d in o.get(n, {}):
                     terms.append((-mu * (p.param_mem[n] - p.weight_mem[n]), o[n][d]))
+                if d in g.get(n, {}):
+                    terms.append((-mu * p.state_mem[n], g[n][d]))
                 if d in c.get(n, {}):
                     terms.append((-mu * in_flight * p.least_saved(n), c[n][d]))
                 if p.least_work_mem(n):
@@ -163,6 +172,7 @@ def _program(p: Problem, scale: float) -> Milp:
             if d == p.host:
                 terms += [(mu * p.stream_mem(n, t), v) for t, v in s.get(n, {}).items()]
                 terms += [(mu * p.offload_mem[n], v) for v in o.get(n, {}).values()]
+                terms += [(mu * p.state_mem[n], v) for v in g.get(n, {}).values()]
         m.at_most(f"mem_cap[{d}]", terms + [(1.0, work), (1.0, buffer)], mu * p.capacity[d])
     T = m.column("T", cost=1.0)
     if spec is not None:  # (M - 1) bottleneck + every stage's time + the slowest optimizer step
@@ -192,6 +202,9 @@ def _program(p: Problem, scale: float) -> Milp:
             for d, v in o.get(n, {}).items():
                 if label in p.hops(p.host, d):
                     terms.append((scale * update_hop_s(p, n, d, label), v))
+            for d, v in g.get(n, {}).items():
+                if state_hop_s(p, n, d, label):
+                    terms.append((scale * state_hop_s(p, n, d, label), v))
         if terms:
             m.at_least(f"link_load[{label}]", T, terms)
     return m

@@ -428,11 +428,13 @@ class Formulation:
             work = [(n, w, z) for n, w, z in work if w > 0]
             streamed = [(n, mu * p.stream_buffer_bytes(n, StreamMode.PREFETCH, d), self.sv[n][d])
                         for n in self.sv if d in self.sv[n]]
+            states = self.ts.state_buffers(d)
             most = (self._most(terms) + max((w for _, w, _ in work), default=0.0)
-                    + max((w for _, w, _ in streamed), default=0.0))
+                    + max((w for _, w, _ in streamed), default=0.0) + max((w for _, w, _ in states), default=0.0))
             if most <= mu * p.capacity[d]:
                 continue  # everything fits on d at once: the cap cannot bind, and no row stands for it
-            terms += self.largest("work", d, work) + self.largest("stream_buffer", d, streamed)
+            terms += self.largest("work", d, work) + self.largest("stream_buffer", d, streamed) \
+                + self.largest("state_buffer", d, states)
             self.milp.at_most(_name("mem_cap", d), terms, mu * p.capacity[d])
 
     def _most(self, terms: list[Term]) -> float:
@@ -727,8 +729,9 @@ class Formulation:
             a = max(per, key=lambda k: values[per[k].index]) if per else p.default_dtype(n, d)
             if a != FLOAT32:
                 precision[n] = a
-        state, recompute = self.ts.answer(values, device)
-        return Placement(device, streamed, StreamMode.PREFETCH, order, precision, state, recompute)
+        state, recompute, streamed_state = self.ts.answer(values, device)
+        return Placement(device, streamed, StreamMode.PREFETCH, order, precision, state, recompute,
+                         streamed_state=streamed_state)
 
 
 def interchangeable_devices(problem: Problem) -> list[tuple[str, str]]:

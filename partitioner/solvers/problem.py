@@ -27,7 +27,8 @@ Semantics (documented once, here):
 * training state (:mod:`partitioner.solvers.train_state`): a trainable node's optimizer state lives
   with its weights (``resident``), or on the host while the weights stay on the computing device
   (``Placement.state``: the gradient crosses to the host as backward produces it, the host steps,
-  the updated weights cross back), or the weights themselves live on the host and are streamed in
+  the updated weights cross back), or on the host and streamed to the computing device for its
+  step and back (``Placement.streamed_state``), or the weights themselves live on the host and are streamed in
   both passes; a gather's table may update row-sparse (``Problem.sparse_ops``); a node may
   recompute its activations in backward (``Placement.recompute``). With ``latency``, host steps run
   beside backward, each once its gradient is complete (see that module);
@@ -38,7 +39,7 @@ Semantics (documented once, here):
 * pipeline stages (``Options.pipeline``): contiguous stages, relayed tensors, micro-batches and a
   schedule's bubble, in :mod:`partitioner.solvers.pipeline`; ``evaluate`` hands such problems there;
 * memory on a device = parameters resident there (training: with gradients and optimizer state)
-  + stream buffers + activations (inference: the largest node's working set; training: saved
+  + stream buffers (weights; training: one of the largest streamed optimizer state) + activations (inference: the largest node's working set; training: saved
   activations of its nodes plus that working set);
 * precision (``Options.precision``, :mod:`cost_models.precision`): a node computes its flexible
   member ops in one dtype of ``choices[node][device]`` (``Placement.precision``; default the first,
@@ -77,7 +78,8 @@ from partitioner.solvers.packing_error import budget_violation
 from partitioner.ir import OpGraph
 from partitioner.solvers.pipeline import PipelineSpec, evaluate_pipeline
 from partitioner.solvers.train_state import (
-    cost_training_state, grad_hop_s, grad_s, gradient_leaves, offloaded, step_schedule, update_hop_s, update_s,
+    cost_training_state, grad_hop_s, grad_s, gradient_leaves, offloaded, state_buffer_bytes, state_s, step_schedule,
+    update_hop_s, update_s,
 )
 
 
@@ -109,6 +111,8 @@ class Options:
     pipeline: PipelineSpec | None = None       # plan pipeline stages (solvers/pipeline.py semantics) instead
     precision: Precision | None = None         # dtypes per device (cost_models/precision.py); None: as traced
     offload: bool = True                       # training: may optimizer state live on the host, away from its weights
+    stream_state: bool = True                  # training (with offload): may host-held state be streamed to the
+                                               # computing accelerator for its step (and back)
     recompute: bool = True                     # training: may a node recompute its activations in backward
     delayed_update: bool = False               # training: the host step of iteration t runs beside t+1 (opted in)
     sparse_updates: bool = True                # training: may gathers' tables update row-sparse (where allowed)
@@ -135,14 +139,21 @@ class Placement:
                                                                         # optimizer state away from its weights
     recompute: frozenset[str] = frozenset()    # training: nodes recomputing their activations in backward
     overlap: bool = True                       # training: host steps start as gradients arrive (False: after backward)
+    streamed_state: frozenset[str] = frozenset()  # training: nodes whose optimizer state lives on the host and
+                                                  # is streamed to their computing device for its step and back
 
     def residence(self, node: str) -> str:
         """The device holding ``node``'s own parameters."""
         return self.streamed.get(node, self.device[node])
 
     def state_device(self, node: str) -> str:
-        """The device holding ``node``'s optimizer state and running its step."""
+        """The device running ``node``'s optimizer step (and holding its state, unless streamed)."""
         return self.state.get(node, self.residence(node))
+
+    def state_home(self, node: str, host: str) -> str:
+        """The device holding ``node``'s optimizer state between steps: the host ``host`` for a
+        streamed state, else where its step runs."""
+        return host if node in self.streamed_state else self.state_device(node)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -699,6 +710,8 @@ class Problem:
                 weights = min(weights, self.stream_buffer_bytes(node, StreamMode.PREFETCH, device))
             if node in self.offloadable and device != self.host:  # optimizer state on the host
                 weights = min(weights, self.weight_mem[node])
+            if node in self.state_streamable and device != self.host:  # state on the host, streamed for the step
+                weights = min(weights, self.param_mem[node] - self.state_mem[node] + max(self.state_parts[node]))
             saved = 0 if node in self.recomputable and len(dtypes) == 1 else self.saved_at[node][a]
             need.append(self.work_mem_at[node][a] + saved + weights)
         return min(need) <= self.capacity[device]
@@ -762,6 +775,8 @@ def evaluate(problem: Problem, placement: Placement) -> Evaluation:
                 link_load[label] += grad_hop_s(p, t.tensor, t.src, label)
             elif t.kind == "update":
                 link_load[label] += update_hop_s(p, t.tensor, t.dst, label)
+            elif t.kind == "state":
+                link_load[label] += sum(p.hop_s(b, t.src, t.dst, label) for b in p.state_parts[t.tensor])
             else:
                 factor = 2 if p.options.training else 1
                 link_load[label] += factor * p.hop_s(t.bytes, t.src, t.dst, label)
@@ -882,6 +897,10 @@ def _transfers(p: Problem, placement: Placement) -> list[Transfer]:
                 out.append(Transfer(n, x[n], p.host, p.grad_bytes[n], grad_s(p, n, x[n]), "gradient"))
             if offloaded(p, placement, n):
                 out.append(Transfer(n, p.host, x[n], p.trainable[n], update_s(p, n, x[n]), "update"))
+            if n in placement.streamed_state and x[n] != p.host:  # in for the step, and back
+                way = sum(p.one_way_s(b, p.host, x[n]) for b in p.state_parts[n])
+                out.append(Transfer(n, p.host, x[n], p.state_mem[n], way, "state"))
+                out.append(Transfer(n, x[n], p.host, p.state_mem[n], state_s(p, n, x[n]) - way, "state"))
     return out
 
 
@@ -894,6 +913,14 @@ def _state_violations(p: Problem, placement: Placement) -> list[str]:
         elif not p.train_state or not p.trainable[n]:
             out.append(f"op {n} offloads its optimizer state, which needs a training problem (objective latency or "
                        f"throughput) and trainable parameters")
+    for n in sorted(placement.streamed_state, key=str):
+        if n not in p.state_streamable:
+            out.append(f"op {n} streams its optimizer state, which needs a training problem (objective latency or "
+                       f"throughput, offload allowed, no delayed update), an optimizer with state and trainable "
+                       f"parameters updated densely")
+        elif placement.device[n] == p.host or placement.residence(n) != placement.device[n] or n in placement.state:
+            out.append(f"op {n} streams its optimizer state, which needs its weights resident on the accelerator "
+                       f"computing it and its state in one place (not also offloaded or weight-streamed)")
     for n in placement.recompute:
         if not p.train_state or not p.saved[n]:
             out.append(f"op {n} recomputes its activations, which needs a training problem and saved activations")
@@ -901,12 +928,14 @@ def _state_violations(p: Problem, placement: Placement) -> list[str]:
 
 
 def memory_use(p: Problem, placement: Placement) -> dict[str, int]:
-    """Bytes each device holds under ``placement``: parameters, stream buffers, activations."""
+    """Bytes each device holds under ``placement``: parameters, stream buffers (weights, streamed
+    optimizer state), activations."""
     x = placement.device
     params = {d: 0 for d in p.device_names}
     buffers = {d: 0 for d in p.device_names}
     work = {d: 0 for d in p.device_names}
     saved = {d: 0 for d in p.device_names}
+    state_buffers = {d: 0 for d in p.device_names}
     dtype = node_dtypes(p, placement)
     for n in p.nodes:
         d, a = x[n], dtype[n]
@@ -914,6 +943,10 @@ def memory_use(p: Problem, placement: Placement) -> dict[str, int]:
         if offloaded(p, placement, n):
             params[d] += p.weight_mem[n]
             params[p.host] += p.offload_mem[n]
+        elif n in placement.streamed_state and not streams and d != p.host:
+            params[d] += p.param_mem[n] - p.state_mem[n]
+            params[p.host] += p.state_mem[n]
+            state_buffers[d] = max(state_buffers[d], state_buffer_bytes(p, n))
         else:
             params[placement.residence(n)] += p.stream_mem(n, d) if streams else p.param_mem_at[n].get(a, p.param_mem[n])
         if streams:
@@ -921,7 +954,7 @@ def memory_use(p: Problem, placement: Placement) -> dict[str, int]:
         work[d] = max(work[d], p.work_mem_at[n].get(a, p.work_mem[n]))
         if n not in placement.recompute:
             saved[d] += p.saved_at[n].get(a, p.saved[n])
-    return {d: params[d] + buffers[d] + work[d] + saved[d] for d in p.device_names}
+    return {d: params[d] + buffers[d] + state_buffers[d] + work[d] + saved[d] for d in p.device_names}
 
 
 def list_schedule(p: Problem, placement: Placement) -> dict[str, tuple[float, float]]:

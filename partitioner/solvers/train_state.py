@@ -20,6 +20,12 @@ for a row-sparse table; ``k`` state copies of the optimizer):
 * **streamed** (``Placement.streamed``): everything lives on the host (``F + P + G + kP``), the
   weights are copied to ``d`` in forward and again in backward (two copies per step, a reused
   buffer on ``d``), the gradient crosses back (``G``), and the host steps;
+* **state streamed** (``Placement.streamed_state``; Adam-like optimizers with state, dense updates,
+  not with a delayed update): weights and gradient on ``d`` (``F + P + G`` there), the optimizer
+  state on the host (``kP``); once the node's gradient is complete its state crosses ``host -> d``
+  (``kP`` bytes), ``d`` steps it in its stream (the same update as resident, on the weight itself:
+  no master copy) and the state crosses back (``kP``). ``d`` holds one reused buffer of the
+  largest streamed state part (one member op's state) beside the rest;
 * a node computing on the host keeps everything there and the host steps.
 
 A **row-sparse** update (a trainable gather whose table no other op reads, when the optimizer
@@ -35,7 +41,12 @@ latest; its gradient arrives on the host a copy later; one host worker steps the
 order their gradients arrive, each once its gradient is there and the previous step is done; an
 offloaded node's updated weights then cross back. The step ends at the latest of ``S``, the last
 updated weight's arrival, the host's total work (its compute and every host step) and each
-link's load. With ``Placement.overlap`` false (what ZeRO-Offload, FSDP2 and torchao do), host steps
+link's load. Streamed states have their own chain on the link, beside the host worker's: in
+the order their gradients complete, each node's state comes in, is stepped on ``d`` and goes back
+(one at a time, through the one buffer), starting once its gradient is complete and the previous
+one is back; the step ends no earlier than the last one back (the accelerator's step time also
+counts in ``S``, as resident steps do). Both chains share the link with every other copy only
+through the link's total load. With ``Placement.overlap`` false (what ZeRO-Offload, FSDP2 and torchao do), host steps
 start only after backward. With ``Options.delayed_update`` (ZeRO-Offload's one-step delayed
 update, opted in) the host's steps of one iteration run beside the next one's forward and
 backward: the worker's chain no longer waits, and only the host's total work and the links bound
@@ -51,12 +62,13 @@ from partitioner.ir import OpClass
 # Problem and Placement (partitioner.solvers.problem) are annotations only: problem.py imports this
 # module, which imports nothing back.
 
-__all__ = ["cost_training_state", "step_schedule", "step_split", "tidy"]
+__all__ = ["cost_training_state", "state_hop_s", "state_s", "step_schedule", "step_split", "streamed_trips", "tidy"]
 
 
 def cost_training_state(p: Problem) -> None:
     """Fill ``p``'s training-state numbers: ``train_state`` (choices offered), ``sparse_ops``,
-    ``grad_bytes``, ``weight_mem``, ``offload_mem``, ``fwd_in`` (a node's forward seconds per device
+    ``grad_bytes``, ``weight_mem``, ``offload_mem``, ``state_mem`` / ``state_parts`` / ``op_state``
+    (optimizer-state bytes per node, member op and original op), ``fwd_in`` (a node's forward seconds per device
     and dtype, paid again when it recomputes), ``op_bwd`` / ``op_step`` / ``op_grad`` (per original op,
     for the step schedule), ``offloadable`` and ``recomputable``; and re-price parameter memory,
     optimizer steps and sparse gathers' backward."""
@@ -69,8 +81,11 @@ def cost_training_state(p: Problem) -> None:
     p.fwd_in = {}
     p.grad_parts = {n: () for n in p.nodes}    # per member op: gradient bytes (one copy each)
     p.update_parts = {n: () for n in p.nodes}  # per member op: trainable weight bytes (one copy back each)
+    p.state_mem = {n: 0 for n in p.nodes}
+    p.state_parts = {n: () for n in p.nodes}   # per member op: optimizer-state bytes (one copy each way)
+    p.op_state = {}
     p.sparse_ops = frozenset()
-    p.offloadable, p.recomputable = (), ()
+    p.offloadable, p.recomputable, p.state_streamable = (), (), ()
     p.op_order = tuple(op.name for op in p.original.topological_order())  # backward runs it in reverse
     p.node_of = {op: n for n in p.nodes for op in p.members[n]}
     p.op_bwd, p.op_step, p.op_grad = {}, {}, {}
@@ -90,11 +105,14 @@ def cost_training_state(p: Problem) -> None:
         p.update_parts[n] = tuple(op.trainable_param_bytes for op in ops if op.trainable_param_bytes)
         p.param_mem[n] = frozen + trainable + grad + k * trainable
         p.offload_mem[n] = trainable + grad + k * trainable
+        p.state_mem[n] = k * trainable
+        p.state_parts[n] = tuple(k * b for b in p.update_parts[n])
         p.param_mem_at[n] = {a: p.param_mem[n] for a in p.param_mem_at[n]}  # float32 masters in training
         p.opt_step[n] = {d.name: sum(p.costs.optimizer_step_time(b, d, o.optimizer).seconds
                                      for b in step_bytes.values()) for d in p.devices.devices}
         for op in ops:
             p.op_grad[op.name] = step_bytes[op.name]
+            p.op_state[op.name] = k * op.trainable_param_bytes
             p.op_step[op.name] = {d.name: p.costs.optimizer_step_time(step_bytes[op.name], d, o.optimizer).seconds
                                   for d in p.devices.devices}
             p.op_bwd[op.name] = {}
@@ -114,6 +132,8 @@ def cost_training_state(p: Problem) -> None:
             p.compute[n][d] = per_a[p.choices[n][d][0]]
     if p.train_state and o.offload:
         p.offloadable = tuple(n for n in p.nodes if p.trainable[n] > 0)
+    if p.train_state and o.offload and o.stream_state and k and not o.delayed_update:
+        p.state_streamable = tuple(n for n in p.nodes if p.trainable[n] > 0 and not p.sparse_ops.intersection(p.members[n]))
     if p.train_state and o.recompute:
         p.recomputable = tuple(n for n in p.nodes if p.saved[n] > 0
                                and not all(graph.ops[m].op_class is OpClass.VIEW for m in p.members[n]))
@@ -202,6 +222,21 @@ def update_hop_s(p: Problem, n: str, dst: str, label: str) -> float:
     return sum(p.hop_s(b, p.host, dst, label) for b in p.update_parts[n])
 
 
+def state_s(p: Problem, n: str, d: str) -> float:
+    """Seconds ``n``'s optimizer state takes from the host to ``d`` and back (one copy per member op each way)."""
+    return sum(p.one_way_s(b, p.host, d) + p.one_way_s(b, d, p.host) for b in p.state_parts[n])
+
+
+def state_hop_s(p: Problem, n: str, d: str, label: str) -> float:
+    """Seconds link ``label`` is busy with ``n``'s state streamed to ``d`` and back."""
+    return sum(p.hop_s(b, p.host, d, label) + p.hop_s(b, d, p.host, label) for b in p.state_parts[n])
+
+
+def state_buffer_bytes(p: Problem, n: str) -> int:
+    """The buffer a streamed state of ``n`` needs on its computing device: its largest member op's state."""
+    return max(p.state_parts[n], default=0)
+
+
 def offloaded(p: Problem, placement: Placement, n: str) -> bool:
     """``n`` keeps its weights on its computing device and its optimizer state on the host."""
     return placement.state.get(n) == p.host and placement.residence(n) == placement.device[n] != p.host
@@ -213,8 +248,22 @@ def gradient_leaves(p: Problem, placement: Placement, n: str) -> bool:
 
 
 def step_schedule(p: Problem, placement: Placement, sequential: float, dtype: dict[str, str]) -> float:
-    """When the host's last optimizer step (and the updated weights it sends back) ends, given the
-    devices' sequential time ``sequential`` (see the module docstring); 0.0 without host steps."""
+    """When the host's last optimizer step (and the updated weights it sends back), and the last
+    streamed state back on the host, end, given the devices' sequential time ``sequential`` (see the
+    module docstring); 0.0 without host steps or streamed states."""
+    host_end, link_end, _ = _chains(p, placement, sequential, dtype)
+    return max(host_end, link_end)
+
+
+def streamed_trips(p: Problem, placement: Placement, sequential: float, dtype: dict[str, str]) -> tuple[float, float]:
+    """The streamed states' seconds in all (each one's copies in and out and its step) and how long
+    their chain runs past the devices' sequential time ``sequential`` (after backward)."""
+    _, link_end, trips = _chains(p, placement, sequential, dtype)
+    return trips, max(0.0, link_end - sequential) if trips else 0.0
+
+
+def _chains(p: Problem, placement: Placement, sequential: float, dtype: dict[str, str]) -> tuple[float, float, float]:
+    """The host worker's end, the link's chain of streamed states' end, and those trips' seconds."""
     x, host = placement.device, p.host
     before = 0.0
     prefix: dict[str, float] = {}
@@ -222,9 +271,16 @@ def step_schedule(p: Problem, placement: Placement, sequential: float, dtype: di
         n = p.node_of[op]
         prefix[op] = before
         before += p.op_bwd[op].get(x[n], {}).get(dtype[n], 0.0)
-    worker = end = 0.0
+    worker = end = link = trips = 0.0
     for op in reversed(p.op_order):
         n = p.node_of[op]
+        if p.op_grad[op] and n in placement.streamed_state:  # the link's chain: state in, step, state out
+            ready = sequential - prefix[op] if placement.overlap else sequential
+            nbytes = p.op_state[op]
+            trip = p.one_way_s(nbytes, host, x[n]) + p.op_step[op][x[n]] + p.one_way_s(nbytes, x[n], host)
+            link = max(link, ready) + trip
+            trips += trip
+            continue
         if not p.op_grad[op] or placement.state_device(n) != host:
             continue
         ready = sequential - prefix[op]
@@ -235,7 +291,7 @@ def step_schedule(p: Problem, placement: Placement, sequential: float, dtype: di
         worker = max(worker, ready) + p.op_step[op][host]
         back = p.one_way_s(p.original.ops[op].trainable_param_bytes, host, x[n]) if offloaded(p, placement, n) else 0.0
         end = max(end, worker + back)
-    return end
+    return end, link, trips
 
 
 def step_split(p: Problem, placement: Placement, sequential: float, total: float) -> tuple[dict[str, float], float, float]:
@@ -253,7 +309,7 @@ def step_split(p: Problem, placement: Placement, sequential: float, total: float
 
 
 def tidy(p: Problem, placement: Placement, evaluate, deadline: float) -> Placement:  # noqa: ANN001
-    """``placement`` with each recompute and each offloaded optimizer state it does not need undone:
+    """``placement`` with each recompute and each offloaded or streamed optimizer state it does not need undone:
     one at a time, kept undone where the placement still fits and is no slower (``evaluate`` is
     :func:`partitioner.solvers.problem.evaluate`). A solver stopped within its gap, or indifferent
     between choices that cost the same (a host step hidden behind backward costs nothing), may keep
@@ -262,17 +318,17 @@ def tidy(p: Problem, placement: Placement, evaluate, deadline: float) -> Placeme
     import dataclasses
     import time
 
-    if not p.train_state or not (placement.state or placement.recompute):
+    if not p.train_state or not (placement.state or placement.recompute or placement.streamed_state):
         return placement
     best = evaluate(p, placement)
     if not best.feasible:
         return placement
-    for kind in ("recompute", "state"):
+    for kind in ("recompute", "streamed_state", "state"):
         for n in sorted(getattr(placement, kind), key=p.index.__getitem__):
             if time.perf_counter() > deadline:
                 return placement
-            if kind == "recompute":
-                candidate = dataclasses.replace(placement, recompute=placement.recompute - {n})
+            if kind in ("recompute", "streamed_state"):
+                candidate = dataclasses.replace(placement, **{kind: getattr(placement, kind) - {n}})
             else:
                 candidate = dataclasses.replace(placement, state={m: h for m, h in placement.state.items() if m != n})
             ev = evaluate(p, candidate)

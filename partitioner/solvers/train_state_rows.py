@@ -7,6 +7,11 @@ Columns (model units as in the formulation):
   its optimizer state on the host (``o + s <= x``: offloaded and streamed exclude each other);
   its memory on ``d`` falls from ``param_mem`` to ``weight_mem``, the host gains ``offload_mem``,
   the gradient and the updated weights load the link, and its step runs on the host;
+* ``g[v,d]`` binary: ``v`` computes on accelerator ``d`` with its weights resident there, its
+  optimizer state on the host, streamed to ``d`` for its step and back (``o + s + g <= x``): ``d``'s
+  memory falls by the state (``state_mem``) and gains the reused buffer of the largest streamed
+  state part (a staircase, as the stream buffers), the host's rises by the state, the state loads
+  the link both ways, and the step runs on ``d`` (its time in ``S``);
 * ``c[v,d]`` binary: ``v`` recomputes its activations in backward (``c <= x``), where it computes
   in one dtype on ``d``: its saved activations leave ``d``'s memory and its forward time is paid
   again;
@@ -16,13 +21,16 @@ Columns (model units as in the formulation):
   nodes from ``v_{k-1}`` up to ``v_k`` (the backward left once ``v_k``'s gradient is complete, at
   most its true value), ``W[k] >= W[k+1] + step_k h_k`` and ``W[k] >= S - Q[k] + gradient copy +
   step_k h_k`` (``h_k``: the state is on the host), ``T >= W[k] + update copy``; and ``T >=`` the
-  host's total work. At integer points ``W[1]`` is the list schedule of :func:`step_schedule`.
+  host's total work; and the link's chain of streamed states over the ops of nodes with ``g``
+  columns, ``V[k] >= V[k+1] + (in + step + out)_k g_k``, ``V[k] >= S - Q[k] + (in + step + out)_k
+  g_k``, ``T >= V[k]``. At integer points ``W[1]`` and ``V[1]`` are the list schedules of
+  :func:`step_schedule`.
 """
 
 from __future__ import annotations
 
 from partitioner.solvers.milp import Column, Term
-from partitioner.solvers.train_state import grad_hop_s, grad_s, update_hop_s, update_s
+from partitioner.solvers.train_state import grad_hop_s, grad_s, state_buffer_bytes, state_hop_s, update_hop_s, update_s
 
 # Formulation and Placement are annotations only: formulation.py imports this module.
 
@@ -34,13 +42,14 @@ def _name(kind: str, *parts: str) -> str:
 
 
 class TrainStateColumns:
-    """The ``o`` and ``c`` columns of one formulation, and the worker chain's rows."""
+    """The ``o``, ``g`` and ``c`` columns of one formulation, and the worker chains' rows."""
 
     def __init__(self, f: Formulation) -> None:
         self.f = f
         p = f.p
         self.ov: dict[str, dict[str, Column]] = {}
         self.cv: dict[str, dict[str, Column]] = {}
+        self.gv: dict[str, dict[str, Column]] = {}
         self.chain: list[tuple[str, Column | None, Column]] = []  # (node, Q, W)
         self.S: Column | None = None
         for n in p.offloadable:
@@ -53,6 +62,14 @@ class TrainStateColumns:
                 if s is not None:
                     terms.append((1.0, s))
                 f.milp.at_most(_name("offload_le_x", n, d), terms, 0.0)
+        for n in p.state_streamable:
+            for d in f.allowed[n]:
+                if d == p.host:
+                    continue
+                g = self.gv.setdefault(n, {})[d] = f.milp.column(_name("g", n, d), upper=1.0, integer=True)
+                terms = [(1.0, g), (-1.0, f.x(n, d))]
+                terms += [(1.0, v) for v in (self.ov.get(n, {}).get(d), f.sv.get(n, {}).get(d)) if v is not None]
+                f.milp.at_most(_name("state_stream_le_x", n, d), terms, 0.0)
         for n in p.recomputable:
             for d in f.allowed[n]:
                 if len(f.dtypes_on(n, d)) != 1:
@@ -78,13 +95,21 @@ class TrainStateColumns:
         terms: list[Term] = []
         if d == p.host:
             terms += [(mu * p.offload_mem[n], o) for o in self.ov.get(n, {}).values()]
+            terms += [(mu * p.state_mem[n], g) for g in self.gv.get(n, {}).values()]
         elif d in self.ov.get(n, {}):
             terms.append((-mu * (p.param_mem[n] - p.weight_mem[n]), self.ov[n][d]))
+        if d != p.host and d in self.gv.get(n, {}):
+            terms.append((-mu * p.state_mem[n], self.gv[n][d]))
         c = self.cv.get(n, {}).get(d)
         if c is not None:
             (a,) = self.f.dtypes_on(n, d)
             terms.append((-mu * p.saved_at[n][a], c))
         return terms
+
+    def state_buffers(self, d: str) -> list[tuple[str, float, Column]]:
+        """``(node, buffer, g)`` items of the streamed-state buffer on ``d`` (its largest is held)."""
+        mu = self.f.units.memory
+        return [(n, mu * state_buffer_bytes(self.f.p, n), per_d[d]) for n, per_d in self.gv.items() if d in per_d]
 
     def recompute_terms(self, device: str | None = None) -> list[Term]:
         p, tu = self.f.p, self.f.units.time
@@ -115,6 +140,10 @@ class TrainStateColumns:
                 o = self.ov.get(n, {}).get(d)
                 if o is not None and label in p.hops(p.host, d):
                     terms.append((mu * p.trainable[n] if budget else tu * update_hop_s(p, n, d, label), o))
+            for d, g in self.gv.get(n, {}).items():
+                ways = (label in p.hops(p.host, d)) + (label in p.hops(d, p.host))
+                if ways:
+                    terms.append((mu * ways * p.state_mem[n] if budget else tu * state_hop_s(p, n, d, label), g))
         return terms
 
     # -- the latency objective's rows -------------------------------------------------------------
@@ -180,6 +209,20 @@ class TrainStateColumns:
             chain.append((op, q, w))
             w_next = w
         self.chain = chain
+        v_next: Column | None = None
+        for op, q in reversed(list(zip(ops, qs))):  # the link's chain of streamed states
+            n = p.node_of[op]
+            if n not in self.gv:
+                continue
+            nbytes = p.op_state[op]
+            trip = [(tu * (p.one_way_s(nbytes, host, d) + p.op_step[op][d] + p.one_way_s(nbytes, d, host)), g)
+                    for d, g in self.gv[n].items()]
+            v = f.milp.column(_name("V", op))
+            if v_next is not None:
+                f.ge(_name("link_after", op), v, [(1.0, v_next)] + trip)
+            f.ge(_name("state_ready", op), v, [(1.0, self.S)] + ([(-1.0, q)] if q is not None else []) + trip)
+            bounds.append((_name("state_back", op), [(1.0, v)]))
+            v_next = v
 
     # -- warm start and answer --------------------------------------------------------------------
 
@@ -193,6 +236,9 @@ class TrainStateColumns:
         for n, per_d in self.cv.items():
             for d, c in per_d.items():
                 values[c.index] = 1.0 if placement.device[n] == d and n in placement.recompute else 0.0
+        for n, per_d in self.gv.items():
+            for d, g in per_d.items():
+                values[g.index] = 1.0 if placement.device[n] == d and n in placement.streamed_state else 0.0
         if not self.chain:
             return
         before, prefix = 0.0, {}
@@ -204,11 +250,13 @@ class TrainStateColumns:
             if q is not None:
                 values[q.index] = self.f.units.time * prefix[n]
 
-    def answer(self, values: list[float], device: dict[str, str]) -> tuple[dict[str, str], frozenset[str]]:
-        """The placement's ``state`` and ``recompute`` in a solution vector."""
+    def answer(self, values: list[float], device: dict[str, str]) -> tuple[dict[str, str], frozenset[str], frozenset[str]]:
+        """The placement's ``state``, ``recompute`` and ``streamed_state`` in a solution vector."""
         p = self.f.p
         state = {n: p.host for n, per_d in self.ov.items()
                  if device[n] in per_d and values[per_d[device[n]].index] > 0.5}
         recompute = frozenset(n for n, per_d in self.cv.items()
                               if device[n] in per_d and values[per_d[device[n]].index] > 0.5)
-        return state, recompute
+        streamed_state = frozenset(n for n, per_d in self.gv.items()
+                                   if device[n] in per_d and values[per_d[device[n]].index] > 0.5)
+        return state, recompute, streamed_state

@@ -116,3 +116,26 @@ def test_a_plan_the_ilp_made_with_a_delayed_update_trains_as_its_definition(tmp_
     code, out = run(capsys, "emb-transformer:small", "--plan", path, "--training", "--steps", "3", "--strict-devices")
     assert code == 0, out
     assert out.splitlines()[-1].startswith("passed: loss and every parameter within tolerance after each of 3 steps")
+
+
+def test_a_plan_the_ilp_made_with_streamed_state_trains_as_eager_under_strict_devices(tmp_path, capsys) -> None:
+    """gpt:small with cuda:0 capped at three times its parameter bytes: the planner keeps some
+    optimizer state on the host and streams it to cuda:0 for each step (beside offloaded state);
+    three Adam steps equal eager training, and the state copies are the plan's, under strict devices."""
+    model, inputs = models.get("gpt", "small")
+    cap = 3 * sum(p.numel() * p.element_size() for p in model.parameters())
+    plan = partition(model, inputs, "h200-host", memory={"cuda:0": cap}, training=True, optimizer="adam",
+                     time_limit=20)
+    params = plan.training_state["params"].values()
+    streamed = [ps for ps in params if ps["state"] == "cpu" and ps["step"] == "cuda:0"]
+    assert streamed, plan.summary()
+    assert "streamed to cuda:0 for the step" in plan.summary()
+    step = plan.training_state["step"]
+    assert step["streamed_s"] > 0 and 0 <= step["streamed_after_s"] <= step["streamed_s"]
+    assert f"streamed   {len(streamed)} params' state to and from the host" in plan.summary()
+    path = str(plan.save(tmp_path / "streamed.json"))
+    code, out = run(capsys, "gpt:small", "--plan", path, "--training", "--steps", "3", "--strict-devices")
+    assert code == 0, out
+    state_in = next(line.split() for line in out.splitlines() if line.split()[:2] == ["state", "cpu->cuda:0"])
+    assert state_in[2] == state_in[3] and int(state_in[2].replace(",", "")) > 0 and state_in[-1] == "ok"
+    assert out.splitlines()[-1].startswith("passed: loss and every parameter within tolerance after each of 3 steps")

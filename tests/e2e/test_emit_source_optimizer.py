@@ -2,7 +2,8 @@
 
 The file's ``build_optimizer(module, lr=...)`` trains ``build(model)`` as torch's optimizer trains
 the original: the plan (``gpt:tiny``, blocks and embedding on ``cuda:0``, bound to its own CPU tag)
-offloads the state of ``blocks.0`` and the embedding to the host.
+offloads the state of ``blocks.0`` and the embedding to the host, and keeps ``blocks.1``'s there,
+streamed to ``cuda:0`` for each step.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def planned(tmp_path_factory):
     model, inputs = models.get("gpt", "tiny")
     plan = partition(model, inputs, "h200-host", training=True, optimizer="adam",
                      pins={"blocks.*": "cuda:0", "tok_emb*": "cuda:0"})
-    plan = with_training_state(plan, model.train(), offload=["blocks.0*", "tok_emb*"])
+    plan = with_training_state(plan, model.train(), offload=["blocks.0*", "tok_emb*"], stream_state=["blocks.1*"])
     folder = tmp_path_factory.mktemp("emit")
     return model, inputs, plan, str(plan.save(folder / "plan.json")), folder
 
@@ -58,6 +59,7 @@ def test_the_generated_optimizer_trains_as_eager(planned, capsys) -> None:
         for name, p in reference.named_parameters():
             torch.testing.assert_close(trained[name].detach(), p.detach())
     assert opt.last_copies[("gradient", "cuda:0", "cpu")] > 0
+    assert opt.last_copies[("state", "cpu", "cuda:0")] == opt.last_copies[("state", "cuda:0", "cpu")] > 0
 
 
 def test_emit_without_training_writes_no_optimizer_and_says_so(planned, capsys) -> None:

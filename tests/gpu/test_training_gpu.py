@@ -9,7 +9,9 @@ Skipped without CUDA (marker ``gpu``; ``bench/gpu_check.py`` runs these first). 
   forward reads them;
 * the offloaded parameters' masters and optimizer state live in host memory, and their device
   gradients are freed once copied out;
-* the host steps run beside backward: some of the worker's time falls before ``step()`` is called.
+* the host steps run beside backward: some of the worker's time falls before ``step()`` is called;
+* streamed optimizer states (kept on the host, stepped on the GPU) train as eager and wait in pinned
+  host memory between steps.
 """
 
 from __future__ import annotations
@@ -75,3 +77,37 @@ def test_offloaded_state_lives_in_pinned_host_memory_and_device_gradients_are_fr
     for row in opt.placement():
         if row.state != row.weights:
             assert row.found_on.startswith("cpu"), row  # master and optimizer state in host memory
+
+
+def test_streamed_state_steps_on_the_gpu_as_eager_and_waits_in_pinned_host_memory() -> None:
+    """gpt:small at three times its parameter bytes: the ILP keeps some optimizer state on the
+    host and streams it to cuda:0 for each step (side stream, pinned memory). Three Adam steps equal
+    eager training on the GPU; between steps the streamed moments are pinned host tensors."""
+    model, inputs = models.get("gpt", "small")
+    cap = 3 * sum(p.numel() * p.element_size() for p in model.parameters())
+    plan = partition(model, inputs, "h200-host", memory={"cuda:0": cap}, training=True, optimizer="adam",
+                     time_limit=20)
+    streamed = [n for n, ps in plan.training_state["params"].items() if ps["state"] == "cpu" and ps["step"] == "cuda:0"]
+    assert streamed
+    emitted = plan.emit(copy.deepcopy(model).train())
+    opt = plan.emit_optimizer(emitted, lr=1e-3)
+    reference = copy.deepcopy(model).cuda().train()
+    eager = torch.optim.Adam(reference.parameters(), lr=1e-3)
+    for _ in range(3):
+        opt.zero_grad()
+        _loss(emitted(*inputs)).backward()
+        opt.step()
+        eager.zero_grad()
+        _loss(reference(*(t.cuda() for t in inputs))).backward()
+        eager.step()
+    trained = dict(emitted.named_parameters())
+    for name, p in reference.named_parameters():
+        torch.testing.assert_close(trained[name].detach().cuda(), p.detach(), rtol=1e-4, atol=1e-5,
+                                   msg=lambda m, name=name: f"{name}: {m}")
+    opt.state_dict()  # waits for the last trip back
+    for name in streamed:
+        p = emitted.get_parameter(name)
+        assert p.device.type == "cuda"
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert opt.state[p][key].device.type == "cpu" and opt.state[p][key].is_pinned(), (name, key)
+    assert opt.last_copies[("state", "cpu", "cuda:0")] > 0

@@ -10,7 +10,8 @@ Precision (``Options.precision``): every dtype a node may compute in on its devi
 a streamed node in float32 only.
 
 Training state (``partitioner.solvers.train_state``): each trainable node computing on an
-accelerator with its weights resident keeps its optimizer state there or on the host, and each
+accelerator with its weights resident keeps its optimizer state there, on the host (stepped there)
+or on the host streamed to the accelerator for its step, and each
 node that may recompute (in one dtype on its device, as the ILP offers it) does or does not.
 
 Makespan: the list schedule depends only on the order of the nodes sharing a device, so every
@@ -46,8 +47,10 @@ def expand(problem: Problem, placement: Placement) -> tuple[Problem, Placement]:
     precision = {op: problem.op_dtype(op, a) for n, a in placement.precision.items() for op in problem.members[n]}
     state = {op: home for n, home in placement.state.items() for op in problem.members[n] if original.trainable[op]}
     recompute = frozenset(op for n in placement.recompute for op in problem.members[n] if original.saved[op])
+    streamed_state = frozenset(op for n in placement.streamed_state for op in problem.members[n]
+                               if original.trainable[op])
     return original, Placement(device, streamed, placement.stream_mode, order, precision, state, recompute,
-                               placement.overlap)
+                               placement.overlap, streamed_state)
 
 
 def original_problem(problem: Problem) -> Problem:
@@ -67,19 +70,24 @@ def placements(problem: Problem) -> Iterator[Placement]:
             streamed = {n: host for n, on in zip(optional, mask) if on}
             for dtypes in itertools.product(*(_dtypes(problem, n, device[n], n in streamed) for n in problem.nodes)):
                 precision = dict(zip(problem.nodes, dtypes))
-                for state, recompute in _training_states(problem, device, streamed):
+                for state, recompute, streamed_state in _training_states(problem, device, streamed):
                     yield Placement(device, streamed, StreamMode.PREFETCH, precision=precision, state=state,
-                                    recompute=recompute)
+                                    recompute=recompute, streamed_state=streamed_state)
 
 
-def _training_states(problem: Problem, device: dict, streamed: dict) -> Iterator[tuple[dict, frozenset]]:
-    """Every (state, recompute) the ILP may choose with these devices and streams."""
-    offload = [n for n in problem.offloadable if device[n] != problem.host and n not in streamed]
+def _training_states(problem: Problem, device: dict, streamed: dict) -> Iterator[tuple[dict, frozenset, frozenset]]:
+    """Every (state, recompute, streamed_state) the ILP may choose with these devices and streams:
+    each node's state resident, offloaded (host step) or streamed for its step."""
+    away = set(problem.offloadable) | set(problem.state_streamable)
+    movable = [n for n in problem.nodes if n in away and device[n] != problem.host and n not in streamed]
+    homes = [("resident",) + (("host",) if n in problem.offloadable else ())
+             + (("streamed",) if n in problem.state_streamable else ()) for n in movable]
     again = [n for n in problem.recomputable if len(problem.choices[n][device[n]]) == 1]
-    for mask in itertools.product((False, True), repeat=len(offload)):
-        state = {n: problem.host for n, on in zip(offload, mask) if on}
+    for choice in itertools.product(*homes):
+        state = {n: problem.host for n, h in zip(movable, choice) if h == "host"}
+        streamed_state = frozenset(n for n, h in zip(movable, choice) if h == "streamed")
         for mask2 in itertools.product((False, True), repeat=len(again)):
-            yield state, frozenset(n for n, on in zip(again, mask2) if on)
+            yield state, frozenset(n for n, on in zip(again, mask2) if on), streamed_state
 
 
 def _dtypes(problem: Problem, node: str, device: str, streamed: bool) -> tuple[str, ...]:
@@ -107,7 +115,8 @@ def count_candidates(problem: Problem) -> int:
         options = sum((2 if n in streamable and d != problem.host else 1) * len(problem.choices[n][d])
                       for d in problem.allowed[n])
         per_node *= options
-    per_node *= 2 ** (len(problem.offloadable) + len(problem.recomputable))  # at most: training-state choices
+    per_node *= 3 ** len(problem.state_streamable) * 2 ** (len(set(problem.offloadable) - set(problem.state_streamable))
+                                                          + len(problem.recomputable))  # at most: training-state choices
     return per_node * (len(orders(problem)) if problem.options.objective is Objective.MAKESPAN else 1)
 
 
@@ -123,7 +132,8 @@ def optimum(problem: Problem) -> tuple[float, Placement | None]:
     for placement in placements(problem):
         for order in all_orders:
             candidate = Placement(placement.device, placement.streamed, placement.stream_mode, order,
-                                  placement.precision, placement.state, placement.recompute)
+                                  placement.precision, placement.state, placement.recompute,
+                                  streamed_state=placement.streamed_state)
             original, flat = expand(problem, candidate)
             ev = evaluate(original, flat)
             if ev.feasible and ev.total_s < best:

@@ -1,5 +1,6 @@
-"""The brute-force oracle certifies the training-state choices: optimizer state on the host or with
-its weights, recompute, streaming in both passes, host steps beside backward.
+"""The brute-force oracle certifies the training-state choices: optimizer state with its weights, on
+the host (stepped there) or on the host streamed to the accelerator for its step, recompute,
+streaming in both passes, host steps and streamed states beside backward.
 
 Small random training problems (latency and throughput, offload and recompute offered); the oracle
 enumerates every device, stream, state and recompute choice and evaluates each on the original
@@ -13,10 +14,11 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from cost_models.profiles import load_profile_text
 from models.synthetic import random_dag, random_profile
 from partitioner.solvers.bounds import memory_aware_lower_bound, physical_lower_bound
 from partitioner.solvers.ilp import solve_ilp
-from partitioner.solvers.problem import Objective, Options, Problem, evaluate
+from partitioner.solvers.problem import Objective, Options, Placement, Problem, evaluate
 from tests.property.oracle import count_candidates, optimum
 
 TOLERANCE = 1e-6
@@ -71,3 +73,76 @@ def test_the_oracle_sees_offloaded_state_and_recompute() -> None:
             found |= {"state"} if placement.state else set()
             found |= {"recompute"} if placement.recompute else set()
     assert found == {"state", "recompute"}
+
+
+#: A slow host (20 GB/s: its Adam step takes 0.35 s per GB of parameters) beside a fast link (55 GB/s:
+#: Adam's two moments in and out take 0.073 s per GB): where the cap allows, stepping host-held state
+#: on the GPU wins.
+SLOW_HOST = """
+[devices.cpu]
+kind = "cpu"
+memory = "64GiB"
+peak_flops = { float32 = 1e12 }
+mem_bandwidth = "20GB/s"
+launch_overhead = "2us"
+
+[devices."cuda:0"]
+kind = "gpu"
+memory = "16GiB"
+peak_flops = { float32 = 5e13 }
+mem_bandwidth = "2000GB/s"
+launch_overhead = "10us"
+
+[[links]]
+between = ["cpu", "cuda:0"]
+bandwidth = "55GB/s"
+latency = "10us"
+"""
+
+
+def _slow_host_problem(seed: int, cap_factor: float, objective: Objective = Objective.LATENCY) -> Problem:
+    graph = random_dag(seed, 5, param_prob=1.0, param_sizes=(1 << 24,))
+    params = sum(p.nbytes for p in graph.params.values())
+    profile = load_profile_text(SLOW_HOST, "slow-host").with_memory({"cuda:0": int(params * cap_factor)})
+    return Problem(graph, profile, Options(objective=objective, training=True, streaming=False, recompute=False))
+
+
+@pytest.mark.parametrize(("seed", "cap_factor", "objective"), [
+    (1, 2.5, Objective.LATENCY),   # two streamed states and one on the host
+    (5, 3.0, Objective.LATENCY),   # four streamed states
+    (22, 3.0, Objective.LATENCY),  # two streamed, one on the host
+    (1, 2.5, Objective.THROUGHPUT),
+])
+def test_the_ilp_reaches_the_oracle_where_streamed_state_wins(seed: int, cap_factor: float, objective: Objective) -> None:
+    problem = _slow_host_problem(seed, cap_factor, objective)
+    best, placement = optimum(problem)
+    if objective is Objective.LATENCY:
+        assert placement is not None and placement.streamed_state  # the choice is what the optimum uses
+    solution = solve_ilp(problem, solver="highs", gap=0.0, time_limit=30)
+    ev = evaluate(problem, solution.placement)
+    assert ev.feasible
+    assert ev.total_s == pytest.approx(best, rel=TOLERANCE)
+    assert solution.objective == pytest.approx(ev.total_s, rel=TOLERANCE)
+    assert solution.bound is None or solution.bound <= best * (1 + TOLERANCE) + 1e-12
+    assert memory_aware_lower_bound(problem) <= best * (1 + TOLERANCE) + 1e-12
+
+
+def test_a_streamed_state_is_priced_as_its_copies_step_and_buffer() -> None:
+    """One node's state streamed: the host holds the state, the GPU the weights, gradient and one
+    buffer of the state; the link carries the state both ways; the step waits for it."""
+    problem = _slow_host_problem(5, 3.0)
+    node = max(problem.state_streamable, key=problem.index.__getitem__)
+    gpu = {n: "cuda:0" for n in problem.nodes}
+    resident = evaluate(problem, Placement(gpu))
+    streamed = evaluate(problem, Placement(gpu, streamed_state=frozenset({node})))
+    state = problem.state_mem[node]
+    assert state == 2 * problem.trainable[node]  # Adam: two moments
+    assert streamed.memory["cpu"] - resident.memory["cpu"] == state
+    assert streamed.memory["cuda:0"] - resident.memory["cuda:0"] == -state + max(problem.state_parts[node])
+    copies = [t for t in streamed.transfers if t.kind == "state"]
+    assert {(t.src, t.dst, t.bytes) for t in copies} == {("cpu", "cuda:0", state), ("cuda:0", "cpu", state)}
+    assert streamed.per_link_s["cpu<->cuda:0"] - resident.per_link_s["cpu<->cuda:0"] == pytest.approx(
+        sum(t.seconds for t in copies))
+    assert streamed.total_s >= resident.total_s  # the same step with the state coming and going
+    bad = evaluate(problem, Placement(gpu, state={node: "cpu"}, streamed_state=frozenset({node})))
+    assert any("streams its optimizer state" in v for v in bad.violations)

@@ -76,6 +76,22 @@ def test_the_section_round_trips_and_edits_to_it_are_refused(plans, tmp_path) ->
         dataclasses.replace(plan, training=False)
 
 
+def test_a_plan_written_before_streamed_states_reads_as_stepping_where_its_state_lives(plans) -> None:
+    """Plans without the ``step`` key (every state stepped where it lives) read as they were."""
+    from partitioner.plan.training_state import param_states
+
+    plan = plans["adam"].plan
+    data = plan.to_dict()
+    for ps in data["training_state"]["params"].values():
+        assert ps["step"] == ps["state"] or (ps["state"] == "cpu" and ps["step"] == ps["weights"])
+        if ps["step"] == ps["state"]:
+            del ps["step"]
+    again = Plan.from_dict(data)
+    assert again.training_state == plan.training_state
+    assert {n: (s.state, s.step) for n, s in param_states(again).items()} == \
+        {n: (s.state, s.step) for n, s in param_states(plan).items()}
+
+
 def test_sparse_adam_without_a_table_says_every_parameter_steps_densely(caplog) -> None:
     module, inputs = models.get("mlp", "tiny")
     with caplog.at_level(logging.WARNING):

@@ -13,6 +13,8 @@ module        what it does
               (side streams and events on CUDA, plain copies on a CPU binding), counted per link
 ``placed``    :class:`PlacedOptimizer`: torch's optimizers per state device, post-accumulate-grad
               hooks and a worker thread running host steps beside backward
+``streamed_state``  a state kept on the host, brought to the weight's device for its step and sent
+              back (a side stream on CUDA), stepped from the hook beside backward
 ``from_plan`` :func:`placed_optimizer`: the plan's places for the module emitted from it
 ``reference`` :func:`reference_optimizers`: the same torch optimizer over an eager model (checks)
 ============  ===================================================================================

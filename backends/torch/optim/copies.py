@@ -1,4 +1,5 @@
-"""The copies a placed optimizer makes: each gradient to its state's device, each updated master back.
+"""The copies a placed optimizer makes: each gradient to its state's device, each updated master back
+(and, counted here, streamed optimizer states in and out: :mod:`.streamed_state`).
 
 In: the physical devices the plan's logical ones are bound to. Out: :class:`StateCopies`, whose
 :meth:`~StateCopies.gradient` copies a gradient as backward produces it to the device holding the
@@ -43,7 +44,8 @@ class StateCopies:
             moved, self.moved = self.moved, {}
         return moved
 
-    def _count(self, what: str, src: str, dst: str, tensor: torch.Tensor) -> None:
+    def count(self, what: str, src: str, dst: str, tensor: torch.Tensor) -> None:
+        """Count ``tensor``'s bytes as a copy of ``what`` from logical ``src`` to ``dst``."""
         if src == dst:  # a copy within one device's memory (a delayed update's host master): no link
             return
         n = _nbytes(tensor)
@@ -55,7 +57,7 @@ class StateCopies:
         """``grad`` (on logical ``src``) as a float32 copy on logical ``dst``, and the CUDA event
         the copy completes at (None: complete on return)."""
         target = self.physical[dst]
-        self._count("gradient", src, dst, grad)
+        self.count("gradient", src, dst, grad)
         if grad.device.type != "cuda" or target.type != "cpu":
             return grad.to(target, dtype=torch.float32, copy=True), None
         stream = self._stream(self._d2h, grad.device)
@@ -74,7 +76,7 @@ class StateCopies:
 
     def weight(self, param: torch.Tensor, master: torch.Tensor, src: str, dst: str) -> None:
         """Copy ``master`` (on logical ``src``) into ``param`` (on logical ``dst``), in place."""
-        self._count("weights", src, dst, param)
+        self.count("weights", src, dst, param)
         target = param.detach()
         if param.device.type != "cuda":
             target.copy_(master)

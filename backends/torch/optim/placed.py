@@ -16,7 +16,11 @@ How a step runs:
   the rest of backward; :meth:`~PlacedOptimizer.step` waits for them and copies the updated
   masters into the weights (the next forward reads them);
 * **host-stepped** parameters whose weight lives on the host but is read elsewhere (streamed
-  weights): the gradient arrives on the host already; the hook hands the step to the worker too.
+  weights): the gradient arrives on the host already; the hook hands the step to the worker too;
+* **streamed-state** parameters (state on the host, step on the weight's device): the hook steps
+  them where the weight is, the state brought in for the step and sent back
+  (:mod:`.streamed_state`: a side stream on CUDA), beside the rest of backward;
+  :meth:`~PlacedOptimizer.step` makes the compute stream wait for them.
 
 The optimizer is a real ``torch.optim.Optimizer``: ``param_groups`` are over the emitted module's
 parameters (LR schedulers change them; each inner step reads its group's current values),
@@ -63,6 +67,7 @@ import torch
 
 from backends.torch.optim.copies import StateCopies
 from backends.torch.optim.kinds import OptimizerKind, optimizer_kind
+from backends.torch.optim.streamed_state import StreamedState
 from partitioner.errors import HetpartError
 from partitioner.plan.training_state import ParamState
 
@@ -135,7 +140,8 @@ class StateRow:
 
     name: str
     weights: str          # logical device of the weight
-    state: str            # logical device of gradient, optimizer state and step
+    state: str            # logical device of the optimizer state between steps (and of gradient and step,
+                          # unless the state is streamed to the weight's device for its step)
     update: str           # "dense" | "sparse"
     state_bytes: int      # bytes of its optimizer state tensors (and master copy)
     found_on: str         # the physical device the state tensors are on ("" : no state yet)
@@ -177,6 +183,8 @@ class PlacedOptimizer(torch.optim.Optimizer):
         self._spans: list[tuple[float, float]] = []   # (start, end) of each worker job since the last step()
         self._early: dict[int, _Early] = {}
         self._resident: dict[tuple[str, type, bool], _Resident] = {}
+        self._streamed: dict[int, StreamedState] = {}
+        self._state_streams: dict[torch.device, Any] = {}  # CUDA: the side stream of streamed states per device
         self._where: dict[int, tuple[torch.optim.Optimizer, torch.Tensor]] = {}  # id(param) -> inner, target
         self._hooks: list[Any] = []
         self._accumulating = False
@@ -230,12 +238,15 @@ class PlacedOptimizer(torch.optim.Optimizer):
             if place is None:
                 raise HetpartError(f"parameter {self._names[id(p)][0]!r} has no place in the plan's training state: "
                                    f"emit the module from the plan the optimizer is built for")
-            if place.state not in self.physical or place.weights not in self.physical:
+            if any(d not in self.physical for d in (place.state, place.step, place.weights)):
                 raise HetpartError(f"parameter {place.name!r} lives on {place.weights} with its state on "
-                                   f"{place.state}, and the binding names only {', '.join(self.physical)}")
+                                   f"{place.state} (stepped on {place.step}), and the binding names only "
+                                   f"{', '.join(self.physical)}")
             cls = self.kind.torch_class(place.sparse)
-            host_step = self.physical[place.state].type == "cpu" and (place.offloaded or place.streamed)
-            if host_step:
+            host_step = self.physical[place.step].type == "cpu" and (place.offloaded or place.streamed)
+            if place.streamed_state:
+                self._add_streamed(p, place, cls, index)
+            elif host_step:
                 self._add_early(p, place, cls, index)
             else:
                 self._add_resident(p, place, cls, index)
@@ -243,7 +254,7 @@ class PlacedOptimizer(torch.optim.Optimizer):
     def _add_early(self, p: torch.nn.Parameter, place: ParamState, cls: type, index: int) -> None:
         master = None
         if place.offloaded or self.delayed:  # delayed: the weight keeps last iteration's values meanwhile
-            device = self.physical[place.state]
+            device = self.physical[place.step]
             pinned = p.device.type == "cuda"
             master = torch.empty(p.shape, dtype=torch.float32, device=device, pin_memory=pinned)
             with torch.no_grad():
@@ -256,11 +267,11 @@ class PlacedOptimizer(torch.optim.Optimizer):
         self._hooks.append(p.register_post_accumulate_grad_hook(lambda param, s=slot: self._arrived(s)))
 
     def _add_resident(self, p: torch.nn.Parameter, place: ParamState, cls: type, index: int) -> None:
-        key = (place.state, cls, place.sparse)
+        key = (place.step, cls, place.sparse)
         hyper = self.kind.hyperparameters(cls, self.param_groups[index])
         resident = self._resident.get(key)
         if resident is None:
-            resident = self._resident[key] = _Resident(place.state, cls([{"params": [p], **hyper}]), [index],
+            resident = self._resident[key] = _Resident(place.step, cls([{"params": [p], **hyper}]), [index],
                                                        place.sparse)
         elif resident.groups[-1] == index:
             resident.inner.param_groups[-1]["params"].append(p)
@@ -268,6 +279,33 @@ class PlacedOptimizer(torch.optim.Optimizer):
             resident.inner.add_param_group({"params": [p], **hyper})
             resident.groups.append(index)
         self._where[id(p)] = (resident.inner, p)
+
+    def _add_streamed(self, p: torch.nn.Parameter, place: ParamState, cls: type, index: int) -> None:
+        if self.delayed or place.sparse:
+            raise HetpartError(f"parameter {place.name!r}: a streamed optimizer state steps densely and at once, "
+                               f"not {'delayed' if self.delayed else 'row-sparse'}; re-plan")
+        inner = cls([p], **self.kind.hyperparameters(cls, self.param_groups[index]))
+        slot = StreamedState(self._names[id(p)][0], p, place, inner, index, self.physical[place.state])
+        self._streamed[id(p)] = slot
+        self._where[id(p)] = (inner, p)
+        self._hooks.append(p.register_post_accumulate_grad_hook(lambda param, s=slot: self._state_arrived(s)))
+
+    def _state_arrived(self, slot: StreamedState) -> None:
+        """The post-accumulate-grad hook of a streamed state: step it now, on the weight's device."""
+        if slot.started:
+            raise HetpartError(f"a second gradient for {slot.name!r} arrived before step(): its step began when the "
+                               f"first one did; call step() after each backward, or run the backward passes to "
+                               f"accumulate inside `with opt.accumulating():`")
+        if self._accumulating:
+            slot.held = True
+            return
+        self._stream_step(slot)
+
+    def _stream_step(self, slot: StreamedState) -> None:
+        slot.started, slot.held = True, False
+        run = lambda inner, groups: self._step_inner(inner, groups, planned_sparse=False)  # noqa: E731
+        with torch.no_grad():
+            slot.step(dict(self.param_groups[slot.group]), run, self.copies, self._state_streams)
 
     # -- backward -----------------------------------------------------------------------------
 
@@ -283,7 +321,7 @@ class PlacedOptimizer(torch.optim.Optimizer):
                 with torch.no_grad():
                     slot.master.copy_(p.detach())
                 slot.version = p._version
-            grad, event = self.copies.gradient(p.grad, slot.place.weights, slot.place.state)
+            grad, event = self.copies.gradient(p.grad, slot.place.weights, slot.place.step)
             p.grad = None  # the device gradient is freed as soon as its copy ran
         else:
             grad, event = None, None
@@ -353,16 +391,22 @@ class PlacedOptimizer(torch.optim.Optimizer):
                 slot.started = True
                 slot.jobs.append(self._submit(self._host_job, slot, None, None, dict(self.param_groups[slot.group]),
                                               self._iteration))
+        for slot in self._streamed.values():  # gradients only accumulated (or no hook ran): their steps now
+            if not slot.started and (slot.held or slot.param.grad is not None):
+                self._stream_step(slot)
         for resident in self._resident.values():
             self._step_inner(resident.inner, [self.param_groups[i] for i in resident.groups],
                              planned_sparse=resident.sparse)
+        for slot in self._streamed.values():
+            slot.ready()
+            slot.started = slot.held = False
         if self.delayed:
             self._delayed_weights()
         else:
             self._wait()
             for slot in self._early.values():
                 if slot.started and slot.master is not None:
-                    self.copies.weight(slot.param, slot.master, slot.place.state, slot.place.weights)
+                    self.copies.weight(slot.param, slot.master, slot.place.step, slot.place.weights)
                     slot.version = slot.param._version
                 slot.started = slot.held = False
         self._iteration += 1
@@ -389,7 +433,7 @@ class PlacedOptimizer(torch.optim.Optimizer):
             slot.pending, slot.jobs = slot.jobs, []
             result = slot.results.pop(previous, None)
             if result is not None:
-                self.copies.weight(slot.param, result, slot.place.state, slot.place.weights)
+                self.copies.weight(slot.param, result, slot.place.step, slot.place.weights)
                 slot.version = slot.param._version
             slot.started = slot.held = False
         if failure is not None:
@@ -407,7 +451,7 @@ class PlacedOptimizer(torch.optim.Optimizer):
         for slot in self._early.values():
             if slot.results:
                 newest = slot.results[max(slot.results)]
-                self.copies.weight(slot.param, newest, slot.place.state, slot.place.weights)
+                self.copies.weight(slot.param, newest, slot.place.step, slot.place.weights)
                 slot.version = slot.param._version
                 slot.results.clear()
         self.copies.weights_ready()
@@ -433,6 +477,8 @@ class PlacedOptimizer(torch.optim.Optimizer):
                     job.result()
                 except Exception as exc:  # noqa: BLE001 - re-raised below, after every job ended
                     failure = failure or exc
+        for streamed in self._streamed.values():
+            streamed.wait()
         if failure is not None:
             raise failure
 
@@ -442,7 +488,7 @@ class PlacedOptimizer(torch.optim.Optimizer):
         Raises:
             HetpartError: steps began in backward and ``step()`` was not called yet.
         """
-        begun = [s.name for s in self._early.values() if s.started]
+        begun = [s.name for s in [*self._early.values(), *self._streamed.values()] if s.started]
         if begun:
             raise HetpartError(f"zero_grad() before step(): the steps of {len(begun)} parameters ({begun[0]!r}, ...) "
                                f"began as their gradients arrived and cannot be taken back; call step() first, or "
@@ -506,11 +552,15 @@ class PlacedOptimizer(torch.optim.Optimizer):
             inners[id(slot.inner)] = slot.inner
         for resident in self._resident.values():
             inners[id(resident.inner)] = resident.inner
+        for streamed in self._streamed.values():
+            inners[id(streamed.inner)] = streamed.inner
         for key, inner in inners.items():
             template = inner.state_dict()
             targets = [q for g in inner.param_groups for q in g["params"]]
             template["state"] = {i: wanted[key][id(q)] for i, q in enumerate(targets) if id(q) in wanted[key]}
             inner.load_state_dict(template)
+        for streamed in self._streamed.values():  # torch put the state beside the weight: back to the host
+            streamed.home()
         self._link_state()
 
     # -- where things are -----------------------------------------------------------------------
@@ -538,7 +588,8 @@ class PlacedOptimizer(torch.optim.Optimizer):
 
     def __repr__(self) -> str:
         early = sum(s.master is not None for s in self._early.values())
-        return f"PlacedOptimizer({self.kind.name}: {len(self._where)} parameters, {early} with state offloaded)"
+        return (f"PlacedOptimizer({self.kind.name}: {len(self._where)} parameters, {early} with state offloaded, "
+                f"{len(self._streamed)} with state streamed)")
 
 
 def _names_by_tensor(module: torch.nn.Module) -> dict[int, list[str]]:

@@ -41,12 +41,14 @@ def optimizer_source(plan: Any, layout: Layout) -> list[str]:
     optimizer = section.get("optimizer", plan.optimizer) if section else plan.optimizer
     host = plan.devices.host_device().name
     offloaded = sum(p.offloaded for p in places.values())
+    streamed = sum(p.streamed_state for p in places.values())
     out = ["", "", "# The training step's optimizer: each parameter's gradient, optimizer state and step live where",
            f"# the plan puts them ({offloaded} of {len(places)} parameters' state on the host, stepped there as",
-           "# backward produces their gradients). Parameter -> (op, computes on, weights on, state on, update, exact).",
+           f"# backward produces their gradients; {streamed} with their state on the host, streamed to the weight's",
+           "# device for the step). Parameter -> (op, computes on, weights on, state on, update, exact, step on).",
            "_TRAINING_STATE = {"]
     for name, p in places.items():
-        out.append(f"    {ascii(name)}: {literal((p.op, p.compute, p.weights, p.state, p.update, p.exact))},")
+        out.append(f"    {ascii(name)}: {literal((p.op, p.compute, p.weights, p.state, p.update, p.exact, p.step))},")
     out.append("}")
     binding = [f"{ascii(d)}: str({var})" for d, var in layout.device_var.items()]
     if host not in layout.device_var:
