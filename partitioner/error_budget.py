@@ -9,7 +9,8 @@ keeps the budget, with the measurement recorded in ``precision.error``, or a
 The passes:
 
 1. :func:`measured_precision`: each weight the plan may pack is packed alone, in each dtype a
-   device offers, and the error that costs measured (:func:`backends.torch.weight_errors.weight_errors`);
+   device offers, and the error that costs measured (:func:`backends.torch.weight_errors.weight_errors`)
+   on the first sample of the batch (one forward per weight and dtype);
 2. :func:`within_budget`: the solver bounds the estimate (their root sum of squares,
    :mod:`partitioner.solvers.packing_error`) by the budget; the plan's own emitted module (every
    device bound to the host: its kernels, no placement) is measured; while that is over the budget
@@ -76,12 +77,25 @@ def measured_precision(precision: Precision, model: Any, example_inputs: Any, gr
     params = {p: ws for p, ws in params.items() if ws}
     from backends.torch.weight_errors import weight_errors  # the model runs: torch's kernels
 
-    args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+    args = _one_sample(example_inputs if isinstance(example_inputs, tuple) else (example_inputs,))
     started = time.perf_counter()
     errors = weight_errors(model, args, params)
     log.info("measured the output error of %d weights packed alone in %.1f s", len(errors),
              time.perf_counter() - started)
     return dataclasses.replace(precision, weight_errors=errors)
+
+
+def _one_sample(args: tuple) -> tuple:
+    """The first sample of a batch (every tensor input cut to 1 along its first dimension) where
+    every tensor input has the same first dimension above 1, else ``args``: the per-weight terms
+    are an estimate (one forward per weight and dtype), the whole plan is measured on every sample."""
+    import torch
+
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    sizes = {int(t.shape[0]) if t.dim() else 0 for t in tensors}
+    if len(sizes) != 1 or next(iter(sizes)) < 2:
+        return args
+    return tuple(a[:1] if isinstance(a, torch.Tensor) else a for a in args)
 
 
 def within_budget(attempt: Callable[[Any, float], Any], options: Any, model: Any, example_inputs: Any) -> Any:
