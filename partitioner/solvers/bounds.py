@@ -21,6 +21,13 @@ In: a :class:`~partitioner.solvers.problem.Problem`. Out: seconds.
 
 With precision (``Options.precision``) both price every node in its cheapest dtype (fastest
 compute, fewest bytes), so they bound every choice of dtypes too.
+
+With splits (``Options.splits``) a node's fastest time is also each split's least charge
+(:meth:`~partitioner.solvers.problem.Problem.split_cost`: its latency, or its longest shard), and
+the total work spread over the devices stays a bound (two shards' times add up to at least the
+whole op's on the faster device: each shard reads at least its share of the bytes and does its
+share of the flops). The memory-aware program has no split columns yet, so with split choices
+:func:`memory_aware_lower_bound` is the physical bound.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ log = logging.getLogger(__name__)
 def fastest(problem: Problem, node: str) -> float:
     """A node's time on its fastest allowed device, with its cheapest optimizer step."""
     compute = min(problem.least_compute(node, d) for d in problem.compute[node])
+    compute = min([compute, *(problem.split_cost(node, sp) for sp in problem.split_choices.get(node, ()))])
     hidden = problem.train_state and problem.options.objective is Objective.LATENCY  # host steps beside backward
     step = min(problem.opt_step[node].values()) if problem.options.training and not hidden else 0.0
     return compute + step
@@ -93,6 +101,8 @@ def memory_aware_lower_bound(problem: Problem, *, time_limit: float = 10.0) -> f
 
     p = problem if problem.graph is problem.original else _original(problem)
     physical = physical_lower_bound(p)
+    if p.split_choices:  # no split columns in the program yet (module docstring)
+        return physical
     scale = 1e4 / physical if physical > 0 else 1e6
     milp = _program(p, scale)
     result = run_highs(milp, time_limit=time_limit, gap=0.0, relax=True)
