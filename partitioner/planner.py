@@ -31,6 +31,7 @@ from partitioner.plan import Plan
 from partitioner.plan.values import InputSpec
 from partitioner.solvers import BASELINE_NAMES, ONNX_BASELINE_NAMES, TRAINING_BASELINES, run_baseline
 from partitioner.solvers.problem import accelerator_devices
+from partitioner.solvers.splits import resolve_splits
 from partitioner.solvers.train_state import tidy
 from partitioner.solvers.bounds import memory_aware_lower_bound, physical_lower_bound
 from partitioner.solvers.ilp import ProgressFn, relative_gap, solve_ilp, status_for_gap
@@ -232,6 +233,7 @@ def _solver_options(request: PlanOptions, spec: PipelineSpec | None, dtypes: Any
         offload=bool(request.train.offload), recompute=bool(request.train.recompute),
         sparse_updates=bool(request.train.sparse_updates), delayed_update=bool(request.train.delayed_update),
         placed_optimizer=bool(request.train.placed_optimizer),
+        splits=resolve_splits(request.splits),
     )
 
 

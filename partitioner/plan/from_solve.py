@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from partitioner.plan.pipeline import pipeline_record
 from partitioner.plan.precision import precision_record
 from partitioner.plan.training_state import training_state_record
+from partitioner.plan.splits import splits_record
 from partitioner.plan.values import BaselineInfo, InputSpec, SolverInfo, TransferInfo
 
 if TYPE_CHECKING:
@@ -67,6 +68,7 @@ def fields_from_solution(
         pipeline=pipeline_record(problem, placement) if problem.options.pipeline is not None else {},
         precision=precision,
         training_state=training_state_record(problem, placement, ev),
+        splits=splits_record(problem, placement),
         fingerprint=graph.fingerprint(),
         op_count=len(graph),
         modules={op.name: op.module_path for op in graph.topological_order()},

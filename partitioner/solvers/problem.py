@@ -81,7 +81,7 @@ from cost_models.training import (
 from partitioner.errors import HetpartError, UnsupportedOp
 from partitioner.ir import OpGraph
 from partitioner.solvers.pipeline import PipelineSpec, evaluate_pipeline
-from partitioner.solvers.splits import Split, SplitOptions, SplitPrice, price_split, split_choices
+from partitioner.solvers.splits import Split, SplitOptions, SplitPrice, price_split, split_choices, split_op
 from partitioner.solvers.train_state import (
     cost_training_state, grad_hop_s, grad_s, gradient_leaves, offloaded, step_schedule, update_hop_s, update_s,
 )
@@ -913,9 +913,10 @@ def _transfers(p: Problem, placement: Placement) -> list[Transfer]:
                 out.append(Transfer(t.name, src, dst, nbytes, p.transfer_s(nbytes, src, dst)))
     for n, sp in placement.split.items():
         price = p.split_price.get((n, sp))
-        if price is not None:
-            out.append(Transfer(n, sp.home, sp.other, price.copy_in, price.copy_in_s, "split"))
-            out.append(Transfer(n, sp.other, sp.home, price.copy_out, price.copy_out_s, "split"))
+        if price is not None:  # named after the split linear (a coarse node's member)
+            op = split_op(p, n).name
+            out.append(Transfer(op, sp.home, sp.other, price.copy_in, price.copy_in_s, "split"))
+            out.append(Transfer(op, sp.other, sp.home, price.copy_out, price.copy_out_s, "split"))
     for n, home in placement.streamed.items():
         if home != x[n] and p.param_bytes[n]:
             out.append(Transfer(n, home, x[n], p.stream_bytes(n, x[n]),

@@ -75,6 +75,42 @@ class SplitOptions:
             raise HetpartError(f"split axes {list(self.axes)}: each must be one of {', '.join(AXES)}")
 
 
+def resolve_splits(value: Any) -> SplitOptions | None:
+    """The ``splits`` option as :class:`SplitOptions` (None: no splits).
+
+    Takes None or False (off), True or ``"on"`` (the defaults), a :class:`SplitOptions`, a mapping
+    of its fields (``{"fractions": [0.5], "axes": ["cols"]}``), or the CLI's text ``AXES[:F/F...]``
+    (``"cols"``, ``"cols,rows:0.25/0.5/0.75"``).
+
+    Example:
+        >>> resolve_splits("cols:0.5").fractions, resolve_splits("cols:0.5").axes
+        ((0.5,), ('cols',))
+    """
+    if value is None or value is False or value == "off":
+        return None
+    if value is True or value == "on":
+        return SplitOptions()
+    if isinstance(value, SplitOptions):
+        return value
+    if isinstance(value, Mapping):
+        unknown = sorted(set(value) - {f.name for f in dataclasses.fields(SplitOptions)})
+        if unknown:
+            raise HetpartError(f"splits={dict(value)!r}: unknown key {unknown[0]!r}; the keys are fractions, "
+                               f"proportional and axes")
+        return SplitOptions(**value)
+    if isinstance(value, str):
+        axes_text, _, fractions_text = value.partition(":")
+        axes = tuple(a.strip() for a in axes_text.split(",") if a.strip())
+        try:
+            fractions = tuple(float(f) for f in fractions_text.split("/")) if fractions_text else None
+        except ValueError:
+            raise HetpartError(f"--split {value!r}: fractions are numbers separated by '/', e.g. "
+                               f"cols,rows:0.25/0.5/0.75") from None
+        return SplitOptions(**({"fractions": fractions} if fractions else {}), axes=axes or ("cols", "rows"))
+    raise HetpartError(f"splits={value!r}: expected True, 'on', 'AXES[:F/F...]' (e.g. 'cols:0.25/0.5/0.75') or "
+                       f"{{'fractions': [...], 'axes': [...]}}")
+
+
 @dataclasses.dataclass(frozen=True, order=True)
 class Split:
     """One op split over two devices: ``devices[0]`` (home) reads its input and rejoins its output."""
