@@ -1,7 +1,8 @@
 """The plan's ``splits`` section: each linear split over two devices, and the checks it must pass.
 
 In: a solve's placement (:func:`splits_record`), or a plan file's section (:func:`read_splits`).
-Out: ``{op: {"axis": "cols" | "rows", "devices": [home, other], "fractions": [f, 1 - f]}}``; the op
+Out: ``{op: {"axis": "cols" | "rows", "devices": [home, other], "fractions": [f, 1 - f], "bytes": [b_home,
+b_other]}}`` (``bytes``: each shard's parameter bytes, adding up to the op's); the op
 runs on ``devices[0]`` in ``placement`` (its home, where its input arrives and its output is
 rejoined). :func:`check_splits` runs when a plan is built or loaded: fractions in (0, 1) summing to
 one, two distinct devices of the plan, a known axis, the home being the op's device, no streaming,
@@ -35,7 +36,8 @@ def splits_record(problem: Problem, placement: Placement) -> dict[str, Any]:
     """The section for ``placement``'s splits, keyed by the split linear's op name."""
     from partitioner.solvers.splits import split_op
 
-    return {split_op(problem, n).name: sp.to_dict() for n, sp in placement.split.items()}
+    return {split_op(problem, n).name: {**sp.to_dict(), "bytes": list(problem.split_price[(n, sp)].param_bytes)}
+            for n, sp in placement.split.items()}
 
 
 def read_splits(r: FieldReader, value: Any) -> dict[str, Any]:
@@ -43,7 +45,7 @@ def read_splits(r: FieldReader, value: Any) -> dict[str, Any]:
     out = {}
     for op, entry in r.mapping(value, "splits").items():
         path = _key("splits", op)
-        e = r.keys(entry, path, _KEYS, ())
+        e = r.keys(entry, path, _KEYS, ("bytes",))
         devices = [r.string(d, f"{path}.devices[{i}]") for i, d in enumerate(r.array(e["devices"], f"{path}.devices"))]
         fractions = []
         for i, f in enumerate(r.array(e["fractions"], f"{path}.fractions")):
@@ -51,6 +53,8 @@ def read_splits(r: FieldReader, value: Any) -> dict[str, Any]:
                 r.fail(f"{path}.fractions[{i}]", f"{f!r} is not a number")
             fractions.append(float(f))
         out[op] = {"axis": r.string(e["axis"], f"{path}.axis"), "devices": devices, "fractions": fractions}
+        if "bytes" in e:
+            out[op]["bytes"] = [r.count(b, f"{path}.bytes[{i}]") for i, b in enumerate(r.array(e["bytes"], f"{path}.bytes"))]
     return out
 
 
@@ -77,6 +81,10 @@ def check_splits(plan: Any, r: FieldReader) -> None:
         if plan.placement[op] != devices[0]:
             r.fail(f"{path}.devices", f"{what}: the op runs on {plan.placement[op]!r} in placement, but a split op "
                                       f"runs on its first device, {devices[0]!r}")
+        total = plan.op_bytes.get(op, (0, None))[1]
+        if "bytes" in entry and total is not None and (len(entry["bytes"]) != 2 or sum(entry["bytes"]) != total):
+            r.fail(f"{path}.bytes", f"{what}: shard bytes {list(entry['bytes'])} do not add up to the op's "
+                                    f"{total:,} parameter bytes (model.op_bytes)")
         if op in plan.weights:
             r.fail(path, f"{what}: the plan also streams its weights; a split op's shards stay resident")
         if plan.training:
