@@ -88,8 +88,7 @@ def solver_lines(plan: Any) -> list[str]:
                      f"the plan keeps {s.name}'s, which is faster")
     lower = plan.predicted.get("lower_bound_s")
     if lower is not None:
-        kind = "physical: splits are not in the memory-aware program yet" if plan.splits else "memory-aware"
-        lines.append(f"  lower bound {_seconds(lower)} for any placement ({kind})")
+        lines.append(f"  lower bound {_seconds(lower)} for any placement (memory-aware)")
     if s.note:
         lines.append(f"  note       {s.note}")
     return lines
