@@ -54,6 +54,7 @@ from backends.torch.recompute import checkpoint_recomputed
 from backends.torch.replaced import remember
 from backends.torch.sparse_grads import mark_sparse_gradients
 from backends.torch.splits import split_linears
+from partitioner.plan.splits import refuse_splits
 from backends.torch.streaming import STREAMER_ATTR, WeightStreamer
 from backends.torch.train_streaming import TrainingStreamer, install_refetch
 from partitioner.errors import HetpartError, PlanMismatch
@@ -170,6 +171,8 @@ def place_module(
     physical = {d: torch.device(p) for d, p in binding.items()}
     physical.setdefault(plan.devices.host_device().name, torch.device("cpu"))
     # split linears first: their shards are made on their devices, the whole weight never lands on one
+    if move_state is not None:  # weights read from a checkpoint (or shared) are never cut into shards here
+        refuse_splits(plan, "a module built from a checkpoint or sharing its weights")
     shard_nodes, shard_homes = split_linears(gm, plan, physical)
     home = _parameter_homes(gm, plan)
     streamed = _streamed_attrs(gm, plan, home)

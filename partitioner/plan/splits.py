@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from partitioner.solvers.problem import Placement, Problem
     from partitioner.solvers.splits import Split
 
-__all__ = ["check_splits", "check_splits_against_graph", "read_splits", "split_of", "splits_record"]
+__all__ = ["check_splits", "check_splits_against_graph", "read_splits", "refuse_splits", "split_of", "splits_record"]
 
 _KEYS = ("axis", "devices", "fractions")
 _CAN_TAKE = ("cols or rows over two distinct devices of the plan, the first being the op's own, with "
@@ -118,6 +118,22 @@ def check_splits_against_graph(plan: Any, graph: OpGraph) -> None:
             raise PlanMismatch(f"{plan.source}: op {op!r} cannot take split {_label(entry)}: its weight of shape "
                                f"{list(shape)} has {length} {'output feature' if entry['axis'] == 'cols' else 'input'}"
                                f"; it can take {'rows' if entry['axis'] == 'cols' else 'cols'} splits only")
+
+
+def refuse_splits(plan: Any, backend: str) -> None:
+    """Raise when ``plan`` splits ops: ``backend`` runs every op whole (only ``plan.emit(model)`` cuts
+    the shards, :mod:`backends.torch.splits`).
+
+    Raises:
+        HetpartError: names the backend, the split ops and the fix.
+    """
+    from partitioner.errors import HetpartError
+
+    if plan.splits:
+        ops = ", ".join(repr(op) for op in list(plan.splits)[:3]) + (" ..." if len(plan.splits) > 3 else "")
+        raise HetpartError(f"{plan.source} splits {len(plan.splits)} linears over two devices ({ops}), but {backend} "
+                           f"runs every op whole: run it with plan.emit(model) (CLI: hetpart check / hetpart run), "
+                           f"or re-plan without --split")
 
 
 def _label(entry: Mapping[str, Any]) -> str:

@@ -161,3 +161,17 @@ def test_a_hand_edited_split_is_refused_naming_the_op_and_what_it_can_take(gpt_s
     with pytest.raises(PlanMismatch, match=rf"op '{norm}' cannot take split .*only aten linear ops take splits; "
                                            r"it can take no split"):
         edited.check_graph(from_module(model, inputs))
+
+
+def test_backends_that_run_ops_whole_refuse_a_split_plan(tmp_path) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)).eval()
+    inputs = (torch.randn(4, 16),)
+    graph = from_module(model, inputs)
+    problem = Problem(graph, load_profile("h200-host"), Options(streaming=False, splits=SplitOptions()))
+    node, choices = next(iter(problem.split_choices.items()))
+    placement = Placement({n: choices[0].home for n in problem.nodes}, split={node: choices[0]})
+    plan = Plan.from_solution(problem, Solution("by hand", placement, Status.HEURISTIC))
+    with pytest.raises(Exception, match=r"splits 1 linears over two devices .*emit_source \(the generated file\) runs "
+                                        r"every op whole: run it with plan.emit\(model\)"):
+        plan.emit_source(tmp_path / "placed.py", model, {"cuda:0": "cpu"})
