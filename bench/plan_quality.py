@@ -39,7 +39,7 @@ module timed alone at one thread and its actions timed during the run.
 
 Split rows (``--split``): issue 34's LM-head case, a Llama shape (hidden 4,096, one decoder layer,
 a 128,256 x 4,096 LM head: 2.1 GB in float32, untied) on ``h200-host`` with ``cuda:0`` capped at
-2 GB, a 512-token prompt, inference, latency: planned with every op whole and with ``splits=True``
+2 GB, a 512-token prompt, inference, latency and throughput: planned with every op whole and with ``splits=True``
 (linears split by columns or rows over cpu and cuda:0), predicted time, the head's placement and
 time, and memory per device (predictions of the cost model, not measurements).
 
@@ -53,6 +53,7 @@ bits where (predictions of the cost model, not measurements).
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import tempfile
 import time
@@ -486,26 +487,27 @@ def split_rows(time_limit: float) -> None:
     head = next(op.name for op in graph.ops.values() if op.module_path == "lm_head")
     header = ["case", "plan", "time", "vs whole", "lm_head (128,256 x 4,096)", "head time", "splits",
               "memory per device", "status"]
-    rows, whole = [], None
-    for label, splits in (("whole ops", None), ("splits", True)):
+    rows, whole = [], {}
+    for objective, label in itertools.product(("latency", "throughput"), ("whole ops", "splits")):
+        splits = True if label == "splits" else None
         out = partition_outcome(graph, devices="h200-host", memory={"cuda:0": "2GB"}, splits=splits,
-                                time_limit=time_limit)
+                                objective=objective, time_limit=time_limit)
         plan = out.plan
         total = plan.predicted["total_s"]
-        whole = whole or total
+        whole.setdefault(objective, total)
         entry = plan.splits.get(head)
         where = (f"{entry['axis']} " + " + ".join(f"{d} {f:g}" for d, f in zip(entry["devices"], entry["fractions"]))
                  if entry else f"whole on {plan.placement[head]}")
         others = [f"{op} {e['axis']}" for op, e in plan.splits.items() if op != head]
-        rows.append(["Llama LM head, fp32, cuda:0 2 GB, 512 tokens", label, format_seconds(total),
-                     f"{whole / total:.2f}x", where, format_seconds(plan.predicted["per_op_s"][head]),
+        rows.append([f"Llama LM head, fp32, cuda:0 2 GB, 512 tokens, {objective}", label, format_seconds(total),
+                     f"{whole[objective] / total:.2f}x", where, format_seconds(plan.predicted["per_op_s"][head]),
                      f"{len(plan.splits)}" + (f" ({', '.join(others)})" if others else ""),
                      ", ".join(f"{d} {format_bytes(m['used'])}" for d, m in plan.memory.items()),
                      f"{plan.solver.status} (gap {plan.solver.gap:.2%})" if plan.solver.gap is not None
                      else plan.solver.status])
     _print(header, rows)
-    print("(predicted on h200-host by the analytic cost model; a split's time is its input copy plus the longer of "
-          "its home shard and its other shard with the copy back)")
+    print("(predicted on h200-host by the analytic cost model; a split head's time: latency, its input copy plus "
+          "the longer of its home shard and its other shard with the copy back; throughput, its longer shard)")
 
 
 def _llama_8b() -> tuple[torch.nn.Module, tuple]:
