@@ -346,12 +346,16 @@ class Plan:
 
         Raises:
             PlanMismatch: a module's own ops disagree (the plan is not module-aligned).
+            HetpartError: the plan splits ops over two devices, which a device_map cannot say.
 
         Example:
             >>> plan.to_device_map()                          # doctest: +SKIP
             {'emb': 'cpu', 'layers.0': 'cuda:0', 'layers.1': 'cpu', 'head': 'cuda:0'}
         """
         from partitioner.plan.device_map import module_device_map
+        from partitioner.plan.splits import refuse_splits
+
+        refuse_splits(self, "an accelerate device_map (one device per module)")
 
         return module_device_map(self)
 

@@ -122,3 +122,15 @@ def test_cli_plan_split_and_check_with_strict_devices(tmp_path, capsys: pytest.C
     assert main(["check", "gpt:small", "--plan", str(path), "--strict-devices", "--repeat", "1"]) == 0
     out = capsys.readouterr().out
     assert "passed: every tensor within its tolerance; copies and resident bytes as the plan says" in out
+
+
+def test_a_device_map_cannot_say_a_split_and_is_refused() -> None:
+    from partitioner import Plan
+    from partitioner.solvers.problem import Solution, Status
+
+    p = _linear_problem(fractions=(0.5,), proportional=False)
+    (node,) = p.split_choices
+    sp = p.split_choices[node][0]
+    plan = Plan.from_solution(p, Solution("by hand", Placement({node: sp.home}, split={node: sp}), Status.HEURISTIC))
+    with pytest.raises(HetpartError, match=r"splits 1 linears over two devices .*an accelerate device_map"):
+        plan.to_device_map()
