@@ -26,6 +26,7 @@ from partitioner import Plan, from_module, load_profile, partition
 from partitioner.errors import PlanMismatch
 from partitioner.solvers.problem import Options, Placement, Problem, Solution, Status, evaluate
 from partitioner.solvers.splits import SplitOptions
+from partitioner.verify import verify_placement
 from tests.e2e.test_emit import _loss, _outputs, emit_strict, strict_step
 
 
@@ -47,6 +48,7 @@ def _hand_split_plan(module: torch.nn.Module, inputs: tuple, profile: str = "h20
     placement = Placement(device, split=split)
     ev = evaluate(problem, placement)
     assert ev.feasible, ev.violations
+    verify_placement(problem, placement, ev)
     plan = Plan.from_solution(problem, Solution("by hand", placement, Status.HEURISTIC), ev)
     assert len(plan.splits) == len(split) >= 4
     return plan
@@ -79,13 +81,16 @@ def gpt_small() -> tuple[torch.nn.Module, tuple]:
     return models.get("gpt", "small")
 
 
-def test_gpt_small_with_its_linears_split_equals_the_original(gpt_small) -> None:
+def test_gpt_small_with_its_linears_split_equals_the_original(gpt_small, tmp_path) -> None:
     model, inputs = gpt_small
     plan = _hand_split_plan(model, inputs)
     assert {e["axis"] for e in plan.splits.values()} == {"cols", "rows"}
     assert {e["devices"][0] for e in plan.splits.values()} == {"cpu", "cuda:0"}
     assert any(t.kind == "split" for t in plan.transfers)
-    loaded = Plan.from_json(plan.to_json()) if hasattr(Plan, "from_json") else plan
+    path = tmp_path / "split.json"
+    plan.save(path)
+    loaded = Plan.load(path)
+    assert loaded == plan
     emitted = _check(loaded, model, inputs)
     state = emitted.state_dict()
     assert list(state) == [k for k in model.state_dict() if k in state] and set(state) == set(model.state_dict())
