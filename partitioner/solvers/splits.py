@@ -35,7 +35,8 @@ weight bytes on device ``d``, its input read whole for ``cols`` and in part for 
 Fractions offered: ``SplitOptions.fractions`` (home's share), and with ``proportional`` the share
 proportional to each device's priced rate for the whole op (``t(other) / (t(home) + t(other))``,
 rounded to two decimals), for every ordered pair of devices that can run the op. A pinned op, and a
-node of several ops kept together by coarsening (views folded into the linear aside), stays whole.
+node of several ops kept together by coarsening (views folded into the linear aside), stays whole;
+with splits asked, the planner keeps every splittable linear out of coarse groups.
 """
 
 from __future__ import annotations

@@ -134,3 +134,18 @@ def test_a_device_map_cannot_say_a_split_and_is_refused() -> None:
     plan = Plan.from_solution(p, Solution("by hand", Placement({node: sp.home}, split={node: sp}), Status.HEURISTIC))
     with pytest.raises(HetpartError, match=r"splits 1 linears over two devices .*an accelerate device_map"):
         plan.to_device_map()
+
+
+def test_with_splits_each_splittable_linear_stays_out_of_coarse_groups() -> None:
+    from partitioner import partition_outcome
+    from partitioner.solvers.splits import split_weight
+
+    module, inputs = models.get("gpt", "tiny")
+    whole = partition_outcome(module, inputs, "h200-host", coarsen=True, time_limit=20)
+    split = partition_outcome(module, inputs, "h200-host", coarsen=True, splits=True, time_limit=20)
+    graph = split.problem.original
+    linears = {op.name for op in graph.ops.values() if split_weight(op, graph.params)}
+    assert linears and len(whole.problem.nodes) < len(split.problem.nodes)
+    offered = {m for n in split.problem.split_choices for m in split.problem.members[n]}
+    assert linears <= offered
+    assert not whole.problem.split_choices and not whole.plan.splits
