@@ -36,7 +36,8 @@ def bind_devices(plan: Any, device_map: Mapping[str, str] | None = None) -> dict
         {'cpu': 'cpu', 'cuda:0': 'cpu'}
     """
     device_map = dict(device_map or {})
-    used = sorted(set(plan.placement.values()) | set(plan.weights.values()))
+    used = sorted(set(plan.placement.values()) | set(plan.weights.values())
+                  | {d for entry in getattr(plan, "splits", {}).values() for d in entry["devices"]})
     unknown = [d for d in device_map if d not in plan.devices.names()]
     if unknown:
         raise HetpartError(

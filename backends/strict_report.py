@@ -175,7 +175,9 @@ def observed_transfers(plan: Any, copies: Iterable[Copy]) -> dict[TransferKey, t
     nbytes: dict[TransferKey, int] = collections.defaultdict(int)
     for c in copies:
         op = owner.get(c.tensor)
-        if op is not None and c.kind == "weights":
+        if c.kind == "split":  # a split op's input out, or its other shard's output back (backends/torch/splits.py)
+            key = (c.tensor, c.src, c.dst, "split")
+        elif op is not None and c.kind == "weights":
             key = (op, c.src, c.dst, "weights")
         elif op is not None:
             key = (c.tensor, c.src, c.dst, "param")
@@ -199,6 +201,10 @@ def planned_parameters(plan: Any) -> dict[str, int]:
             nbytes = packed[op]
         elif op in low:  # (streamed too: the host keeps it in its op's dtype)
             nbytes //= 2
+        if "bytes" in plan.splits.get(op, {}):  # each shard where it lives (splits[op].bytes)
+            for d, b in zip(plan.splits[op]["devices"], plan.splits[op]["bytes"]):
+                out[d] += b
+            continue
         out[plan.weights.get(op, plan.placement[op])] += nbytes
     return out
 

@@ -35,6 +35,13 @@ module timed alone at one thread and its actions timed during the run.
     python bench/plan_quality.py --part clusters,measured --steps 5      # the pipeline rows only
     python bench/plan_quality.py --precision                            # the precision table only
     python bench/plan_quality.py --training                             # training under a cap (training_plans.py)
+    python bench/plan_quality.py --split                                # split vs whole: the LM-head case
+
+Split rows (``--split``): issue 34's LM-head case, a Llama shape (hidden 4,096, one decoder layer,
+a 128,256 x 4,096 LM head: 2.1 GB in float32, untied) on ``h200-host`` with ``cuda:0`` capped at
+2 GB, a 512-token prompt, inference, latency and throughput: planned with every op whole and with ``splits=True``
+(linears split by columns or rows over cpu and cuda:0), predicted time, the head's placement and
+time, and memory per device (predictions of the cost model, not measurements).
 
 Precision rows (``--precision``): the seed case (emb-transformer ``base``, GPU capped to the
 embedding plus half the layers) and ``gpt:small`` on ``h200-host`` and ``cpu-gpu-npu`` (whose NPU
@@ -46,6 +53,7 @@ bits where (predictions of the cost model, not measurements).
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import tempfile
 import time
@@ -331,10 +339,14 @@ def main() -> int:
     parser.add_argument("--part", default="zoo,clusters,measured", help="which tables: zoo (with the ONNX and seed rows), clusters, measured")
     parser.add_argument("--steps", type=int, default=10, help="measured rows: timed steps per run")
     parser.add_argument("--precision", action="store_true", help="only the precision table: auto vs all-fp32")
+    parser.add_argument("--split", action="store_true", help="only the split table: split vs whole (issue 34)")
     parser.add_argument("--training", action="store_true",
                         help="only the training table: memory-capped training beside the offload baselines "
                              "(bench/training_plans.py)")
     args = parser.parse_args()
+    if args.split:
+        split_rows(args.time_limit)
+        return 0
     if args.precision:
         precision_rows(args.time_limit)
         weight_rows(args.time_limit)
@@ -453,6 +465,52 @@ def precision_rows(time_limit: float) -> None:
                              + (", ".join(f"{n} {k}" for k, n in sorted(where.items())) or "none")])
     _print(header, rows)
     print("(predicted by the cost model; auto keeps softmax, norms, reductions and losses in float32)")
+
+
+def _llama_head(layers: int = 1, tokens: int = 512) -> tuple[torch.nn.Module, tuple]:
+    """A Llama shape in float32 on the meta device: hidden 4,096, ``layers`` decoder layers, an untied
+    128,256 x 4,096 LM head (2.1 GB), and a prompt of ``tokens``."""
+    import transformers
+
+    config = transformers.LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=layers,
+                                      num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+                                      use_cache=False, tie_word_embeddings=False)
+    config._attn_implementation = "sdpa"
+    with torch.device("meta"):
+        module = transformers.LlamaForCausalLM(config).eval()
+    return module, (torch.zeros(1, tokens, dtype=torch.long, device="meta"),)
+
+
+def split_rows(time_limit: float) -> None:
+    """The split table (see the module docstring): every op whole against ``splits=True``."""
+    from cost_models.units import format_bytes
+
+    module, inputs = _llama_head()
+    graph = from_module(module, inputs, name="llama-head")
+    head = next(op.name for op in graph.ops.values() if op.module_path == "lm_head")
+    header = ["case", "plan", "time", "vs whole", "lm_head (128,256 x 4,096)", "head time", "splits",
+              "memory per device", "status"]
+    rows, whole = [], {}
+    for objective, label in itertools.product(("latency", "throughput"), ("whole ops", "splits")):
+        splits = True if label == "splits" else None
+        out = partition_outcome(graph, devices="h200-host", memory={"cuda:0": "2GB"}, splits=splits,
+                                objective=objective, time_limit=time_limit)
+        plan = out.plan
+        total = plan.predicted["total_s"]
+        whole.setdefault(objective, total)
+        entry = plan.splits.get(head)
+        where = (f"{entry['axis']} " + " + ".join(f"{d} {f:g}" for d, f in zip(entry["devices"], entry["fractions"]))
+                 if entry else f"whole on {plan.placement[head]}")
+        others = [f"{op} {e['axis']}" for op, e in plan.splits.items() if op != head]
+        rows.append([f"Llama LM head, fp32, cuda:0 2 GB, 512 tokens, {objective}", label, format_seconds(total),
+                     f"{whole[objective] / total:.2f}x", where, format_seconds(plan.predicted["per_op_s"][head]),
+                     f"{len(plan.splits)}" + (f" ({', '.join(others)})" if others else ""),
+                     ", ".join(f"{d} {format_bytes(m['used'])}" for d, m in plan.memory.items()),
+                     f"{plan.solver.status} (gap {plan.solver.gap:.2%})" if plan.solver.gap is not None
+                     else plan.solver.status])
+    _print(header, rows)
+    print("(predicted on h200-host by the analytic cost model; a split head's time: latency, its input copy plus "
+          "the longer of its home shard and its other shard with the copy back; throughput, its longer shard)")
 
 
 def _llama_8b() -> tuple[torch.nn.Module, tuple]:

@@ -209,6 +209,10 @@ class PlanOptions:
         "the dtype each device computes in: 'auto' (the solver chooses per op) or {'cuda:0': 'bf16', 'cpu': 'fp32'}; "
         "softmax, norms, reductions and losses stay float32; {'weights': 'int8'} (or int4, fp8, auto) packs linear "
         "weights for inference; latency and throughput objectives only"))
+    splits: Any = _field(None, flag="--split", compile="the compile backend runs whole-op plans only", doc=(
+        "inference: a linear may be split over two devices by output columns or by its reduction dimension, "
+        "chosen by the solver: True (offered fractions 0.25, 0.5, 0.75 and each pair's rate-proportional one, "
+        "both axes), 'cols:0.5' or {'fractions': [...], 'axes': ['cols']}; None: every op whole"))
     batch: Any = _field(None, flag="hetpart fit --micro-batch", compile="a compiled graph runs the batch it is given",
                         doc=("size the micro-batch from memory (training): 'auto' (the largest dividing the example "
                              "batch that fits) or a micro-batch; the plan records the accumulation steps"))
@@ -444,6 +448,9 @@ def _validate(opts: PlanOptions) -> None:
                "a whole number of at least 1")
     _one_of("generation_objective", gen.generation_objective, ("request", "decode", "prefill"),
             "'request', 'decode' or 'prefill'")
+    from partitioner.solvers.splits import resolve_splits
+
+    _checked("splits", lambda: resolve_splits(opts.splits))
     fractions = check_fractions(opts.fallbacks)
     _combinations(opts, objective_of(opts.objective), fractions)
 
@@ -476,6 +483,15 @@ def _combinations(opts: PlanOptions, objective: Any, fractions: tuple[float, ...
         if refused:
             raise HetpartError(f"a generation plan places one prefill and one decode step for inference; it does not "
                                f"combine with {', '.join(refused)}: drop {'it' if len(refused) == 1 else 'them'}")
+    if opts.splits not in (None, False, "off"):
+        refused = [name for name, on in (("training", opts.train.training), ("precision", opts.precision is not None),
+                                          ("pipeline stages", asked), ("generate", opts.generation.generate),
+                                          ("objective makespan", objective is Objective.MAKESPAN),
+                                          ("fallbacks", fractions)) if on]
+        if refused:
+            raise HetpartError(f"splits are planned for inference with the latency or throughput objective; they do "
+                               f"not combine with {', '.join(refused)} yet: drop splits (CLI: --split) or "
+                               f"{'it' if len(refused) == 1 else 'them'}")
     if fractions and asked:
         raise HetpartError("fallback plans are not made for pipeline plans (each stage is a process of its own); "
                            "drop fallbacks, or plan without stages")

@@ -31,6 +31,7 @@ from partitioner.plan import Plan
 from partitioner.plan.values import InputSpec
 from partitioner.solvers import BASELINE_NAMES, ONNX_BASELINE_NAMES, TRAINING_BASELINES, run_baseline
 from partitioner.solvers.problem import accelerator_devices
+from partitioner.solvers.splits import resolve_splits, split_weight
 from partitioner.solvers.train_state import tidy
 from partitioner.solvers.bounds import memory_aware_lower_bound, physical_lower_bound
 from partitioner.solvers.ilp import ProgressFn, relative_gap, solve_ilp, status_for_gap
@@ -168,7 +169,10 @@ def partition_outcome(
         from partitioner.device_map_pins import pins_from_device_map
 
         pins = pins_from_device_map(cons.device_map_pins, graph, profile.names(), cons.pins)
-    coarse = _coarsen(graph, options_, search.coarsen, pins, cons.align_modules)
+    # with splits, each splittable linear stays a node of its own (a coarse group is never split)
+    splittable = frozenset(op.name for op in graph.ops.values() if split_weight(op, graph.params)) \
+        if options_.splits is not None else frozenset()
+    coarse = _coarsen(graph, options_, search.coarsen, pins, cons.align_modules, splittable)
     from cost_models.profiled import resolve_costs  # here: cost_models.profiled imports partitioner's errors
 
     cost_model = resolve_costs(request.costs, graph, profile, example_inputs, training=bool(request.train.training),
@@ -252,6 +256,7 @@ def _solver_options(request: PlanOptions, spec: PipelineSpec | None, dtypes: Any
         offload=bool(request.train.offload), recompute=bool(request.train.recompute),
         sparse_updates=bool(request.train.sparse_updates), delayed_update=bool(request.train.delayed_update),
         placed_optimizer=bool(request.train.placed_optimizer),
+        splits=resolve_splits(request.splits),
     )
 
 

@@ -53,6 +53,7 @@ def verify_placement(problem: Problem, placement: Placement, evaluation: Evaluat
     for n, home in placement.streamed.items():
         if home != problem.host or x[n] == problem.host or not problem.param_bytes[n]:
             problems.append(f"{n} streams its weights from {home} to {x[n]}: only host-to-accelerator streaming exists")
+    problems += _check_splits(problem, placement, evaluation)
     problems += _check_memory(problem, placement, evaluation)
     if problem.options.pipeline is not None:
         problems += _check_relay(problem, placement, evaluation)
@@ -70,10 +71,33 @@ def verify_placement(problem: Problem, placement: Placement, evaluation: Evaluat
     _raise("placement", problems)
 
 
+def _check_splits(problem: Problem, placement: Placement, evaluation: Evaluation) -> list[str]:
+    """A split node runs on its home, is offered that split, streams nothing, and copies its input
+    to the other device and the other shard's output back (one ``split`` transfer each way)."""
+    out = []
+    made = [(t.tensor, t.src, t.dst) for t in evaluation.transfers if t.kind == "split"]
+    for n, sp in placement.split.items():
+        if sp not in problem.split_choices.get(n, ()):
+            out.append(f"{n} is split {sp.label}, which the problem does not offer")
+            continue
+        if placement.device[n] != sp.home or n in placement.streamed:
+            out.append(f"{n} is split {sp.label} but runs on {placement.device[n]} or streams its weights")
+        op = next(m for m in problem.members[n] if not problem.original.ops[m].is_view)
+        for pair in ((sp.home, sp.other), (sp.other, sp.home)):
+            if sum(made.count((name, *pair)) for name in {n, op}) != 1:
+                out.append(f"{n} is split {sp.label} but its copy {pair[0]} -> {pair[1]} is not made exactly once")
+    return out
+
+
 def _check_memory(problem: Problem, placement: Placement, evaluation: Evaluation) -> list[str]:
     out = []
     params = {d: 0 for d in problem.device_names}
     for n in problem.nodes:
+        sp = placement.split.get(n)
+        if sp is not None and (n, sp) in problem.split_price:  # each shard's weight on its device
+            for d, nbytes in zip(sp.devices, problem.split_price[(n, sp)].param_bytes):
+                params[d] += nbytes
+            continue
         if placement.state.get(n) == problem.host and placement.residence(n) != problem.host:
             params[placement.residence(n)] += problem.weight_mem[n]  # its optimizer state lives on the host
             params[problem.host] += problem.offload_mem[n]

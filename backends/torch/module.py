@@ -22,7 +22,9 @@ logical devices to real ones (``{"cuda:0": "cpu"}`` runs any plan on a CPU-only 
   :class:`~backends.torch.streaming.WeightStreamer`: on CUDA, copies run on a side stream a
   few ops ahead, ordered by events; on a CPU binding the same path makes plain copies.
 
-A plan with a ``precision`` section gets its casts from :mod:`backends.torch.precision`. A training
+A plan with a ``splits`` section has each split linear cut into its shards, each on its device, with
+the copies and the concatenation or sum that rejoin them (:mod:`backends.torch.splits`). A plan with a
+``precision`` section gets its casts from :mod:`backends.torch.precision`. A training
 plan's ``training_state`` section (:mod:`partitioner.plan.training_state`) is followed by three
 passes: row-sparse tables (:mod:`backends.torch.sparse_grads`), streamed weights fetched again in
 backward rather than kept (:mod:`backends.torch.train_streaming`; any training plan that streams)
@@ -51,6 +53,8 @@ from backends.torch.precision import apply_precision
 from backends.torch.recompute import checkpoint_recomputed
 from backends.torch.replaced import remember
 from backends.torch.sparse_grads import mark_sparse_gradients
+from backends.torch.splits import split_linears
+from partitioner.plan.splits import refuse_splits
 from backends.torch.streaming import STREAMER_ATTR, WeightStreamer
 from backends.torch.train_streaming import TrainingStreamer, install_refetch
 from partitioner.errors import HetpartError, PlanMismatch
@@ -166,6 +170,10 @@ def place_module(
     placed = {op: d for op, d in plan.placement.items()}  # op -> logical device
     physical = {d: torch.device(p) for d, p in binding.items()}
     physical.setdefault(plan.devices.host_device().name, torch.device("cpu"))
+    # split linears first: their shards are made on their devices, the whole weight never lands on one
+    if move_state is not None:  # weights read from a checkpoint (or shared) are never cut into shards here
+        refuse_splits(plan, "a module built from a checkpoint or sharing its weights")
+    shard_nodes, shard_homes = split_linears(gm, plan, physical)
     home = _parameter_homes(gm, plan)
     streamed = _streamed_attrs(gm, plan, home)
     if move_state is None:
@@ -173,9 +181,11 @@ def place_module(
     else:
         move_state(gm, home, physical, streamed)
     setattr(gm, STREAMER_ATTR, WeightStreamer(gm, [(t, str(physical[d])) for t, d in streamed]))
+    home.update(shard_homes)
     _reorder(gm, plan.schedule)
     _settle_items(gm, placed, physical, set(tensors))
-    _insert_transfers(gm, placed, home, streamed, physical, set(plan.weights), set(tensors), arrivals or {})
+    _insert_transfers(gm, {**placed, **shard_nodes}, home, streamed, physical, set(plan.weights), set(tensors),
+                      arrivals or {})
     rebind_factory_devices(gm, placed, physical)
     gm.graph.lint()
     check_graph_targets(gm, "plan.emit")
@@ -369,6 +379,14 @@ def _reorder(gm: torch.fx.GraphModule, schedule: tuple[str, ...]) -> None:
     anchor.prepend(ops[0]) if anchor is not ops[0] else None
     for prev, node in zip(ops, ops[1:]):
         prev.append(node)
+    by_op: dict[str, list[torch.fx.Node]] = {}  # a split op's shards, copies and slices go right before it
+    for node in gm.graph.nodes:
+        if "hetpart_split" in node.meta:
+            by_op.setdefault(node.meta["hetpart_split"].get("op", node.meta["hetpart_split"].get("tensor", ""))
+                             .split(".shard")[0], []).append(node)
+    for op, parts in by_op.items():
+        for part in parts:
+            nodes[op].prepend(part)
     # nodes the plan does not list (none expected) keep their relative place after their inputs
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     for node in gm.graph.nodes:

@@ -42,6 +42,7 @@ from backends.strict_devices import Site, StrictDevices, schema_name, strict_bin
 from backends.torch.attributes import attribute
 from backends.torch.packed import PACKED_ATTR
 from backends.torch.recompute import recompute_regions
+from backends.torch.splits import SPLIT_ATTR, planned_shards
 from backends.strict_report import DeviceReport, compare_with_plan
 from partitioner.errors import HetpartError
 
@@ -68,7 +69,7 @@ class StrictRun:
         self._inputs: dict[Any, list[str]] = {}
 
     def __enter__(self) -> StrictRun:
-        self.mode.planned = dict(self.plan.placement)
+        self.mode.planned = {**self.plan.placement, **planned_shards(self.plan)}
         self.mode.__enter__()
         return self
 
@@ -95,6 +96,7 @@ class StrictRun:
         state = [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]
         known = {n for names in self.plan.param_names.values() for n in names}
         known |= set(getattr(module, PACKED_ATTR, {}))  # packed weights stand for the weights they replace
+        known |= {n for _, names in getattr(module, SPLIT_ATTR, {}).values() for n in names}  # split shards
         state += _plain_tensors(module, known - {n for n, _ in state})  # constants the capture lifted
         for name, tensor in state:
             self.mode.name(tensor, canonical.get(name, name))
@@ -187,6 +189,11 @@ def fx_sites(module: torch.nn.Module, plan: Any) -> dict[int, Site]:
 
 
 def _fx_site(node: torch.fx.Node, plan: Any) -> Site | None:
+    split = node.meta.get("hetpart_split")
+    if split is not None:  # a split op's shard (its own site) or split copy (backends/torch/splits.py)
+        if "op" in split:
+            return Site(op=split["op"], call=schema_name(node.target))
+        return Site(tensor=split["tensor"], kind=split["kind"])
     if node.name in plan.placement:
         return Site(op=node.name, call=schema_name(node.target))
     if "hetpart_op" in node.meta:  # the copy of a getitem item to the getitem's device

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from partitioner.plan.pipeline import pipeline_record
 from partitioner.plan.precision import precision_record
 from partitioner.plan.training_state import training_state_record
+from partitioner.plan.splits import splits_record
 from partitioner.plan.values import BaselineInfo, InputSpec, SolverInfo, TransferInfo
 
 if TYPE_CHECKING:
@@ -67,6 +68,7 @@ def fields_from_solution(
         pipeline=pipeline_record(problem, placement) if problem.options.pipeline is not None else {},
         precision=precision,
         training_state=training_state_record(problem, placement, ev),
+        splits=splits_record(problem, placement),
         fingerprint=graph.fingerprint(),
         op_count=len(graph),
         modules={op.name: op.module_path for op in graph.topological_order()},
@@ -85,7 +87,7 @@ def fields_from_solution(
         predicted={"total_s": ev.total_s, "critical_path_s": ev.critical_path_s,
                    "per_device_s": dict(ev.per_device_s), "per_link_s": dict(ev.per_link_s),
                    "lower_bound_s": lower_bound if lower_bound is not None else solution.bound,
-                   "per_op_s": _per_op_seconds(problem, device, precision.get("ops")),
+                   "per_op_s": _per_op_seconds(problem, device, precision.get("ops"), placement.split),
                    "per_op_device_s": _per_op_device_seconds(problem)},
         solver=_solver_info(problem, solution, ev.total_s, ilp, requested_gap),
         baselines={name: b if isinstance(b, BaselineInfo) else
@@ -133,8 +135,14 @@ def _per_op_device_seconds(problem: Problem) -> dict[str, dict[str, float | None
 
 
 def _per_op_seconds(problem: Problem, device: Mapping[str, str],
-                    precision: Mapping[str, str] | None = None) -> dict[str, float]:
-    """Each op's own time on its device (in its dtype), the cost model's view of the problem's node times."""
+                    precision: Mapping[str, str] | None = None, split: Mapping[str, Any] | None = None) -> dict[str, float]:
+    """Each op's own time on its device (in its dtype), the cost model's view of the problem's node times;
+    a split op's: what it adds to the objective (:meth:`~partitioner.solvers.problem.Problem.split_cost`)."""
+    from partitioner.solvers.splits import split_op
+
     ops, dtype = problem.original.ops, precision or {}
-    return {op: problem.compute_time(ops[op], problem.devices.device(d), dtype.get(op, "float32"))
-            for op, d in device.items()}
+    out = {op: problem.compute_time(ops[op], problem.devices.device(d), dtype.get(op, "float32"))
+           for op, d in device.items()}
+    for n, sp in (split or {}).items():
+        out[split_op(problem, n).name] = problem.split_cost(n, sp)
+    return out

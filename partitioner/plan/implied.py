@@ -29,7 +29,6 @@ keeps the memory and transfers of the old placement; these checks refuse it wher
 from __future__ import annotations
 
 import dataclasses
-
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -74,6 +73,8 @@ def memory_floor(plan: Any) -> dict[str, tuple[int, int, int, str | None]]:
         home = plan.weights.get(op, device)
         if not plan.training:  # training keeps float32 master weights; inference holds them as computed
             par = int(par * (PACKED_FLOOR[packed[op]] if op in packed else share))
+        if op in plan.splits:  # its shards' bytes need the weight's shape: checked with the graph
+            par = 0
         if home != device:  # streamed: held on its home in that form, copied into a reused buffer where it runs
             buffers[device] = max(buffers[device], buffers_of * par)
         params[home] += par
@@ -189,6 +190,7 @@ def check_against_graph(plan: Any, graph: OpGraph) -> None:
             lines.append(f"{_key('memory', device)}.used is {recorded:,} bytes, but the placement needs "
                          f"{implied:,} bytes on {device} for this model{over}")
     lines += [f"placement: {v}" for v in evaluation.violations if v.endswith(")") and "cannot run it" in v]
+    lines += [f"splits: {v}" for v in evaluation.violations if v.startswith("op ") and " is split " in v]
     lines += _copy_differences(plan.transfers, evaluation.transfers)
     if lines:
         more = [f"  also: {line}" for line in lines[1:6]]
@@ -201,7 +203,9 @@ def _evaluate(plan: Any, graph: OpGraph) -> Any:
     """``evaluate`` of the plan's placement on ``graph``, under the plan's options."""
     from cost_models.precision import compose, resolve_precision
     from partitioner.solvers.pipeline import PipelineSpec
+    from partitioner.plan.splits import split_of
     from partitioner.solvers.problem import Objective, Options, Placement, Problem, StreamMode, evaluate
+    from partitioner.solvers.splits import SplitOptions
 
     section = plan.pipeline
     spec = PipelineSpec(section["micro_batches"], section["schedule"]) if section else None
@@ -215,6 +219,11 @@ def _evaluate(plan: Any, graph: OpGraph) -> Any:
                       pipeline=spec, precision=precision,
                       sparse_updates=any(ps["update"] == "sparse" for ps in params.values()),
                       delayed_update=bool(state.get("delayed_update")) if state else False)
+    split = {op: split_of(entry) for op, entry in plan.splits.items()}
+    if split:  # offer exactly the recorded fractions and axes: a split the op cannot take is a violation
+        options = dataclasses.replace(options, splits=SplitOptions(
+            fractions=tuple(sorted({sp.fractions[0] for sp in split.values()})), proportional=False,
+            axes=tuple(sorted({sp.axis for sp in split.values()}))))
     problem = Problem(graph, plan.devices, options)
     ops = plan.precision.get("ops", {}) if plan.precision else {}
     packed = plan.precision.get("weights", {}) if plan.precision else {}
@@ -225,7 +234,7 @@ def _evaluate(plan: Any, graph: OpGraph) -> Any:
     recompute = frozenset(state.get("recompute", ())) if state else frozenset()
     return evaluate(problem, Placement(dict(plan.placement), dict(plan.weights), StreamMode(plan.stream_mode),
                                        precision=dtypes, state=offloaded, recompute=recompute,
-                                       streamed_state=streamed_state))
+                                       streamed_state=streamed_state, split=split))
 
 
 def _copies(transfers: Iterable[Any]) -> dict[tuple[str, ...], int]:

@@ -21,6 +21,7 @@ from partitioner.plan.live import read_fallbacks, read_probe
 from partitioner.plan.pipeline import read_pipeline
 from partitioner.plan.precision import read_precision
 from partitioner.plan.training_state import read_training_state
+from partitioner.plan.splits import read_splits
 from partitioner.plan.values import (
     _BASELINE_KEYS, _MEMORY_KEYS, _MODEL_KEYS, _OBJECTIVES, _OPTIMIZERS, _PREDICTED_MAPS,
     _PREDICTED_OPTIONAL, _PREDICTED_REQUIRED, _REPLAN, _SOLVER_KEYS, _SOLVER_OPTIONAL, _STATUSES, _STREAM_MODES,
@@ -45,7 +46,7 @@ def plan_fields(d: Any, source: str) -> dict[str, Any]:
     if "format_version" in top:
         _check_version(r, top["format_version"])
     r.keys(top, "", TOP_LEVEL_KEYS, ("constraints", "costs", "pipeline", "batch", "probe", "fallbacks", "precision",
-                                         "request", "training_state"))
+                                         "request", "training_state", "splits"))
     model = r.keys(top["model"], "model", _MODEL_KEYS, ("capture", "inputs", "edges", "param_names", "op_bytes"))
     return dict(
         model_name=r.string(model["name"], "model.name"),
@@ -82,6 +83,7 @@ def plan_fields(d: Any, source: str) -> dict[str, Any]:
         precision=read_precision(r, top.get("precision", {})),
         request=_read_request(r, top.get("request", {})),
         training_state=read_training_state(r, top.get("training_state", {})),
+        splits=read_splits(r, top.get("splits", {})),
         source=source,
     )
 

@@ -38,6 +38,7 @@ from partitioner.plan.pipeline import check_pipeline
 from partitioner.plan.precision import check_precision, graph_differences
 from partitioner.plan.fields import FieldReader, parse_json
 from partitioner.plan.training_state import check_training_state
+from partitioner.plan.splits import check_splits, check_splits_against_graph
 from partitioner.plan.reader import check_references, plan_fields, read_memory, read_predicted
 from partitioner.plan.values import (
     _REPLAN, FORMAT_VERSION, BaselineInfo, InputSpec, SolverInfo, TransferInfo, _freeze, _plain,
@@ -103,6 +104,7 @@ class Plan:
     precision: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # op -> 16-bit dtype (plan/precision.py)
     request: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # the options as asked (partitioner/options.py)
     training_state: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # per parameter (plan/training_state.py)
+    splits: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # op -> axis, devices, fractions (plan/splits.py)
     source: str = dataclasses.field(default="<plan>", compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -127,6 +129,7 @@ class Plan:
         object.__setattr__(self, "precision", _freeze(dict(self.precision)))
         object.__setattr__(self, "request", _freeze(dict(self.request)))
         object.__setattr__(self, "training_state", _freeze(dict(self.training_state)))
+        object.__setattr__(self, "splits", _freeze(dict(self.splits)))
         object.__setattr__(self, "param_names",
                            MappingProxyType({op: tuple(names) for op, names in self.param_names.items()}))
         unknown = [e for e in self.edges if e[0] not in self.placement or e[1] not in self.placement]
@@ -143,6 +146,7 @@ class Plan:
         check_references(self, reader)
         check_fallbacks(self, reader)
         check_training_state(self, reader)
+        check_splits(self, reader)
 
     # -- JSON ---------------------------------------------------------------------------------
 
@@ -195,6 +199,8 @@ class Plan:
             out["request"] = _plain(self.request)
         if self.training_state:
             out["training_state"] = _plain(self.training_state)
+        if self.splits:
+            out["splits"] = _plain(self.splits)
         return _plain(out)
 
     def to_json(self) -> str:
@@ -274,6 +280,7 @@ class Plan:
         found = graph.fingerprint()
         if found == self.fingerprint:
             self._check_ops(graph)
+            check_splits_against_graph(self, graph)  # each split op takes its split on this graph
             check_against_graph(self, graph)  # the memory and copies its placement needs on this graph
             return
         lines = [
@@ -339,12 +346,16 @@ class Plan:
 
         Raises:
             PlanMismatch: a module's own ops disagree (the plan is not module-aligned).
+            HetpartError: the plan splits ops over two devices, which a device_map cannot say.
 
         Example:
             >>> plan.to_device_map()                          # doctest: +SKIP
             {'emb': 'cpu', 'layers.0': 'cuda:0', 'layers.1': 'cpu', 'head': 'cuda:0'}
         """
         from partitioner.plan.device_map import module_device_map
+        from partitioner.plan.splits import refuse_splits
+
+        refuse_splits(self, "an accelerate device_map (one device per module)")
 
         return module_device_map(self)
 

@@ -51,6 +51,11 @@ def summary_text(plan: Any) -> str:
                      f"{_seconds(sum(t.seconds for t in items))}")
     if plan.weights:
         lines.append(f"  streamed weights: {len(plan.weights)} ops ({plan.stream_mode})")
+    if plan.splits:
+        shown = [one_line(f"{op} {e['axis']} " + "+".join(f"{d} {f:g}" for d, f in zip(e["devices"], e["fractions"])))
+                 for op, e in list(plan.splits.items())[:4]]
+        more = f" and {len(plan.splits) - 4} more" if len(plan.splits) > 4 else ""
+        lines.append(f"  split ops: {len(plan.splits)} ({', '.join(shown)}{more})")
     for name, b in plan.baselines.items():
         if b.total_s is None:
             lines.append(f"  baseline {one_line(name):<20} n/a")

@@ -22,6 +22,14 @@ In: a :class:`~partitioner.solvers.problem.Problem`. Out: seconds.
 
 With precision (``Options.precision``) both price every node in its cheapest dtype (fastest
 compute, fewest bytes), so they bound every choice of dtypes too.
+
+With splits (``Options.splits``) a node's fastest time is also each split's least charge
+(:meth:`~partitioner.solvers.problem.Problem.split_cost`: its latency, or its longest shard), and
+the total work spread over the devices stays a bound (two shards' times add up to at least the
+whole op's on the faster device: each shard reads at least its share of the bytes and does its
+share of the flops). In the memory-aware program each split that fits alone is one more
+alternative of its op (``k``, beside the whole op on each device): its latency on the path, or each
+shard on its device, each shard's weight and working set on its device, its copies on the links.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ log = logging.getLogger(__name__)
 def fastest(problem: Problem, node: str) -> float:
     """A node's time on its fastest allowed device, with its cheapest optimizer step."""
     compute = min(problem.least_compute(node, d) for d in problem.compute[node])
+    compute = min([compute, *(problem.split_cost(node, sp) for sp in problem.split_choices.get(node, ()))])
     hidden = problem.train_state and problem.options.objective is Objective.LATENCY  # host steps beside backward
     step = min(problem.opt_step[node].values()) if problem.options.training and not hidden else 0.0
     return compute + step
@@ -114,8 +123,10 @@ def _program(p: Problem, scale: float) -> Milp:
     x = {n: {d: m.column(f"x[{n}][{d}]", upper=1.0) for d in p.allowed[n] if p.fits_alone(n, d)} for n in p.nodes}
     s = {n: {d: m.column(f"s[{n}][{d}]", upper=1.0) for d in x[n] if d != p.host}
          for n in p.streamable if p.param_bytes[n] > 0}
+    k = {n: {sp: m.column(f"k[{n}][{sp.label}]", upper=1.0) for sp in choices if p.split_fits(n, sp)}
+         for n, choices in p.split_choices.items()}  # a split: one more alternative of its op
     for n in p.nodes:
-        m.equal(f"assign[{n}]", [(1.0, v) for v in x[n].values()], 1.0)
+        m.equal(f"assign[{n}]", [(1.0, v) for v in x[n].values()] + [(1.0, v) for v in k.get(n, {}).values()], 1.0)
         for d, v in s.get(n, {}).items():
             m.at_most(f"stream_le_x[{n}][{d}]", [(1.0, v), (-1.0, x[n][d])], 0.0)
     time_terms: dict[str, list[Term]] = {d: [] for d in p.device_names}  # per device: compute, issue
@@ -148,6 +159,14 @@ def _program(p: Problem, scale: float) -> Milp:
             time_terms[d].append((scale * p.node_stream_issue_s(n, d), v))
         for d, v in c.get(n, {}).items():
             time_terms[d].append((scale * min(p.fwd_in[n][d].values()), v))
+    for n, per_sp in k.items():
+        for sp, v in per_sp.items():
+            price = p.split_price[(n, sp)]
+            if p.options.objective is Objective.LATENCY:
+                time_terms[sp.home].append((scale * price.latency_s, v))
+            else:
+                time_terms[sp.home].append((scale * price.shard_s[0], v))
+                time_terms[sp.other].append((scale * price.shard_s[1], v))
     spec = p.options.pipeline
     in_flight = 1 if spec is None else spec.micro_batches if spec.schedule is Schedule.GPIPE else 1
     for d in p.device_names:
@@ -173,6 +192,13 @@ def _program(p: Problem, scale: float) -> Milp:
                 terms += [(mu * p.stream_mem(n, t), v) for t, v in s.get(n, {}).items()]
                 terms += [(mu * p.offload_mem[n], v) for v in o.get(n, {}).values()]
                 terms += [(mu * p.state_mem[n], v) for v in g.get(n, {}).values()]
+            for sp, v in k.get(n, {}).items():
+                if d in sp.devices:
+                    i = sp.devices.index(d)
+                    price = p.split_price[(n, sp)]
+                    terms.append((mu * price.param_bytes[i], v))
+                    if price.work_bytes[i]:
+                        m.at_least(f"working_set[{n}][{sp.label}][{d}]", work, [(mu * price.work_bytes[i], v)])
         m.at_most(f"mem_cap[{d}]", terms + [(1.0, work), (1.0, buffer)], mu * p.capacity[d])
     T = m.column("T", cost=1.0)
     if spec is not None:  # (M - 1) bottleneck + every stage's time + the slowest optimizer step
@@ -194,6 +220,12 @@ def _program(p: Problem, scale: float) -> Milp:
     for label in p.link_labels:
         terms = [(scale * p.node_stream_hop_s(n, p.host, d, label), v)
                  for n, per_d in s.items() for d, v in per_d.items() if label in p.hops(p.host, d)]
+        for n, per_sp in k.items():  # a split's input out and its other shard's output back
+            for sp, v in per_sp.items():
+                price = p.split_price[(n, sp)]
+                for src, dst, nbytes in ((sp.home, sp.other, price.copy_in), (sp.other, sp.home, price.copy_out)):
+                    if label in p.hops(src, dst):
+                        terms.append((scale * p.hop_s(nbytes, src, dst, label), v))
         for n in p.nodes:  # gradients out (streamed or offloaded), updated weights back (offloaded)
             if p.options.training and p.grad_bytes[n]:
                 for d, v in list(s.get(n, {}).items()) + list(o.get(n, {}).items()):

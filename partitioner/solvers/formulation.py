@@ -50,6 +50,14 @@ memory ``unit.memory`` per byte, chosen by ``ilp.py`` so that the numbers stay w
   a HiGHS run drops them (:meth:`Milp.without_ordering`); a warm start obeys both kinds after
   :meth:`Formulation.canonical`.
 
+* splits (``Options.splits``, :mod:`partitioner.solvers.splits`): ``k[v,split]`` binary, ``v`` is
+  split so; ``split_home[v,split]``: ``k <= x[v,home]`` (``x`` then means "``v``'s home is ``d``");
+  ``split_or_stream[v]``: ``sum k + sum s <= 1``. Each ``k`` replaces the whole op's compute on its
+  home by the split's (latency: its path; throughput: each shard on its device), its parameters on
+  its home by the home shard's and adds the other shard's parameters and working set to the other
+  device's ``mem_cap``, and loads the links with its two copies. Row and column names carry the
+  split's label (``k[lm_head][cols[cuda:0=0.75,cpu=0.25]]``);
+
 With a ``cutoff`` (the objective of a known placement, seconds), an option that alone would add
 more than that to the objective (a node on a device, a copy over a route, a stream, a shared
 parameter copy) cannot be part of a better placement and is left out: no column, and a row
@@ -116,6 +124,7 @@ class Formulation:
         self._dtypes()
         self._error_budget()
         self._streaming()
+        self._splits()
         self.ts = TrainStateColumns(self)
         self._copies()
         self._halves()
@@ -124,9 +133,12 @@ class Formulation:
         self._memory()
         self._link_budgets()
         self._stages()
-        self.symmetric_pairs = interchangeable_devices(problem) if symmetry else []
+        # a split names two devices: renaming devices (symmetry) or moving streams (stream order) would
+        # have to move splits too, so neither kind of ordering row is written where splits are offered
+        ordered = symmetry and not problem.split_choices
+        self.symmetric_pairs = interchangeable_devices(problem) if ordered else []
         self._symmetry()
-        self.stream_classes = self._stream_classes() if symmetry else []
+        self.stream_classes = self._stream_classes() if ordered else []
         self._stream_symmetry()
         self.T = self.milp.column("T", cost=1.0)
         objective = problem.options.objective
@@ -141,12 +153,12 @@ class Formulation:
             self.ts.latency_rows(self.T, sequential)
         elif objective is Objective.LATENCY:
             self.ge("critical_path", self.T, self.compute_terms() + self.copy_terms() + self.shared_terms()
-                    + self.issue_terms())
+                    + self.issue_terms() + self.split_terms())
         else:
             for d in problem.device_names:
                 self.ge(_name("device_load", d), self.T,
                         self.compute_terms(d) + self.shared_terms(d) + self.issue_terms(d)
-                        + self.ts.recompute_terms(d))
+                        + self.ts.recompute_terms(d) + self.split_terms(d))
         for label in problem.link_labels:
             terms = self.link_terms(label)
             if terms:
@@ -161,10 +173,14 @@ class Formulation:
     def _allowed(self) -> dict[str, tuple[str, ...]]:
         """The devices each node may use here: not too dear, and with room for the node alone."""
         out = {}
-        for n in self.p.nodes:
-            cheap = tuple(d for d in self.p.allowed[n]
-                          if not self.too_dear(min(self.p.compute_in[n][d].values())) and self.p.fits_alone(n, d))
-            out[n] = cheap or self.p.allowed[n]
+        p = self.p
+        for n in p.nodes:
+            homed = {d: [sp for sp in p.split_choices.get(n, ()) if sp.home == d and p.split_fits(n, sp)]
+                     for d in p.allowed[n]}
+            cheap = tuple(d for d in p.allowed[n]
+                          if (not self.too_dear(min(p.compute_in[n][d].values())) and p.fits_alone(n, d))
+                          or any(not self.too_dear(p.split_cost(n, sp)) for sp in homed[d]))
+            out[n] = cheap or p.allowed[n]
         return out
 
     def copy_cost(self, nbytes: int, src: str, dst: str) -> float:
@@ -273,6 +289,70 @@ class Formulation:
                 if d in self.rv.get(n, {}):  # the host holds streamed weights in one form: the node computes in it
                     self.milp.at_most(_name("stream_form", n, d),
                                       [(1.0, s), (-1.0, self.r(n, d, p.stream_choice(n, d)))], 0.0)
+
+    def _splits(self) -> None:
+        """``k[v,split]`` columns for the splits each node may take (home allowed here, fits alone)."""
+        p = self.p
+        self.kv: dict[str, dict] = {}
+        for n, choices in p.split_choices.items():
+            cols = {}
+            for sp in choices:
+                home = self.x(n, sp.home)
+                if isinstance(home, float) and home == 0.0 or not p.split_fits(n, sp) \
+                        or self.too_dear(p.split_cost(n, sp)):
+                    continue
+                k = cols[sp] = self.milp.column(_name("k", n, sp.label), upper=1.0, integer=True)
+                if isinstance(home, Column):
+                    self.milp.at_most(_name("split_home", n, sp.label), [(1.0, k), (-1.0, home)], 0.0)
+            if not cols:
+                continue
+            self.kv[n] = cols
+            streams = [(1.0, s) for s in self.sv.get(n, {}).values()]
+            self.milp.at_most(_name("split_or_stream", n), [(1.0, k) for k in cols.values()] + streams, 1.0)
+
+    def split_terms(self, device: str | None = None) -> list[Term]:
+        """What the chosen splits change in the time rows: with ``latency`` (``device`` None) each
+        split's path in place of its whole op's compute on its home; per device (throughput) each
+        shard in place of the whole op on the home and beside it on the other device."""
+        p, tu = self.p, self.units.time
+        terms: list[Term] = []
+        for n, cols in self.kv.items():
+            for sp, k in cols.items():
+                price = p.split_price[(n, sp)]
+                whole = p.compute[n][sp.home]
+                if device is None:
+                    terms.append((tu * (price.latency_s - whole), k))
+                elif device == sp.home:
+                    terms.append((tu * (price.shard_s[0] - whole), k))
+                elif device == sp.other:
+                    terms.append((tu * price.shard_s[1], k))
+        return terms
+
+    def split_memory_terms(self, device: str) -> list[Term]:
+        """Parameter bytes the chosen splits move on ``device``: the home shard in place of the whole
+        weight, the other shard added."""
+        p, mu = self.p, self.units.memory
+        terms: list[Term] = []
+        for n, cols in self.kv.items():
+            for sp, k in cols.items():
+                price = p.split_price[(n, sp)]
+                if device == sp.home:
+                    terms.append((mu * (price.param_bytes[0] - p.param_mem[n]), k))
+                elif device == sp.other:
+                    terms.append((mu * price.param_bytes[1], k))
+        return terms
+
+    def split_link_terms(self, label: str, budget: bool) -> list[Term]:
+        """Each chosen split's two copies on link ``label`` (seconds, or bytes for a budget)."""
+        p, tu, mu = self.p, self.units.time, self.units.memory
+        terms: list[Term] = []
+        for n, cols in self.kv.items():
+            for sp, k in cols.items():
+                price = p.split_price[(n, sp)]
+                for src, dst, nbytes in ((sp.home, sp.other, price.copy_in), (sp.other, sp.home, price.copy_out)):
+                    if label in p.hops(src, dst):
+                        terms.append((mu * nbytes if budget else tu * p.hop_s(nbytes, src, dst, label), k))
+        return terms
 
     def _copies(self) -> None:
         """One ``Copy`` per (tensor, source, destination) that may happen; see the module docstring."""
@@ -424,7 +504,10 @@ class Formulation:
                     if p.saved_at[n][a]:
                         terms.append((mu * p.saved_at[n][a], self.r(n, d, a)))
                 terms += self.ts.memory_terms(n, d)
+            terms += self.split_memory_terms(d)
             work = [(n, mu * p.work_mem_at[n][a], self.r(n, d, a)) for n in p.nodes for a in self.dtypes_on(n, d)]
+            work += [(n, mu * p.split_price[(n, sp)].work_bytes[1], k)
+                     for n, cols in self.kv.items() for sp, k in cols.items() if sp.other == d]
             work = [(n, w, z) for n, w, z in work if w > 0]
             streamed = [(n, mu * p.stream_buffer_bytes(n, StreamMode.PREFETCH, d), self.sv[n][d])
                         for n in self.sv if d in self.sv[n]]
@@ -503,7 +586,7 @@ class Formulation:
                 if label in p.hops(p.host, d):
                     terms.append((mu * p.stream_bytes(n, d) if budget
                                   else tu * p.node_stream_hop_s(n, p.host, d, label), s))
-        return terms + self.ts.link_terms(label, budget)
+        return terms + self.ts.link_terms(label, budget) + self.split_link_terms(label, budget)
 
     def _link_budgets(self) -> None:
         for label, limit in self.p.options.link_budget.items():
@@ -671,6 +754,9 @@ class Formulation:
         for n, per_d in self.sv.items():
             for d, v in per_d.items():
                 values[v.index] = 1.0 if n in placement.streamed and dev[n] == d else 0.0
+        for n, cols in self.kv.items():
+            for sp, k in cols.items():
+                values[k.index] = 1.0 if placement.split.get(n) == sp else 0.0
         tensors = {t.name: t for t in p.tensors}
         for (t, b), ys in self.y_multi.items():
             src = dev[tensors[t].producer]
@@ -730,8 +816,10 @@ class Formulation:
             if a != FLOAT32:
                 precision[n] = a
         state, recompute, streamed_state = self.ts.answer(values, device)
+        split = {n: sp for n, cols in self.kv.items() for sp, k in cols.items()
+                 if device[n] == sp.home and values[k.index] > 0.5}
         return Placement(device, streamed, StreamMode.PREFETCH, order, precision, state, recompute,
-                         streamed_state=streamed_state)
+                         streamed_state=streamed_state, split=split)
 
 
 def interchangeable_devices(problem: Problem) -> list[tuple[str, str]]:

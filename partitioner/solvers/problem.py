@@ -49,7 +49,13 @@ Semantics (documented once, here):
   optimizer state); a node whose weights are streamed computes in float32. Where a float32 tensor
   reaches a reader in another dtype, the reader's device casts it (``cast_s``; once per tensor and
   reading op, so a coarse node costs what its members do on the original graph), and a 16-bit
-  graph output is cast back to float32 where it is produced.
+  graph output is cast back to float32 where it is produced;
+* splits (``Options.splits``, :mod:`partitioner.solvers.splits`): a linear may be split over two
+  devices (``Placement.split``; its node's device is the split's home, where its input arrives and
+  its output is rejoined): each shard's compute on its device, each shard's weight in its device's
+  memory, the input copied to the other device and its shard's output copied back (``"split"``
+  transfers, on the links in every objective); with ``latency`` the op adds
+  ``copy in + max(home shard, other shard + copy out)``, with ``throughput`` each device its shard.
 """
 
 from __future__ import annotations
@@ -77,6 +83,7 @@ from partitioner.errors import HetpartError, UnsupportedOp
 from partitioner.solvers.packing_error import budget_violation
 from partitioner.ir import OpGraph
 from partitioner.solvers.pipeline import PipelineSpec, evaluate_pipeline
+from partitioner.solvers.splits import Split, SplitOptions, SplitPrice, price_split, split_choices, split_op
 from partitioner.solvers.train_state import (
     cost_training_state, grad_hop_s, grad_s, gradient_leaves, offloaded, state_buffer_bytes, state_s, step_schedule,
     update_hop_s, update_s,
@@ -119,6 +126,7 @@ class Options:
     placed_optimizer: bool = True              # training: hetpart's placed optimizer runs the step (state may
                                                # leave its weights, host steps beside backward); False: each
                                                # step after backward where its weights live
+    splits: SplitOptions | None = None         # inference: may a linear be split over two devices (None: never)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,6 +149,7 @@ class Placement:
     overlap: bool = True                       # training: host steps start as gradients arrive (False: after backward)
     streamed_state: frozenset[str] = frozenset()  # training: nodes whose optimizer state lives on the host and
                                                   # is streamed to their computing device for its step and back
+    split: Mapping[str, Split] = dataclasses.field(default_factory=dict)  # node -> its split (device[node] is its home)
 
     def residence(self, node: str) -> str:
         """The device holding ``node``'s own parameters."""
@@ -253,6 +262,7 @@ class Problem:
         self.tensors = self._cross_tensors()
         self.shared = self._shared_params()
         cost_training_state(self)
+        self._offer_splits()
         self.link_labels = tuple(link.label for link in devices.links)
         # ops that write their own state (a KV cache): their buffers live where they are written, never streamed
         writers = frozenset(state_writers)
@@ -264,6 +274,41 @@ class Problem:
         )
 
     # -- construction -------------------------------------------------------------------------
+
+    def _offer_splits(self) -> None:
+        """``split_choices[node]``: the splits each node may take, and ``split_price[(node, split)]``."""
+        self.split_choices: dict[str, tuple[Split, ...]] = {}
+        self.split_price: dict[tuple[str, Split], SplitPrice] = {}
+        opts = self.options.splits
+        if opts is None:
+            return
+        o = self.options
+        refused = [why for why, on in (
+            ("training=True (a training step's splits are not priced yet)", o.training),
+            ("precision (16-bit or packed shards are not priced yet)", o.precision is not None),
+            ("pipeline stages", o.pipeline is not None),
+            ("objective 'makespan' (its schedule has no shards)", o.objective is Objective.MAKESPAN)) if on]
+        if refused:
+            raise HetpartError(f"splits are planned for inference with the latency or throughput objective, but "
+                               f"the request has {refused[0]}; drop splits (CLI: --split), or plan without it")
+        for n in self.nodes:
+            choices = split_choices(self, n, opts)
+            if choices:
+                self.split_choices[n] = choices
+                for sp in choices:
+                    self.split_price[(n, sp)] = price_split(self, n, sp)
+
+    def split_cost(self, node: str, split: Split) -> float:
+        """What ``split`` of ``node`` adds to the objective at least (bounds, cutoffs): its latency
+        with ``latency``, its longest shard with ``throughput``."""
+        price = self.split_price[(node, split)]
+        return price.latency_s if self.options.objective is Objective.LATENCY else price.critical_s
+
+    def split_fits(self, node: str, split: Split) -> bool:
+        """Whether ``split`` of ``node`` alone fits on both its devices."""
+        price = self.split_price[(node, split)]
+        return all(price.param_bytes[i] + price.work_bytes[i] <= self.capacity[d]
+                   for i, d in enumerate(split.devices))
 
     def _resolve_pins(self, pins: Mapping[str, str]) -> dict[str, str]:
         """Pins map op names or globs over op names / module paths to a device; resolved per node."""
@@ -744,6 +789,7 @@ def evaluate(problem: Problem, placement: Placement) -> Evaluation:
         if x[n] not in p.allowed[n]:
             why = "is pinned elsewhere" if n in p.pins else "cannot run it"
             violations.append(f"op {n} placed on {x[n]}, which {why} (allowed: {', '.join(p.allowed[n])})")
+    violations += _split_violations(p, placement)
     dtype = node_dtypes(p, placement)
     for n in p.nodes:
         if x[n] in p.choices[n] and dtype[n] not in p.choices[n][x[n]]:
@@ -777,13 +823,23 @@ def evaluate(problem: Problem, placement: Placement) -> Evaluation:
                 link_load[label] += update_hop_s(p, t.tensor, t.dst, label)
             elif t.kind == "state":
                 link_load[label] += sum(p.hop_s(b, t.src, t.dst, label) for b in p.state_parts[t.tensor])
+            elif t.kind == "split":
+                link_load[label] += p.hop_s(t.bytes, t.src, t.dst, label)
             else:
                 factor = 2 if p.options.training else 1
                 link_load[label] += factor * p.hop_s(t.bytes, t.src, t.dst, label)
     violations += _state_violations(p, placement)
     busy = {d: 0.0 for d in p.device_names}
     opt = {d: 0.0 for d in p.device_names}
+    split_extra = 0.0  # latency: a split's path minus its shards' busy time (shards overlap, copies wait)
     for n in p.nodes:
+        sp = placement.split.get(n)
+        if sp is not None and (n, sp) in p.split_price:
+            price = p.split_price[(n, sp)]
+            busy[sp.home] += price.shard_s[0]
+            busy[sp.other] += price.shard_s[1]
+            split_extra += price.latency_s - sum(price.shard_s)
+            continue
         busy[x[n]] += p.compute_in[n].get(x[n], {}).get(dtype[n], float("inf")) + casts[n]
         if n in placement.recompute:
             busy[x[n]] += p.fwd_in.get(n, {}).get(x[n], {}).get(dtype[n], 0.0)
@@ -804,7 +860,7 @@ def evaluate(problem: Problem, placement: Placement) -> Evaluation:
         worker = 0.0 if p.options.delayed_update else step_schedule(p, placement, critical, dtype)
         total = max([critical, worker, busy[p.host] + opt[p.host], *link_load.values()])
     elif objective is Objective.LATENCY:
-        critical += sum(busy.values()) + sum(opt.values())
+        critical += sum(busy.values()) + sum(opt.values()) + split_extra
         total = max([critical, *link_load.values()])
     elif objective is Objective.THROUGHPUT:
         total = max([*(busy[d] + opt[d] for d in p.device_names), *link_load.values()])
@@ -882,6 +938,12 @@ def _transfers(p: Problem, placement: Placement) -> list[Transfer]:
         for dst in dict.fromkeys(x[c] for c in t.consumers):
             if dst != src:
                 out.append(Transfer(t.name, src, dst, nbytes, p.transfer_s(nbytes, src, dst)))
+    for n, sp in placement.split.items():
+        price = p.split_price.get((n, sp))
+        if price is not None:  # named after the split linear (a coarse node's member)
+            op = split_op(p, n).name
+            out.append(Transfer(op, sp.home, sp.other, price.copy_in, price.copy_in_s, "split"))
+            out.append(Transfer(op, sp.other, sp.home, price.copy_out, price.copy_out_s, "split"))
     for n, home in placement.streamed.items():
         if home != x[n] and p.param_bytes[n]:
             out.append(Transfer(n, home, x[n], p.stream_bytes(n, x[n]),
@@ -901,6 +963,23 @@ def _transfers(p: Problem, placement: Placement) -> list[Transfer]:
                 way = sum(p.one_way_s(b, p.host, x[n]) for b in p.state_parts[n])
                 out.append(Transfer(n, p.host, x[n], p.state_mem[n], way, "state"))
                 out.append(Transfer(n, x[n], p.host, p.state_mem[n], state_s(p, n, x[n]) - way, "state"))
+    return out
+
+
+def _split_violations(p: Problem, placement: Placement) -> list[str]:
+    """Splits the problem does not offer, or whose home is not the node's device."""
+    out = []
+    for n, sp in placement.split.items():
+        offered = p.split_choices.get(n, ())
+        if sp not in offered:
+            can = ", ".join(s.label for s in offered[:6]) + (" ..." if len(offered) > 6 else "") if offered \
+                else "none (splits off, or not a linear with its own 2-D weight)"
+            out.append(f"op {n} is split {sp.label}, which it cannot take; it can take: {can}")
+        elif placement.device[n] != sp.home:
+            out.append(f"op {n} is split {sp.label} but placed on {placement.device[n]}: a split op's device is its "
+                       f"home, {sp.home}")
+        elif n in placement.streamed:
+            out.append(f"op {n} is split {sp.label} and streams its weights: a split op's shards stay resident")
     return out
 
 
@@ -939,6 +1018,13 @@ def memory_use(p: Problem, placement: Placement) -> dict[str, int]:
     dtype = node_dtypes(p, placement)
     for n in p.nodes:
         d, a = x[n], dtype[n]
+        sp = placement.split.get(n)
+        if sp is not None and (n, sp) in p.split_price:
+            price = p.split_price[(n, sp)]
+            for i, shard in enumerate(sp.devices):
+                params[shard] += price.param_bytes[i]
+                work[shard] = max(work[shard], price.work_bytes[i])
+            continue
         streams = n in placement.streamed and placement.streamed[n] != d
         if offloaded(p, placement, n):
             params[d] += p.weight_mem[n]

@@ -14,6 +14,9 @@ accelerator with its weights resident keeps its optimizer state there, on the ho
 or on the host streamed to the accelerator for its step, and each
 node that may recompute (in one dtype on its device, as the ILP offers it) does or does not.
 
+Splits (``Options.splits``): each node on its device is whole or takes each split homed there that
+the problem offers (its weights then resident).
+
 Makespan: the list schedule depends only on the order of the nodes sharing a device, so every
 topological order is tried (few at these sizes).
 """
@@ -49,8 +52,9 @@ def expand(problem: Problem, placement: Placement) -> tuple[Problem, Placement]:
     recompute = frozenset(op for n in placement.recompute for op in problem.members[n] if original.saved[op])
     streamed_state = frozenset(op for n in placement.streamed_state for op in problem.members[n]
                                if original.trainable[op])
+    split = {op: sp for n, sp in placement.split.items() for op in problem.members[n] if op in original.split_choices}
     return original, Placement(device, streamed, placement.stream_mode, order, precision, state, recompute,
-                               placement.overlap, streamed_state)
+                               placement.overlap, streamed_state, split)
 
 
 def original_problem(problem: Problem) -> Problem:
@@ -71,8 +75,17 @@ def placements(problem: Problem) -> Iterator[Placement]:
             for dtypes in itertools.product(*(_dtypes(problem, n, device[n], n in streamed) for n in problem.nodes)):
                 precision = dict(zip(problem.nodes, dtypes))
                 for state, recompute, streamed_state in _training_states(problem, device, streamed):
-                    yield Placement(device, streamed, StreamMode.PREFETCH, precision=precision, state=state,
-                                    recompute=recompute, streamed_state=streamed_state)
+                    for split in _splits(problem, device, streamed):
+                        yield Placement(device, streamed, StreamMode.PREFETCH, precision=precision, state=state,
+                                        recompute=recompute, streamed_state=streamed_state, split=split)
+
+
+def _splits(problem: Problem, device: dict, streamed: dict) -> Iterator[dict]:
+    """Every choice of splits with these devices: each unstreamed node whole or split from its device."""
+    nodes = [n for n in problem.split_choices if n not in streamed]
+    options = [(None, *(sp for sp in problem.split_choices[n] if sp.home == device[n])) for n in nodes]
+    for combo in itertools.product(*options):
+        yield {n: sp for n, sp in zip(nodes, combo) if sp is not None}
 
 
 def _training_states(problem: Problem, device: dict, streamed: dict) -> Iterator[tuple[dict, frozenset, frozenset]]:
@@ -113,6 +126,7 @@ def count_candidates(problem: Problem) -> int:
     streamable = set(problem.streamable)
     for n in problem.nodes:
         options = sum((2 if n in streamable and d != problem.host else 1) * len(problem.choices[n][d])
+                      + sum(sp.home == d for sp in problem.split_choices.get(n, ()))
                       for d in problem.allowed[n])
         per_node *= options
     per_node *= 3 ** len(problem.state_streamable) * 2 ** (len(set(problem.offloadable) - set(problem.state_streamable))
@@ -133,7 +147,7 @@ def optimum(problem: Problem) -> tuple[float, Placement | None]:
         for order in all_orders:
             candidate = Placement(placement.device, placement.streamed, placement.stream_mode, order,
                                   placement.precision, placement.state, placement.recompute,
-                                  streamed_state=placement.streamed_state)
+                                  streamed_state=placement.streamed_state, split=placement.split)
             original, flat = expand(problem, candidate)
             ev = evaluate(original, flat)
             if ev.feasible and ev.total_s < best:

@@ -138,6 +138,9 @@ def _generate(plan: Any, model: torch.nn.Module, device_map: Mapping[str, str] |
     from partitioner.plan.precision import refuse_precision
 
     refuse_precision(plan, "emit_source (the generated file)")
+    from partitioner.plan.splits import refuse_splits
+
+    refuse_splits(plan, "emit_source (the generated file)")
     from partitioner.frontends.hf_folder import is_model_folder
 
     from_folder = is_model_folder(model)

@@ -1,0 +1,141 @@
+"""The plan's ``splits`` section: each linear split over two devices, and the checks it must pass.
+
+In: a solve's placement (:func:`splits_record`), or a plan file's section (:func:`read_splits`).
+Out: ``{op: {"axis": "cols" | "rows", "devices": [home, other], "fractions": [f, 1 - f], "bytes": [b_home,
+b_other]}}`` (``bytes``: each shard's parameter bytes, adding up to the op's); the op
+runs on ``devices[0]`` in ``placement`` (its home, where its input arrives and its output is
+rejoined). :func:`check_splits` runs when a plan is built or loaded: fractions in (0, 1) summing to
+one, two distinct devices of the plan, a known axis, the home being the op's device, no streaming,
+inference. :func:`check_splits_against_graph` runs with the graph (``plan.check_graph``, emission):
+the op takes splits (an aten linear with its own 2-D weight) along that axis. Every refusal names
+the op, the split and the splits it can take.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from partitioner.errors import PlanMismatch
+from partitioner.plan.fields import FieldReader, _key
+
+if TYPE_CHECKING:
+    from partitioner.ir import OpGraph
+    from partitioner.solvers.problem import Placement, Problem
+    from partitioner.solvers.splits import Split
+
+__all__ = ["check_splits", "check_splits_against_graph", "read_splits", "refuse_splits", "split_of", "splits_record"]
+
+_KEYS = ("axis", "devices", "fractions")
+_CAN_TAKE = ("cols or rows over two distinct devices of the plan, the first being the op's own, with "
+             "fractions in (0, 1) summing to one")
+
+
+def splits_record(problem: Problem, placement: Placement) -> dict[str, Any]:
+    """The section for ``placement``'s splits, keyed by the split linear's op name."""
+    from partitioner.solvers.splits import split_op
+
+    return {split_op(problem, n).name: {**sp.to_dict(), "bytes": list(problem.split_price[(n, sp)].param_bytes)}
+            for n, sp in placement.split.items()}
+
+
+def read_splits(r: FieldReader, value: Any) -> dict[str, Any]:
+    """The section's types: op -> {axis: str, devices: [str, str], fractions: [number, number]}."""
+    out = {}
+    for op, entry in r.mapping(value, "splits").items():
+        path = _key("splits", op)
+        e = r.keys(entry, path, _KEYS, ("bytes",))
+        devices = [r.string(d, f"{path}.devices[{i}]") for i, d in enumerate(r.array(e["devices"], f"{path}.devices"))]
+        fractions = []
+        for i, f in enumerate(r.array(e["fractions"], f"{path}.fractions")):
+            if isinstance(f, bool) or not isinstance(f, (int, float)):
+                r.fail(f"{path}.fractions[{i}]", f"{f!r} is not a number")
+            fractions.append(float(f))
+        out[op] = {"axis": r.string(e["axis"], f"{path}.axis"), "devices": devices, "fractions": fractions}
+        if "bytes" in e:
+            out[op]["bytes"] = [r.count(b, f"{path}.bytes[{i}]") for i, b in enumerate(r.array(e["bytes"], f"{path}.bytes"))]
+    return out
+
+
+def check_splits(plan: Any, r: FieldReader) -> None:
+    """What a split must be whatever the model (see the module docstring)."""
+    from partitioner.solvers.splits import AXES
+
+    names = plan.devices.names()
+    for op, entry in plan.splits.items():
+        path = _key("splits", op)
+        what = f"op {op!r} split {_label(entry)}"
+        if op not in plan.placement:
+            r.fail(path, f"{what}: no op {op!r} in placement; a split names an op of the plan")
+        if entry["axis"] not in AXES:
+            r.fail(f"{path}.axis", f"{what}: unknown axis {entry['axis']!r}; an op can take {_CAN_TAKE}")
+        devices, fractions = list(entry["devices"]), list(entry["fractions"])
+        if len(devices) != 2 or len(set(devices)) != 2 or any(d not in names for d in devices):
+            r.fail(f"{path}.devices", f"{what}: devices {devices} are not two distinct devices of the plan "
+                                      f"({', '.join(names)}); an op can take {_CAN_TAKE}")
+        if len(fractions) != 2 or not all(0.0 < f < 1.0 for f in fractions) \
+                or not math.isclose(sum(fractions), 1.0, abs_tol=1e-9):
+            r.fail(f"{path}.fractions", f"{what}: fractions {fractions} do not sum to one (each in (0, 1)); "
+                                        f"an op can take {_CAN_TAKE}")
+        if plan.placement[op] != devices[0]:
+            r.fail(f"{path}.devices", f"{what}: the op runs on {plan.placement[op]!r} in placement, but a split op "
+                                      f"runs on its first device, {devices[0]!r}")
+        total = plan.op_bytes.get(op, (0, None))[1]
+        if "bytes" in entry and total is not None and (len(entry["bytes"]) != 2 or sum(entry["bytes"]) != total):
+            r.fail(f"{path}.bytes", f"{what}: shard bytes {list(entry['bytes'])} do not add up to the op's "
+                                    f"{total:,} parameter bytes (model.op_bytes)")
+        if op in plan.weights:
+            r.fail(path, f"{what}: the plan also streams its weights; a split op's shards stay resident")
+        if plan.training:
+            r.fail(path, f"{what}: splits are planned for inference, and this plan is a training plan")
+
+
+def split_of(entry: Mapping[str, Any]) -> Split:
+    """The :class:`~partitioner.solvers.splits.Split` an entry of the section stands for."""
+    from partitioner.solvers.splits import Split
+
+    return Split(entry["axis"], tuple(entry["devices"]), tuple(float(f) for f in entry["fractions"]))
+
+
+def check_splits_against_graph(plan: Any, graph: OpGraph) -> None:
+    """Each split op takes that split on ``graph``: an aten linear with its own 2-D weight, whose
+    split dimension has room for two shards; else :class:`PlanMismatch` naming the op, the split
+    and the splits it can take."""
+    from partitioner.solvers.splits import split_weight, why_not_splittable
+
+    for op, entry in plan.splits.items():
+        node = graph.ops.get(op)
+        if node is None:
+            continue  # the fingerprint check names a graph that is not the plan's
+        why = why_not_splittable(node, graph.params)
+        if why is not None:
+            raise PlanMismatch(f"{plan.source}: op {op!r} cannot take split {_label(entry)}: {why}; it can take "
+                               f"no split (keep it whole: remove it from the splits section, or re-plan)")
+        shape = graph.params[split_weight(node, graph.params)].shape
+        length = shape[0] if entry["axis"] == "cols" else shape[1]
+        if length < 2:
+            raise PlanMismatch(f"{plan.source}: op {op!r} cannot take split {_label(entry)}: its weight of shape "
+                               f"{list(shape)} has {length} {'output feature' if entry['axis'] == 'cols' else 'input'}"
+                               f"; it can take {'rows' if entry['axis'] == 'cols' else 'cols'} splits only")
+
+
+def refuse_splits(plan: Any, backend: str) -> None:
+    """Raise when ``plan`` splits ops: ``backend`` runs every op whole (only ``plan.emit(model)`` cuts
+    the shards, :mod:`backends.torch.splits`).
+
+    Raises:
+        HetpartError: names the backend, the split ops and the fix.
+    """
+    from partitioner.errors import HetpartError
+
+    if plan.splits:
+        ops = ", ".join(repr(op) for op in list(plan.splits)[:3]) + (" ..." if len(plan.splits) > 3 else "")
+        raise HetpartError(f"{plan.source} splits {len(plan.splits)} linears over two devices ({ops}), but {backend} "
+                           f"runs every op whole: run it with plan.emit(model) (CLI: hetpart check / hetpart run), "
+                           f"or re-plan without --split")
+
+
+def _label(entry: Mapping[str, Any]) -> str:
+    devices, fractions = entry.get("devices", []), entry.get("fractions", [])
+    return f"{entry.get('axis')}[" + ",".join(f"{d}={f:g}" for d, f in zip(devices, fractions)) + "]"
