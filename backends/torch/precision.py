@@ -45,8 +45,11 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 _FLOATS = frozenset(DTYPES.values())
 
 
-def apply_precision(gm: torch.fx.GraphModule, plan: Any) -> torch.fx.GraphModule:
-    """Insert the casts of ``plan``'s precision section into placed ``gm`` (see the module docstring).
+def apply_precision(gm: torch.fx.GraphModule, plan: Any, *,
+                    shared_from: torch.nn.Module | None = None) -> torch.fx.GraphModule:
+    """Insert the casts of ``plan``'s precision section into placed ``gm`` (see the module docstring);
+    packed linears read ``shared_from``'s packed buffers where given
+    (:func:`~backends.torch.packed.pack_linears`).
 
     Raises:
         HetpartError: the plan was captured without fake values (symbolic trace), so the traced
@@ -56,7 +59,7 @@ def apply_precision(gm: torch.fx.GraphModule, plan: Any) -> torch.fx.GraphModule
     if not section or not (section.get("ops") or section.get("weights")):
         return gm
     if section.get("weights"):
-        pack_linears(gm, plan, section["weights"])
+        pack_linears(gm, plan, section["weights"], shared_from=shared_from)
     if plan.capture != "export":
         raise HetpartError(f"{plan.source} computes ops in 16 bits but was captured with {plan.capture!r}: "
                            f"precision needs the dtypes torch.export records; re-plan with capture 'export'")
