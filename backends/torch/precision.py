@@ -43,6 +43,7 @@ __all__ = ["apply_precision", "LossScaler", "SCALER_ATTR", "DTYPES"]
 SCALER_ATTR = "hetpart_loss_scaler"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _FLOATS = frozenset(DTYPES.values())
+_ASSERT_METADATA = torch.ops.aten._assert_tensor_metadata.default
 
 
 def apply_precision(gm: torch.fx.GraphModule, plan: Any, *,
@@ -85,7 +86,9 @@ class _Casts:
 
     def run(self) -> None:
         for node in list(self.gm.graph.nodes):
-            if node.op == "output":
+            if node.target is _ASSERT_METADATA:
+                self._assert_as_held(node)
+            elif node.op == "output":
                 self._cast_inputs(node, lambda arg: torch.float32)
             elif node.op in ("call_function", "call_method", "call_module") and node.name in self.low:
                 want = self.low[node.name]
@@ -93,6 +96,15 @@ class _Casts:
             elif node.op in ("call_function", "call_method", "call_module") and not self._is_copy(node):
                 self._cast_inputs(node, lambda arg: torch.float32)
             self.held[node] = self._holds(node)
+
+    def _assert_as_held(self, node: torch.fx.Node) -> None:
+        """torch.export's dtype assertion (``_assert_tensor_metadata``, before a ``.to(dtype)``)
+        checks the value as it is held: the traced float32 where precision holds it in 16 bits is
+        not what it reads (casting it back for the check would be a copy the plan does not have)."""
+        arg = node.args[0] if node.args else None
+        held = self.held.get(arg) if isinstance(arg, torch.fx.Node) else None
+        if held in _FLOATS and node.kwargs.get("dtype") in _FLOATS and node.kwargs["dtype"] is not held:
+            node.kwargs = {**node.kwargs, "dtype": held}
 
     def _cast_inputs(self, node: torch.fx.Node, want: Any) -> None:
         """Cast each input that holds a 16-bit or float32 value of a float32 tensor to ``want(arg)``."""

@@ -24,6 +24,7 @@ Layers are found by module path (``layers.N``, ``h.N``, ``blocks.N``); experts b
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from collections.abc import Callable
@@ -90,7 +91,49 @@ def _llama_cpp(p: Problem, s: _Structure, gpu: str, k: int, experts_on_cpu: bool
                 and not (layer is None and s.side[n] == "input"):  # get_rows of the token embedding stays
             device[n] = gpu
             streamed[n] = p.host
-    return Placement(device, streamed, StreamMode.PREFETCH)
+    return in_stream_forms(p, Placement(device, streamed, StreamMode.PREFETCH))
+
+
+def in_stream_forms(p: Problem, placement: Placement) -> Placement:
+    """``placement`` with every streamed node computing in the form the host holds its weights in
+    (:meth:`~partitioner.solvers.problem.Problem.stream_choice`), and a node whose every choice
+    there packs its weight computing on the host instead (packed weights stay resident), or, where
+    it may not run there (a pin), keeping its packed weight where it computes; as placed without
+    ``precision``."""
+    if p.precision is None or not placement.streamed:
+        return placement
+    device, streamed, precision = dict(placement.device), dict(placement.streamed), dict(placement.precision)
+    for n, src in placement.streamed.items():
+        form = p.stream_choice(n, device[n])
+        if form is None:
+            device[n] = src if src in p.allowed[n] else device[n]
+            del streamed[n]
+        elif form is not None:
+            precision[n] = form
+    return dataclasses.replace(placement, device=device, streamed=streamed, precision=precision)
+
+
+def agree_forms(gp: GenerationProblem, pair: PhasePair) -> PhasePair:
+    """``pair`` with a node that keeps its weights where it computes storing them in the form the
+    other phase's node streams them in, where its device offers a choice of that form (a weight
+    has one stored form for both phases); other disagreements are left for evaluation to name."""
+    if gp.prefill.precision is None:
+        return pair
+    placements = [pair.prefill, pair.decode]
+    chosen: list[dict[str, str]] = [dict(pair.prefill.precision), dict(pair.decode.precision)]
+    for a, b in gp.links:
+        names = gp.shared[(a, b)]
+        for me, other, mine, theirs in ((0, 1, a, b), (1, 0, b, a)):
+            here, there = placements[me], placements[other]
+            if theirs not in there.streamed or mine in here.streamed:
+                continue
+            want = gp.form_of(other, theirs, gp.phases[other].dtype_of(there, theirs), names)
+            problem = gp.phases[me]
+            options = [c for c in problem.choices[mine].get(here.device[mine], ())
+                       if gp.form_of(me, mine, c, names) == want]
+            if options:
+                chosen[me][mine] = options[0]
+    return PhasePair(*(dataclasses.replace(pl, precision=c) for pl, c in zip(placements, chosen)))
 
 
 def _tokens(p: Problem) -> int:
@@ -114,8 +157,8 @@ def _fill(gp: GenerationProblem, name: str, experts_on_cpu: bool) -> JointSoluti
     offload = _tokens(pre) >= OP_OFFLOAD_MIN_BATCH
     reasons = []
     for k in range(s_dec.count + 1, -1, -1):
-        pair = PhasePair(_llama_cpp(pre, s_pre, gpu, k, experts_on_cpu, offload),
-                         _llama_cpp(dec, s_dec, gpu, k, experts_on_cpu, False))
+        pair = agree_forms(gp, PhasePair(_llama_cpp(pre, s_pre, gpu, k, experts_on_cpu, offload),
+                                         _llama_cpp(dec, s_dec, gpu, k, experts_on_cpu, False)))
         _, _, total, violations = gp.evaluate(pair)
         if not violations:
             layers = min(k, s_dec.count)
@@ -131,7 +174,7 @@ def _fill(gp: GenerationProblem, name: str, experts_on_cpu: bool) -> JointSoluti
 
 def _greedy(gp: GenerationProblem) -> JointSolution:
     start = time.perf_counter()
-    pair = PhasePair(*(solve_greedy(p).placement for p in gp.phases))
+    pair = agree_forms(gp, PhasePair(*(in_stream_forms(p, solve_greedy(p).placement) for p in gp.phases)))
     _, _, total, violations = gp.evaluate(pair)
     note = "accelerate's device_map='auto', one map for both phases, offloaded weights copied synchronously"
     if violations:
