@@ -30,9 +30,10 @@ Models (transformers configs on the meta device, built in bf16):
 Machines: ``h200-host`` with ``cuda:0`` capped at 16 GB and at 40 GB; ``desktop-4090`` (24 GiB).
 
 Weights (``--weights``): ``bf16`` (the model's own dtype: the float rows), ``int8`` / ``int4``
-(``precision={"weights": ...}``: every linear whose shape allows it packed; ``auto``: the ILP chooses per op between bf16 and each packed dtype the device has a kernel for), weight-only kernels priced
-by each profile's ``weight_only`` rates and the packed bytes, one stored copy for both phases; the
-baselines place the same packed model). A last table lists hetpart's plan per weight dtype side by
+(``precision={"weights": ...}``: every linear whose shape allows it packed) and ``auto`` (the ILP
+chooses per op between bf16 and each packed dtype the device has a kernel for); weight-only kernels
+are priced by each profile's ``weight_only`` rates and the packed bytes, one stored copy serves both
+phases, and the baselines place the same packed model. A last table lists hetpart's plan per weight dtype side by
 side: the decode step reads every weight once, so packed bytes are where a decode step gains.
 
     python bench/generation.py [--models llama-3-8b,mixtral-8x7b,qwen2-moe] [--machines h200-16,h200-40,desktop]
