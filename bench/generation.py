@@ -142,8 +142,8 @@ def weights_table(rows: list) -> None:
           f"{'decode memory per device':>34} {'packed':>7} {'streamed':>9}")
     for model, machine, weights, pre, dec, request, memory, packed, streamed in rows:
         used = ", ".join(f"{d} {format_bytes(b)}" for d, b in memory.items())
-        print(f"  {model:<14} {machine:<9} {weights:<7} {_rate(pre):>14} {_rate(dec):>13} {format_seconds(request):>10} "
-              f"{used:>34} {packed:>7} {streamed:>9}")
+        print(f"  {model:<14} {machine:<9} {weights:<7} {_rate(pre):>14} {_rate(dec):>13} "
+              f"{format_seconds(request):>10} {used:>34} {packed:>7} {streamed:>9}")
 
 
 def main() -> None:

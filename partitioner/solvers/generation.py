@@ -18,10 +18,11 @@ weights stream are each phase's own. With ``precision``, the form a weight is st
 of its home: for every linked pair, device and form, "its owner's weights live on the device in
 that form" in the prefill equals the same in the decode step (rows ``form[prefill op][decode op]
 [device][form]``), so one stored copy serves both phases and each phase's memory row counts the
-same bytes. Its compute dtype is still each phase's own where it does not change the stored form
-(a float32 op reading a weight stored in 16 bits casts it). With ``same_use`` the parameter owners also compute on the same
-device and stream the same way in both phases: the best plan that uses every weight one way (the
-"one placement" baseline; parameter-free ops stay free per phase).
+same bytes. A weight's owner op computes in the form it is stored in (streamed: in the form the host
+holds it in), so its dtype choice is one for both phases, while the device it computes on and
+whether it streams stay each phase's own. With ``same_use`` the parameter owners also compute on
+the same device and stream the same way in both phases: the best plan that uses every weight one
+way (the "one placement" baseline; parameter-free ops stay free per phase).
 
 Each phase's cutoff is the warm start's objective over that phase's weight (no placement with a
 phase dearer than that can beat the start), and interchangeable-device symmetry rows are not used
@@ -308,7 +309,8 @@ def _stored(problem: GenerationProblem, phase: int, model: Formulation, node: st
     out: dict[str, dict[tuple[str, ...], list[Term]]] = {}
     for d in p.device_names:
         for c in model.dtypes_on(node, d):
-            out.setdefault(d, {}).setdefault(problem.form_of(phase, node, c, names), []).append((1.0, model.r(node, d, c)))
+            form = problem.form_of(phase, node, c, names)
+            out.setdefault(d, {}).setdefault(form, []).append((1.0, model.r(node, d, c)))
     for d, s in model.sv.get(node, {}).items():
         form = problem.form_of(phase, node, p.stream_choice(node, d), names)
         out.setdefault(d, {}).setdefault(form, []).append((-1.0, s))
