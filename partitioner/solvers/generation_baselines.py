@@ -114,26 +114,47 @@ def in_stream_forms(p: Problem, placement: Placement) -> Placement:
 
 
 def agree_forms(gp: GenerationProblem, pair: PhasePair) -> PhasePair:
-    """``pair`` with a node that keeps its weights where it computes storing them in the form the
-    other phase's node streams them in, where its device offers a choice of that form (a weight
-    has one stored form for both phases); other disagreements are left for evaluation to name."""
+    """``pair`` with one stored form per weight where it can be had: a node that keeps its weights
+    where it computes stores them in the form the other phase's node streams them in, where its
+    device offers a choice of that form; else the streaming node computes where its weights live
+    instead (no stream), in that node's form where offered. Other disagreements are left for
+    evaluation to name."""
     if gp.prefill.precision is None:
         return pair
-    placements = [pair.prefill, pair.decode]
-    chosen: list[dict[str, str]] = [dict(pair.prefill.precision), dict(pair.decode.precision)]
+    device = [dict(pair.prefill.device), dict(pair.decode.device)]
+    streamed = [dict(pair.prefill.streamed), dict(pair.decode.streamed)]
+    chosen = [dict(pair.prefill.precision), dict(pair.decode.precision)]
     for a, b in gp.links:
         names = gp.shared[(a, b)]
         for me, other, mine, theirs in ((0, 1, a, b), (1, 0, b, a)):
-            here, there = placements[me], placements[other]
-            if theirs not in there.streamed or mine in here.streamed:
+            if theirs not in streamed[other] or mine in streamed[me]:
                 continue
+            there = dataclasses.replace(pair[other], device=device[other], streamed=streamed[other],
+                                        precision=chosen[other])
             want = gp.form_of(other, theirs, gp.phases[other].dtype_of(there, theirs), names)
-            problem = gp.phases[me]
-            options = [c for c in problem.choices[mine].get(here.device[mine], ())
-                       if gp.form_of(me, mine, c, names) == want]
+            options = _choices_of_form(gp, me, mine, device[me][mine], names, want)
             if options:
                 chosen[me][mine] = options[0]
-    return PhasePair(*(dataclasses.replace(pl, precision=c) for pl, c in zip(placements, chosen)))
+                continue
+            home = streamed[other][theirs]
+            here = dataclasses.replace(pair[me], device=device[me], streamed=streamed[me], precision=chosen[me])
+            form = gp.form_of(me, mine, gp.phases[me].dtype_of(here, mine), names)
+            if home in gp.phases[other].allowed[theirs]:
+                del streamed[other][theirs]
+                device[other][theirs] = home
+                options = _choices_of_form(gp, other, theirs, home, names, form)
+                if options:
+                    chosen[other][theirs] = options[0]
+                else:
+                    chosen[other].pop(theirs, None)
+    return PhasePair(*(dataclasses.replace(pl, device=d, streamed=s_, precision=c)
+                       for pl, d, s_, c in zip(pair, device, streamed, chosen)))
+
+
+def _choices_of_form(gp: GenerationProblem, phase: int, node: str, device: str, names: tuple[str, ...],
+                     form: tuple[str, ...]) -> list[str]:
+    """The choices of ``node`` on ``device`` that store its weights in ``form``."""
+    return [c for c in gp.phases[phase].choices[node].get(device, ()) if gp.form_of(phase, node, c, names) == form]
 
 
 def _tokens(p: Problem) -> int:

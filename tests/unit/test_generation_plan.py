@@ -229,3 +229,17 @@ def test_cli_plan_generate_with_precision(tmp_path, capsys) -> None:
     code = cli_main(["plan", str(folder), "--generate", "--precision", "weights=int9"])
     assert code != 0
     assert "not a weight dtype" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("precision", [{"cuda:0": "bf16"}, {"weights": "int8"}])
+def test_baselines_place_the_same_precision_with_one_stored_form(tiny: LlamaForCausalLM, precision) -> None:
+    """llama.cpp's op offload streams host weights in prefill (>= 32 tokens) and accelerate streams
+    offloaded ones: with precision they stream the form the host holds, packed weights stay
+    resident, and a weight the other phase cannot store alike is computed where it lives, so
+    both baselines fit (each weight one stored form) and the plan is no slower than either."""
+    gen = plan_generation(tiny, "h200-host", memory={"cuda:0": "200KB"}, prompt_tokens=32, new_tokens=8,
+                          time_limit=20, precision=precision)
+    for name in ("llama.cpp --fit", "greedy"):
+        row = gen.baselines[name]
+        assert row["feasible"], (name, row["note"])
+        assert gen.predicted["request_s"] <= row["request_s"] * (1 + 1e-9), name
