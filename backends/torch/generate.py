@@ -54,11 +54,11 @@ from backends.torch.packed import PACKED_ATTR
 from backends.torch.precision import DTYPES, apply_precision
 from backends.torch.sampling import Sampling, next_token
 from backends.torch.strict import StrictRun
+from cost_models.precision import activations
 from partitioner.errors import GenerationError, HetpartError, PlanMismatch
 from partitioner.frontends.decode_step import DecodeStep, decode_step, phase_inputs
 from partitioner.ir import NOT_A_TENSOR
 from partitioner.plan.generation import stored_forms
-from cost_models.precision import activations
 
 __all__ = ["GenerateOutput", "PlacedGenerator", "emit_generate"]
 
