@@ -29,8 +29,16 @@ Models (transformers configs on the meta device, built in bf16):
 
 Machines: ``h200-host`` with ``cuda:0`` capped at 16 GB and at 40 GB; ``desktop-4090`` (24 GiB).
 
+Weights (``--weights``): ``bf16`` (the model's own dtype: the float rows), ``int8`` / ``int4``
+(``precision={"weights": ...}``: every linear whose shape allows it packed) and ``auto`` (the ILP
+chooses per op between bf16 and each packed dtype the device has a kernel for); weight-only kernels
+are priced by each profile's ``weight_only`` rates and the packed bytes, one stored copy serves both
+phases, and the baselines place the same packed model. A last table lists hetpart's plan per weight dtype side by
+side: the decode step reads every weight once, so packed bytes are where a decode step gains.
+
     python bench/generation.py [--models llama-3-8b,mixtral-8x7b,qwen2-moe] [--machines h200-16,h200-40,desktop]
-                               [--time-limit 60] [--prompt-tokens 512] [--new-tokens 128]
+                               [--weights bf16,int8,int4] [--time-limit 60] [--prompt-tokens 512]
+                               [--new-tokens 128]
 """
 
 from __future__ import annotations
@@ -44,7 +52,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository, when run as a script
 
-from cost_models.units import format_seconds  # noqa: E402
+from cost_models.units import format_bytes, format_seconds  # noqa: E402
 from partitioner import plan_generation  # noqa: E402
 
 MACHINES = {
@@ -84,16 +92,18 @@ def _rate(value: float | None) -> str:
     return "n/a" if value is None else f"{value:,.1f}"
 
 
-def case(model: str, machine: str, args: argparse.Namespace) -> bool:
+def case(model: str, machine: str, weights: str, args: argparse.Namespace, rows: list) -> bool:
     devices, memory = MACHINES[machine]
     started = time.perf_counter()
+    precision = None if weights == "bf16" else {"weights": weights}
     gen = plan_generation(_model(model), devices, memory=memory, prompt_tokens=args.prompt_tokens,
-                          new_tokens=args.new_tokens, time_limit=args.time_limit, model_name=model)
+                          new_tokens=args.new_tokens, time_limit=args.time_limit, model_name=model,
+                          precision=precision)
     seconds = time.perf_counter() - started
     p, s = gen.predicted, gen.solver
     gap = "n/a" if s.gap is None else f"{s.gap:.2%}"
-    print(f"\n{model} on {machine} ({devices}{', cuda:0 ' + memory['cuda:0'] if memory else ''}): planned in "
-          f"{seconds:.0f} s, {s.status}, gap {gap}")
+    print(f"\n{model} on {machine} ({devices}{', cuda:0 ' + memory['cuda:0'] if memory else ''}), weights "
+          f"{weights}: planned in {seconds:.0f} s, {s.status}, gap {gap}")
     print(f"  {'placement':<24} {'prefill tok/s':>14} {'decode tok/s':>13} {'request':>10} {'vs hetpart':>11}")
     request = p["request_s"]
     print(f"  {'hetpart':<24} {_rate(p['prefill_tokens_per_s']):>14} {_rate(p['decode_tokens_per_s']):>13} "
@@ -112,6 +122,10 @@ def case(model: str, machine: str, args: argparse.Namespace) -> bool:
         if b["feasible"] and b["request_s"] < request * (1 - 1e-9):
             ok = False
     differ = gen.phase_difference()
+    packed = gen.precision.get("decode", {}).get("weights", {}) if gen.precision else {}
+    rows.append((model, machine, weights, p["prefill_tokens_per_s"], p["decode_tokens_per_s"], request,
+                 {d: gen.decode.memory.get(d, {}).get("used", 0) for d in gen.decode.devices.names()},
+                 len(packed), len(gen.decode.weights)))
     print(f"  hetpart at least as fast as every baseline that fits: {'yes' if ok else 'NO'}")
     if differ:
         shown = "; ".join(f"{m.removeprefix('inner.model.')}: prefill {a}, decode {b}" for m, a, b in differ[:3])
@@ -121,16 +135,31 @@ def case(model: str, machine: str, args: argparse.Namespace) -> bool:
     return ok
 
 
+def weights_table(rows: list) -> None:
+    """hetpart's plan per weight dtype, side by side for each model and machine."""
+    print("\nhetpart's plan per weight dtype (predicted)")
+    print(f"  {'model':<14} {'machine':<9} {'weights':<7} {'prefill tok/s':>14} {'decode tok/s':>13} {'request':>10} "
+          f"{'decode memory per device':>34} {'packed':>7} {'streamed':>9}")
+    for model, machine, weights, pre, dec, request, memory, packed, streamed in rows:
+        used = ", ".join(f"{d} {format_bytes(b)}" for d, b in memory.items())
+        print(f"  {model:<14} {machine:<9} {weights:<7} {_rate(pre):>14} {_rate(dec):>13} "
+              f"{format_seconds(request):>10} {used:>34} {packed:>7} {streamed:>9}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="llama-3-8b,mixtral-8x7b,qwen2-moe")
     parser.add_argument("--machines", default="h200-16,h200-40,desktop")
+    parser.add_argument("--weights", default="bf16,int8,int4", help="bf16 (as built), int8, int4, auto")
     parser.add_argument("--time-limit", type=float, default=60.0)
     parser.add_argument("--prompt-tokens", type=int, default=512)
     parser.add_argument("--new-tokens", type=int, default=128)
     args = parser.parse_args()
-    results = [case(m, machine, args) for m in args.models.split(",") for machine in args.machines.split(",")]
-    print(f"\nhetpart at least as fast as every fitting baseline on {sum(results)} of {len(results)} rows")
+    rows: list = []
+    results = [case(m, machine, w, args, rows) for m in args.models.split(",") for machine in args.machines.split(",")
+               for w in args.weights.split(",")]
+    weights_table(rows)
+    print(f"\nhetpart at least as fast as every fitting baseline on {sum(results)} of {len(results)} cases")
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ from partitioner.options import PlanOptions
 from partitioner.plan import Plan
 from partitioner.plan.generation import GenerationPlan, objective_seconds, request_seconds, tokens_per_second
 from partitioner.plan.values import SolverInfo
-from partitioner.planner import _capture, _coarsen, _profile, _solver_options
+from partitioner.planner import _capture, _coarsen, _precision, _profile, _solver_options
 from partitioner.solvers.bounds import physical_lower_bound
 from partitioner.solvers.generation import GenerationProblem, JointSolution, PhasePair, solve_generation
 from partitioner.solvers.generation_baselines import GENERATION_BASELINES, generation_baselines
@@ -60,7 +60,11 @@ def plan_generation(model: Any, devices: Any = None, *, options: PlanOptions | N
 
     Takes the options of :func:`partitioner.partition` (``generate`` is implied): ``prompt_tokens``,
     ``new_tokens``, ``sequences`` (the batch), ``generation_objective`` ('request', 'decode',
-    'prefill'), ``memory``, ``time_limit``, ``gap``, ``pins``, ``streaming``, ``solver``, ``costs``.
+    'prefill'), ``memory``, ``time_limit``, ``gap``, ``pins``, ``streaming``, ``solver``, ``costs``,
+    ``precision`` (as :func:`partitioner.partition` takes it: 16-bit compute and packed weights,
+    ``{"weights": "int8"}`` or ``"auto"`` for the solver to choose per op; both phases get the
+    same setting, and each weight one stored form shared by both, see
+    :mod:`partitioner.solvers.generation`).
     ``solver`` may also name a baseline ('llama.cpp --fit', 'llama.cpp -ot exps=CPU', 'greedy',
     'one placement'): the plan is then that baseline's pair, to run it through the same code.
 
@@ -68,17 +72,15 @@ def plan_generation(model: Any, devices: Any = None, *, options: PlanOptions | N
         CaptureError: the model has no KV cache hetpart can make static, or the context exceeds its positions.
         InfeasiblePlacement: no pair of placements fits the caps.
         HetpartError: options that do not combine with generation (training, stages, fallbacks, ...).
+        PrecisionError: a ``precision`` setting the devices cannot run (named, with what they can).
     """
     request = PlanOptions.build(options, **({"devices": devices} if devices is not None else {}),
                                 **keywords).replace(generate=True)
-    if request.precision is not None:
-        raise HetpartError("precision is not planned for generation yet: the model's own dtype is used (build it "
-                           "in bfloat16 for bf16 weights); drop precision")
     gen = request.generation
     prompt, new, batch = gen.prompt_tokens, gen.new_tokens, gen.sequences
     step = decode_step(model, batch=batch, max_context=prompt + new)
     profile = _profile(request.hardware)
-    options_ = _solver_options(request, None, None, False)
+    options_ = _solver_options(request, None, _precision(request, profile, None), False)
     src = request.source
     name = src.model_name or _model_name(model)
     request = request.replace(model_name=name)

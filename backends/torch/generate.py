@@ -11,7 +11,11 @@ running its phase's placement (its own transfers, its own streamed weights). The
 copies every parameter and cache buffer to its home; the decode module is then built on *those*
 tensors (never a second copy: the plan's homes are one per tensor for both phases, and a tensor
 found elsewhere is a :class:`~partitioner.errors.PlanMismatch`), so the cache the prefill writes is
-the cache the decode steps read and extend, on the devices the plan gave it.
+the cache the decode steps read and extend, on the devices the plan gave it. A plan made with
+``precision`` stores each weight one way for both phases: a weight the prefill module holds in 16
+bits is the decode module's too, and a packed linear of the decode module reads the prefill
+module's packed buffers (:func:`~backends.torch.packed.pack_linears` with ``shared_from``), so no
+weight is held twice.
 
 A request (:meth:`PlacedGenerator.generate`, shaped like transformers' ``generate``): the cache is
 emptied; the prompt (``[batch, length]``, ``length <= prompt_tokens``, ``batch <=`` the planned
@@ -46,11 +50,15 @@ import torch
 from backends.binding import bind_devices
 from backends.torch.attributes import attribute, rebind_tensor
 from backends.torch.module import capture_for, emit_module, place_module, unlifted_module
+from backends.torch.packed import PACKED_ATTR
+from backends.torch.precision import DTYPES, apply_precision
 from backends.torch.sampling import Sampling, next_token
 from backends.torch.strict import StrictRun
+from cost_models.precision import activations
 from partitioner.errors import GenerationError, HetpartError, PlanMismatch
 from partitioner.frontends.decode_step import DecodeStep, decode_step, phase_inputs
 from partitioner.ir import NOT_A_TENSOR
+from partitioner.plan.generation import stored_forms
 
 __all__ = ["GenerateOutput", "PlacedGenerator", "emit_generate"]
 
@@ -103,6 +111,8 @@ def _emit_sharing(plan: Any, step: DecodeStep, device_map: Mapping[str, str] | N
     graph = capture_for(plan, step, example_inputs)
     gm = unlifted_module(graph, weights_to_load=True)  # shares the model's weights until rebound below
     tensors = {name for name, t in graph.tensors.items() if t.dtype != NOT_A_TENSOR}
+    packed_by_source = set(getattr(source, PACKED_ATTR, {}).values())  # weights the prefill holds packed
+    forms = stored_forms(plan)
 
     def share(gm: torch.fx.GraphModule, home: Mapping[str, str], physical: Mapping[str, torch.device],
               streamed: Any) -> None:
@@ -112,12 +122,15 @@ def _emit_sharing(plan: Any, step: DecodeStep, device_map: Mapping[str, str] | N
             mine = getattr(module, attr)
             if not isinstance(mine, torch.Tensor):
                 continue
+            if target in packed_by_source:  # the packed step below reads the prefill's packed buffers
+                continue
             try:
                 theirs = attribute(source, target)
             except AttributeError:
                 raise PlanMismatch(f"the decode step reads {target}, which the prefill module does not hold: "
                                    f"the two phases are not captures of one model") from None
-            if theirs.shape != mine.shape or theirs.dtype != mine.dtype:
+            stored = DTYPES.get(activations(forms.get(target, "float32")))
+            if theirs.shape != mine.shape or (theirs.dtype != mine.dtype and theirs.dtype != stored):
                 raise PlanMismatch(f"{target} is {tuple(theirs.shape)} {theirs.dtype} in the prefill and "
                                    f"{tuple(mine.shape)} {mine.dtype} in the decode step")
             found = theirs.device == physical[logical] if logical_of is None else logical_of(theirs) == logical
@@ -126,7 +139,8 @@ def _emit_sharing(plan: Any, step: DecodeStep, device_map: Mapping[str, str] | N
                                    f"on {logical} ({physical[logical]}): both phases share one home per tensor")
             rebind_tensor(module, attr, theirs)
 
-    return place_module(gm, plan, binding, tensors=tensors, move_state=share)
+    gm = place_module(gm, plan, binding, tensors=tensors, move_state=share)
+    return apply_precision(gm, plan, shared_from=source)  # (a no-op without a precision section)
 
 
 def _generation_value(model: Any, key: str) -> Any:

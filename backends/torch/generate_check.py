@@ -10,6 +10,13 @@ The original's greedy decoding is transformers' own ``generate(do_sample=False)`
 has it (its dynamic cache, not the plan's static one), else the model's forward over the whole
 sequence once per new token (no cache at all).
 
+A plan made with ``precision`` (16-bit ops, packed weights) computes other numbers than the float
+model by design, so, as :mod:`backends.torch.check` does for single plans, its tokens and logits
+are compared with the same plan's loop run unplaced (every device bound to the host: the same
+packing and casts, no placement) within bfloat16's tolerance, and the relative L2 error of both
+loops' logits against the float model's greedy decoding is reported beside it
+(:class:`PrecisionErrors`).
+
 Example:
     >>> report = check_generation(gen, model, 32, strict_devices=True)   # doctest: +SKIP
     >>> print(report.to_text())                                          # doctest: +SKIP
@@ -29,7 +36,10 @@ from backends.torch.generate import emit_generate
 from partitioner.errors import GenerationError
 from partitioner.frontends.decode_step import DecodeStep
 
-__all__ = ["GenerationCheck", "check_generation", "reference_greedy"]
+__all__ = ["GenerationCheck", "PrecisionErrors", "check_generation", "reference_greedy"]
+
+#: (rtol, atol) of a float32 plan's logits, and of a 16-bit or packed plan's against its unplaced loop
+FLOAT_TOLERANCE, LOW_TOLERANCE = (1e-4, 1e-4), (2e-2, 2e-2)
 
 
 @torch.no_grad()
@@ -49,6 +59,24 @@ def reference_greedy(model: torch.nn.Module, ids: torch.Tensor, new: int) -> tup
 
 
 @dataclasses.dataclass(frozen=True)
+class PrecisionErrors:
+    """A plan with ``precision`` against the float model: the relative L2 error of its logits
+    (over the steps where all three saw the same tokens) and the same error of the unplaced loop."""
+
+    weights: Mapping[str, int]   # packed dtype -> linears packed in it (the decode step's)
+    low_ops: int                 # ops the decode step computes in 16 bits
+    placed: float                # the emitted loop's logits against the float model's
+    reference: float             # the unplaced loop's logits against the float model's
+    float_tokens: int            # new tokens equal to the float model's greedy ones, from the first
+
+    def to_text(self) -> str:
+        held = ", ".join(f"{n} linears in {w}" for w, n in sorted(self.weights.items())) or "no packed weights"
+        return (f"  precision {held}, {self.low_ops} ops in 16 bits: compared with the same plan run unplaced on "
+                f"the host; logits' relative error against the float model {self.placed:.2e} (unplaced "
+                f"{self.reference:.2e}); {self.float_tokens} new tokens equal the float model's")
+
+
+@dataclasses.dataclass(frozen=True)
 class GenerationCheck:
     """What :func:`check_generation` found."""
 
@@ -64,6 +92,7 @@ class GenerationCheck:
     decode_s: float | None       # median per decode step
     original_s: float
     strict: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # phase -> DeviceReport
+    precision: PrecisionErrors | None = None  # a plan made with precision: its error against float
 
     @property
     def passed(self) -> bool:
@@ -72,19 +101,22 @@ class GenerationCheck:
 
     def to_text(self) -> str:
         rtol, atol = self.tolerance
+        whose = "the unplaced loop's (same precision)" if self.precision is not None else "the original's"
         lines = [f"generation check of {self.model_name}: prompt {self.prompt_tokens} tokens, "
                  f"{self.new_tokens} new tokens, greedy",
-                 f"  tokens   {self.equal_tokens} of {self.compared_tokens} new tokens equal the original's",
+                 f"  tokens   {self.equal_tokens} of {self.compared_tokens} new tokens equal {whose}",
                  f"  logits   max abs difference {self.max_logit_error:.3g} "
                  f"({'within' if self.logits_close else 'OUTSIDE'} rtol {rtol:g}, atol {atol:g})",
                  f"  time     emitted: prefill {_ms(self.prefill_s)}, decode {_ms(self.decode_s)} per token "
                  f"(median); original generate {_ms(self.original_s)} in all"]
+        if self.precision is not None:
+            lines.append(self.precision.to_text())
         for phase, report in self.strict.items():
             lines.append(f"  {phase}: " + report.to_text().replace("\n", "\n  "))
         if self.passed:
-            verdict = "PASSED: the emitted generate loop gives the original's tokens"
+            verdict = f"PASSED: the emitted generate loop gives {whose} tokens"
         elif self.equal_tokens != self.compared_tokens:
-            verdict = (f"FAILED: new token {self.equal_tokens + 1} differs from the original's")
+            verdict = (f"FAILED: new token {self.equal_tokens + 1} differs from {whose}")
         elif not self.logits_close:
             verdict = "FAILED: the tokens are equal but the logits differ beyond the tolerance"
         else:
@@ -122,19 +154,51 @@ def check_generation(gen: Any, model: Any, new_tokens: int, device_map: Mapping[
     want, want_logits = reference_greedy(model, prompt, new_tokens)
     original_s = time.perf_counter() - started
     length = prompt.shape[1]
-    mine, theirs = tokens[:, length:], want[:, length:].cpu()
-    compared = max(mine.shape[1], theirs.shape[1])
-    same = 0
-    while same < min(mine.shape[1], theirs.shape[1]) and torch.equal(mine[:, same], theirs[:, same]):
-        same += 1
-    steps = min(same + 1, emitted_logits.shape[1], want_logits.shape[1])  # the logits of equal histories
-    a, b = emitted_logits[:, :steps], want_logits[:, :steps]
-    rtol, atol = (1e-4, 1e-4) if _dtype(model) == torch.float32 else (2e-2, 2e-2)
+    precision = None
+    compare_to, compare_logits = want, want_logits
+    rtol, atol = FLOAT_TOLERANCE if _dtype(model) == torch.float32 else LOW_TOLERANCE
+    if gen.precision:  # held to the same precision unplaced, its error against float reported
+        unplaced = emit_generate(gen, model, {d: "cpu" for d in gen.prefill.devices.names()})
+        compare_to = unplaced.generate(prompt, max_new_tokens=new_tokens)
+        compare_logits = unplaced.last_logits
+        rtol, atol = LOW_TOLERANCE
+        precision = _precision_errors(gen, tokens[:, length:], emitted_logits, compare_logits,
+                                      want[:, length:].cpu(), want_logits)
+    same, compared, steps = _agreement(tokens[:, length:], compare_to[:, length:].cpu(), emitted_logits,
+                                       compare_logits)
+    a, b = emitted_logits[:, :steps], compare_logits[:, :steps]
     error = float((a - b).abs().max()) if steps else 0.0
     close = bool(torch.allclose(a, b, rtol=rtol, atol=atol)) if steps else True
     return GenerationCheck(model_name, length, new_tokens, same, compared, error, (rtol, atol), close,
                            prefill_s, statistics.median(decode) if decode else None, original_s,
-                           generator.device_reports() if strict_devices else {})
+                           generator.device_reports() if strict_devices else {}, precision)
+
+
+def _agreement(mine: torch.Tensor, theirs: torch.Tensor, my_logits: torch.Tensor,
+               their_logits: torch.Tensor) -> tuple[int, int, int]:
+    """New tokens equal from the first, tokens compared (the longer run), and the steps whose
+    logits both computed from equal histories."""
+    compared = max(mine.shape[1], theirs.shape[1])
+    same = 0
+    while same < min(mine.shape[1], theirs.shape[1]) and torch.equal(mine[:, same], theirs[:, same]):
+        same += 1
+    return same, compared, min(same + 1, my_logits.shape[1], their_logits.shape[1])
+
+
+def _precision_errors(gen: Any, mine: torch.Tensor, placed: torch.Tensor, unplaced: torch.Tensor,
+                      float_tokens: torch.Tensor, float_logits: torch.Tensor) -> PrecisionErrors:
+    counts: dict[str, int] = {}
+    for w in gen.precision["decode"]["weights"].values():
+        counts[w] = counts.get(w, 0) + 1
+    same, _, steps = _agreement(mine, float_tokens, placed, float_logits)
+
+    def relative(logits: torch.Tensor) -> float:
+        if not steps:
+            return 0.0
+        a, b = logits[:, :steps].float(), float_logits[:, :steps].float()
+        return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+    return PrecisionErrors(counts, len(gen.precision["decode"]["ops"]), relative(placed), relative(unplaced), same)
 
 
 def _dtype(model: torch.nn.Module) -> torch.dtype:

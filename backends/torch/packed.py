@@ -13,6 +13,10 @@ the dtype it was given, so :mod:`backends.torch.precision` casts around it as ar
 
 Packed weights are for inference: a training plan never lists them (refused when planned).
 
+``shared_from``: another emitted module of the same model (a generation plan's prefill module, for
+its decode module) whose packed buffers this module reads instead of packing its own: one packed
+copy of each weight serves both (the plan stores each weight one way for both phases).
+
 Example:
     >>> emitted = plan.emit(model, strict_devices=True)    # doctest: +SKIP
     >>> print(emitted.code)                                 # doctest: +SKIP
@@ -29,7 +33,7 @@ import torch.fx
 
 from backends.strict_devices import StrictDevices
 from backends.torch.attributes import attribute
-from partitioner.errors import HetpartError
+from partitioner.errors import HetpartError, PlanMismatch
 
 __all__ = ["pack_linears", "PACKED_ATTR"]
 
@@ -39,13 +43,15 @@ PACKED_ATTR = "hetpart_packed"
 _LINEAR = torch.ops.aten.linear.default
 
 
-def pack_linears(gm: torch.fx.GraphModule, plan: Any, packed: Mapping[str, str]) -> None:
+def pack_linears(gm: torch.fx.GraphModule, plan: Any, packed: Mapping[str, str], *,
+                 shared_from: torch.nn.Module | None = None) -> None:
     """Replace each linear named in ``packed`` (op -> weight dtype) by its weight-only kernel (see
-    the module docstring).
+    the module docstring), on ``shared_from``'s packed buffers where given.
 
     Raises:
         HetpartError: a training plan; a listed op that is not a linear of the graph or whose weight
             another op reads (the plan does not match the graph); a weight that cannot be packed.
+        PlanMismatch: ``shared_from`` holds no packed form of a listed weight in its dtype.
     """
     from backends.torch import quantized_ops
 
@@ -65,8 +71,9 @@ def pack_linears(gm: torch.fx.GraphModule, plan: Any, packed: Mapping[str, str])
                                f"reads alone; re-plan the model with --precision weights=...")
         target = str(weight.target)
         value = attribute(gm, target)
-        tensors = _packed(quantized_ops, value, dtype)
         owner, _, attr = target.rpartition(".")
+        tensors = _packed(quantized_ops, value, dtype) if shared_from is None else \
+            _shared(shared_from, target, f"{attr}_{dtype}_", op, dtype)
         module = gm.get_submodule(owner) if owner else gm
         getters = []
         with gm.graph.inserting_before(node):
@@ -88,6 +95,21 @@ def pack_linears(gm: torch.fx.GraphModule, plan: Any, packed: Mapping[str, str])
     setattr(gm, PACKED_ATTR, names)
     gm.graph.lint()
     gm.recompile()
+
+
+def _shared(source: torch.nn.Module, target: str, prefix: str, op: str, dtype: str) -> dict[str, torch.Tensor]:
+    """``source``'s packed buffers of weight ``target`` in ``dtype`` (key -> tensor, in packing order)."""
+    owner = target.rpartition(".")[0]
+    out = {}
+    for full, weight in getattr(source, PACKED_ATTR, {}).items():
+        name = full.rpartition(".")[2]
+        if weight == target and full.rpartition(".")[0] == owner and name.startswith(prefix):
+            out[name.removeprefix(prefix)] = attribute(source, full)
+    if not out:
+        raise PlanMismatch(f"{op} packs {target} in {dtype}, but the module it shares weights with holds no {dtype} "
+                           f"form of it: the phases store it differently; re-plan both phases together "
+                           f"(hetpart plan MODEL --generate --precision ...)")
+    return out
 
 
 def _packed(quantized_ops: Any, value: torch.Tensor, dtype: str) -> dict[str, torch.Tensor]:

@@ -43,10 +43,14 @@ __all__ = ["apply_precision", "LossScaler", "SCALER_ATTR", "DTYPES"]
 SCALER_ATTR = "hetpart_loss_scaler"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _FLOATS = frozenset(DTYPES.values())
+_ASSERT_METADATA = torch.ops.aten._assert_tensor_metadata.default
 
 
-def apply_precision(gm: torch.fx.GraphModule, plan: Any) -> torch.fx.GraphModule:
-    """Insert the casts of ``plan``'s precision section into placed ``gm`` (see the module docstring).
+def apply_precision(gm: torch.fx.GraphModule, plan: Any, *,
+                    shared_from: torch.nn.Module | None = None) -> torch.fx.GraphModule:
+    """Insert the casts of ``plan``'s precision section into placed ``gm`` (see the module docstring);
+    packed linears read ``shared_from``'s packed buffers where given
+    (:func:`~backends.torch.packed.pack_linears`).
 
     Raises:
         HetpartError: the plan was captured without fake values (symbolic trace), so the traced
@@ -56,7 +60,7 @@ def apply_precision(gm: torch.fx.GraphModule, plan: Any) -> torch.fx.GraphModule
     if not section or not (section.get("ops") or section.get("weights")):
         return gm
     if section.get("weights"):
-        pack_linears(gm, plan, section["weights"])
+        pack_linears(gm, plan, section["weights"], shared_from=shared_from)
     if plan.capture != "export":
         raise HetpartError(f"{plan.source} computes ops in 16 bits but was captured with {plan.capture!r}: "
                            f"precision needs the dtypes torch.export records; re-plan with capture 'export'")
@@ -82,7 +86,9 @@ class _Casts:
 
     def run(self) -> None:
         for node in list(self.gm.graph.nodes):
-            if node.op == "output":
+            if node.target is _ASSERT_METADATA:
+                self._assert_as_held(node)
+            elif node.op == "output":
                 self._cast_inputs(node, lambda arg: torch.float32)
             elif node.op in ("call_function", "call_method", "call_module") and node.name in self.low:
                 want = self.low[node.name]
@@ -90,6 +96,15 @@ class _Casts:
             elif node.op in ("call_function", "call_method", "call_module") and not self._is_copy(node):
                 self._cast_inputs(node, lambda arg: torch.float32)
             self.held[node] = self._holds(node)
+
+    def _assert_as_held(self, node: torch.fx.Node) -> None:
+        """torch.export's dtype assertion (``_assert_tensor_metadata``, before a ``.to(dtype)``)
+        checks the value as it is held: the traced float32 where precision holds it in 16 bits is
+        not what it reads (casting it back for the check would be a copy the plan does not have)."""
+        arg = node.args[0] if node.args else None
+        held = self.held.get(arg) if isinstance(arg, torch.fx.Node) else None
+        if held in _FLOATS and node.kwargs.get("dtype") in _FLOATS and node.kwargs["dtype"] is not held:
+            node.kwargs = {**node.kwargs, "dtype": held}
 
     def _cast_inputs(self, node: torch.fx.Node, want: Any) -> None:
         """Cast each input that holds a 16-bit or float32 value of a float32 tensor to ``want(arg)``."""

@@ -9,7 +9,11 @@ that runs it (:meth:`GenerationPlan.emit_generate`, from :mod:`backends.torch.ge
 
 What both phases share is what lives in memory: every parameter and every cache buffer has one
 home (its op's device, or the host when that op streams it) in both phases, checked when a plan is
-built or read. Where each op computes, and which weights stream, may differ per phase.
+built or read. Where each op computes, and which weights stream, may differ per phase. A plan made
+with ``precision`` records it in each phase plan's ``precision`` section (16-bit ops, and packed
+weights with their bytes: :mod:`partitioner.plan.precision`); both phases were planned with one
+setting, and each parameter is stored in one form for both (:func:`stored_forms`: float32, 16
+bits, or packed), also checked when a plan is built or read.
 
 The file::
 
@@ -47,7 +51,7 @@ from partitioner.plan.record import MAX_PLAN_BYTES, Plan
 from partitioner.plan.values import PlanFormatError, SolverInfo
 
 __all__ = ["FORMAT", "GENERATION_OBJECTIVES", "GenerationPlan", "is_generation_dict", "objective_seconds",
-           "param_homes"]
+           "param_homes", "stored_forms"]
 
 FORMAT = "hetpart.generation-plan"
 VERSION = 1
@@ -95,6 +99,27 @@ def param_homes(plan: Plan) -> dict[str, str]:
         for name in names:
             homes.setdefault(name, home)
     return homes
+
+
+def stored_forms(plan: Plan) -> dict[str, str]:
+    """Every parameter of a phase plan -> the form it is stored in: its owner op's choice as the
+    ``precision`` section gives it (``"float32"``, ``"bfloat16"``, ``"bfloat16+int8"``: bfloat16
+    with its weight packed in int8, ...); float32 for every one without the section.
+
+    Example:
+        >>> stored_forms(gen.decode)["inner.model.lm_head.weight"]       # doctest: +SKIP
+        'float32+int8'
+    """
+    from cost_models.precision import FLOAT32, compose
+
+    section = plan.precision or {}
+    ops, packed = section.get("ops", {}), section.get("weights", {})
+    forms: dict[str, str] = {}
+    for op, names in plan.param_names.items():
+        form = compose(ops.get(op, FLOAT32), packed.get(op))
+        for name in names:
+            forms.setdefault(name, form)
+    return forms
 
 
 def is_generation_dict(d: Any) -> bool:
@@ -160,6 +185,17 @@ class GenerationPlan:
             n = differ[0]
             reader.fail("phases", f"parameter {n} lives on {pre[n]} in the prefill and on {dec[n]} in the decode "
                                   f"step ({len(differ)} differ); both phases share memory, so each tensor has one home")
+        settings = [(plan.precision or {}).get("setting") for plan in (self.prefill, self.decode)]
+        if settings[0] != settings[1]:
+            reader.fail("phases", f"the prefill was planned with precision {settings[0]!r} and the decode step with "
+                                  f"{settings[1]!r}: plan both phases together with one precision setting")
+        pre_f, dec_f = stored_forms(self.prefill), stored_forms(self.decode)
+        differ = [n for n in pre_f if n in dec_f and pre_f[n] != dec_f[n]]
+        if differ:
+            n = differ[0]
+            reader.fail("phases", f"parameter {n} is stored as {pre_f[n]} in the prefill and as {dec_f[n]} in the "
+                                  f"decode step ({len(differ)} differ); one stored copy serves both phases, so each "
+                                  f"weight has one form: re-plan with `hetpart plan MODEL --generate --precision ...`")
 
     @classmethod
     def from_phases(cls, prefill: Plan, decode: Plan, *, prompt_tokens: int, new_tokens: int, batch: int = 1,
@@ -186,6 +222,17 @@ class GenerationPlan:
         return cls(prefill, decode, request, predicted, solver, baselines or {})
 
     # -- what it says -------------------------------------------------------------------------
+
+    @property
+    def precision(self) -> Mapping[str, Any]:
+        """Each phase's precision: ``{"setting": ..., "prefill": {...}, "decode": {...}}``, a phase's
+        ``weights`` ({op: packed dtype}), ``weight_bytes`` ({op: bytes so held}) and ``ops`` ({op:
+        16-bit dtype}); empty for a plan made without ``precision``."""
+        if not self.prefill.precision and not self.decode.precision:
+            return MappingProxyType({})
+        phase = {name: {key: dict(plan.precision.get(key, {})) for key in ("weights", "weight_bytes", "ops")}
+                 for name, plan in (("prefill", self.prefill), ("decode", self.decode))}
+        return MappingProxyType({"setting": self.prefill.precision.get("setting"), **phase})
 
     @property
     def prompt_tokens(self) -> int:

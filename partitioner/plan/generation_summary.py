@@ -49,6 +49,7 @@ def generation_summary(gen: Any) -> str:
         cap = pre.memory.get(device, {}).get("capacity", pre.devices.device(device).memory)
         lines.append(f"  {'memory ' + one_line(device):<18} {format_bytes(used[0]):>24}  {format_bytes(used[1]):>24}"
                      f"  of {format_bytes(cap)}")
+    lines += _precision_rows(gen)
     streamed = [len(plan.weights) for plan in (pre, dec)]
     lines.append(f"  {'streamed weights':<18} {str(streamed[0]) + ' ops':>24}  {str(streamed[1]) + ' ops':>24}")
     differ = gen.phase_difference()
@@ -67,3 +68,25 @@ def generation_summary(gen: Any) -> str:
         lines.append(f"  baseline {one_line(name):<22} prefill {_s(b['prefill_s']):>9}  decode {_s(b['decode_s']):>9}"
                      f"  request {_s(b['request_s']):>9}{ratio}{fits}")
     return "\n".join(lines)
+
+
+def _precision_rows(gen: Any) -> list[str]:
+    """Rows of a plan made with ``precision``: its setting, each phase's 16-bit ops and packed weights."""
+    section = gen.precision
+    if not section:
+        return []
+    setting = section["setting"]
+    shown = setting if isinstance(setting, str) else ", ".join(f"{k}={v}" for k, v in setting.items())
+    rows = [f"  {'precision':<18} {one_line(str(shown))} (each weight stored one way, shared by both phases)"]
+    low = [f"{len(section[p]['ops'])} ops" for p in ("prefill", "decode")]
+    rows.append(f"  {'16-bit ops':<18} {low[0]:>24}  {low[1]:>24}")
+    packed = []
+    for phase in ("prefill", "decode"):
+        counts: dict[str, int] = {}
+        for w in section[phase]["weights"].values():
+            counts[w] = counts.get(w, 0) + 1
+        held = sum(section[phase]["weight_bytes"].values())
+        packed.append((", ".join(f"{n} {w}" for w, n in sorted(counts.items())) + f" ({format_bytes(held)})")
+                      if counts else "none")
+    rows.append(f"  {'packed weights':<18} {packed[0]:>24}  {packed[1]:>24}")
+    return rows

@@ -13,9 +13,16 @@ built once per phase, unchanged), put side by side in one :class:`~partitioner.s
 plan: for every parameter or buffer and every device, "its owner lives on the device" in the prefill
 equals the same in the decode step. So memory is shared (what is resident in one phase is resident
 in the other, and each phase's memory row counts it), while where each op computes and which
-weights stream are each phase's own. With ``same_use`` the parameter owners also compute on the same
-device and stream the same way in both phases: the best plan that uses every weight one way (the
-"one placement" baseline; parameter-free ops stay free per phase).
+weights stream are each phase's own. With ``precision``, the form a weight is stored in (float32,
+16 bits, or packed in int8/int4/float8 with its scales: :meth:`GenerationProblem.form_of`) is part
+of its home: for every linked pair, device and form, "its owner's weights live on the device in
+that form" in the prefill equals the same in the decode step (rows ``form[prefill op][decode op]
+[device][form]``), so one stored copy serves both phases and each phase's memory row counts the
+same bytes. A weight's owner op computes in the form it is stored in (streamed: in the form the host
+holds it in), so its dtype choice is one for both phases, while the device it computes on and
+whether it streams stay each phase's own. With ``same_use`` the parameter owners also compute on
+the same device and stream the same way in both phases: the best plan that uses every weight one
+way (the "one placement" baseline; parameter-free ops stay free per phase).
 
 Each phase's cutoff is the warm start's objective over that phase's weight (no placement with a
 phase dearer than that can beat the start), and interchangeable-device symmetry rows are not used
@@ -34,6 +41,7 @@ import math
 import time
 from collections.abc import Sequence
 
+from cost_models.precision import FLOAT32
 from partitioner.errors import HetpartError
 from partitioner.solvers import cbc, highs
 from partitioner.solvers.bounds import physical_lower_bound
@@ -95,6 +103,11 @@ class GenerationProblem:
                                f"from one decode step")
         self.links: tuple[tuple[str, str], ...] = tuple(dict.fromkeys(
             (owner_pre[name], owner_dec[name]) for name in owner_pre))
+        shared: dict[tuple[str, str], list[str]] = {}
+        for name in owner_pre:
+            shared.setdefault((owner_pre[name], owner_dec[name]), []).append(name)
+        #: each link's parameter names (what its stored form is made of)
+        self.shared: dict[tuple[str, str], tuple[str, ...]] = {k: tuple(sorted(v)) for k, v in shared.items()}
 
     @property
     def phases(self) -> tuple[Problem, Problem]:
@@ -109,12 +122,36 @@ class GenerationProblem:
         return ev_pre, ev_dec, total, violations
 
     def home_violations(self, pair: PhasePair) -> list[str]:
+        """Every linked pair whose weights live on different devices, or in different stored forms."""
         out = []
         for a, b in self.links:
             ha, hb = pair.prefill.residence(a), pair.decode.residence(b)
             if ha != hb:
                 out.append(f"the weights of {a} live on {ha} in the prefill but on {hb} in the decode step")
+                continue
+            names = self.shared[(a, b)]
+            fa = self.form_of(0, a, self.prefill.dtype_of(pair.prefill, a), names)
+            fb = self.form_of(1, b, self.decode.dtype_of(pair.decode, b), names)
+            if fa != fb:
+                out.append(f"the weights of {a} are stored as {_form_name(fa)} in the prefill but as "
+                           f"{_form_name(fb)} in the decode step (one stored copy serves both phases)")
         return out
+
+    def form_of(self, phase: int, node: str, choice: str, names: Sequence[str]) -> tuple[str, ...]:
+        """The form parameters ``names`` of ``node`` are stored in when it computes in ``choice``
+        (streamed: the host holds them in the choice it computes in): per parameter, its owner
+        op's member choice (:meth:`~partitioner.solvers.problem.Problem.op_dtype`: ``"float32"``,
+        ``"bfloat16"``, ``"bfloat16+int8"``, ...). Without precision every form is float32."""
+        problem = self.phases[phase]
+        if problem.precision is None:
+            return tuple(FLOAT32 for _ in names)
+        params = problem.original.params
+        return tuple(problem.op_dtype(params[n].owner, choice) for n in names)
+
+
+def _form_name(form: Sequence[str]) -> str:
+    """A stored form as words: one dtype when every parameter has it, else each in order."""
+    return form[0] if len(set(form)) == 1 else "(" + ", ".join(form) + ")"
 
 
 def _param_owners(problem: Problem) -> dict[str, str]:
@@ -157,6 +194,7 @@ def solve_generation(
               for p, w in zip(problem.phases, problem.weights)]
     milp, offsets = _side_by_side(models, problem.weights)
     _link_homes(milp, problem, models, offsets, same_use)
+    _link_forms(milp, problem, models, offsets)
     start = None
     if warm_start is not None:
         start = [v for m, placement in zip(models, warm_start) for v in m.start_values(m.canonical(placement))]
@@ -239,3 +277,42 @@ def _link_homes(milp: Milp, problem: GenerationProblem, models: Sequence[Formula
                 if all(not isinstance(v, Column) for _, v in terms) and abs(sum(c * v for c, v in terms)) < 1e-12:
                     continue  # both sides fixed and equal: nothing to say
                 milp.equal(f"{kind}[{a}][{b}][{d}]", terms, 0.0)
+
+
+def _link_forms(milp: Milp, problem: GenerationProblem, models: Sequence[Formulation], offsets: Sequence[int]) -> None:
+    """For each linked pair, device and stored form: "its weights live on the device in that form"
+    in the prefill equals the same in the decode step (nothing to say where every choice of both
+    stores them alike)."""
+    if all(p.precision is None for p in problem.phases):
+        return
+    for a, b in problem.links:
+        names = problem.shared[(a, b)]
+        sides = [_stored(problem, i, m, n, names) for i, (m, n) in enumerate(zip(models, (a, b)))]
+        forms = sorted({f for side in sides for per_d in side.values() for f in per_d})
+        if len(forms) < 2:
+            continue  # one form whatever either phase chooses: the home rows say it all
+        for d in problem.prefill.device_names:
+            for form in forms:
+                left, right = sides[0].get(d, {}).get(form, []), sides[1].get(d, {}).get(form, [])
+                terms = _shifted(left, offsets[0]) + [(-c, v) for c, v in _shifted(right, offsets[1])]
+                if all(not isinstance(v, Column) for _, v in terms) and abs(sum(c * v for c, v in terms)) < 1e-12:
+                    continue
+                milp.equal(f"form[{a}][{b}][{d}][{','.join(form)}]", terms, 0.0)
+
+
+def _stored(problem: GenerationProblem, phase: int, model: Formulation, node: str,
+            names: Sequence[str]) -> dict[str, dict[tuple[str, ...], list[Term]]]:
+    """device -> stored form -> terms of "``node``'s weights live on the device in that form": a
+    choice computing there (less where it streams them from the host), and on the host, every
+    stream's form."""
+    p = model.p
+    out: dict[str, dict[tuple[str, ...], list[Term]]] = {}
+    for d in p.device_names:
+        for c in model.dtypes_on(node, d):
+            form = problem.form_of(phase, node, c, names)
+            out.setdefault(d, {}).setdefault(form, []).append((1.0, model.r(node, d, c)))
+    for d, s in model.sv.get(node, {}).items():
+        form = problem.form_of(phase, node, p.stream_choice(node, d), names)
+        out.setdefault(d, {}).setdefault(form, []).append((-1.0, s))
+        out.setdefault(p.host, {}).setdefault(form, []).append((1.0, s))
+    return out

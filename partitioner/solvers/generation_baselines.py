@@ -24,6 +24,7 @@ Layers are found by module path (``layers.N``, ``h.N``, ``blocks.N``); experts b
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from collections.abc import Callable
@@ -90,7 +91,70 @@ def _llama_cpp(p: Problem, s: _Structure, gpu: str, k: int, experts_on_cpu: bool
                 and not (layer is None and s.side[n] == "input"):  # get_rows of the token embedding stays
             device[n] = gpu
             streamed[n] = p.host
-    return Placement(device, streamed, StreamMode.PREFETCH)
+    return in_stream_forms(p, Placement(device, streamed, StreamMode.PREFETCH))
+
+
+def in_stream_forms(p: Problem, placement: Placement) -> Placement:
+    """``placement`` with every streamed node computing in the form the host holds its weights in
+    (:meth:`~partitioner.solvers.problem.Problem.stream_choice`), and a node whose every choice
+    there packs its weight computing on the host instead (packed weights stay resident), or, where
+    it may not run there (a pin), keeping its packed weight where it computes; as placed without
+    ``precision``."""
+    if p.precision is None or not placement.streamed:
+        return placement
+    device, streamed, precision = dict(placement.device), dict(placement.streamed), dict(placement.precision)
+    for n, src in placement.streamed.items():
+        form = p.stream_choice(n, device[n])
+        if form is None:
+            device[n] = src if src in p.allowed[n] else device[n]
+            del streamed[n]
+        elif form is not None:
+            precision[n] = form
+    return dataclasses.replace(placement, device=device, streamed=streamed, precision=precision)
+
+
+def agree_forms(gp: GenerationProblem, pair: PhasePair) -> PhasePair:
+    """``pair`` with one stored form per weight where it can be had: a node that keeps its weights
+    where it computes stores them in the form the other phase's node streams them in, where its
+    device offers a choice of that form; else the streaming node computes where its weights live
+    instead (no stream), in that node's form where offered. Other disagreements are left for
+    evaluation to name."""
+    if gp.prefill.precision is None:
+        return pair
+    device = [dict(pair.prefill.device), dict(pair.decode.device)]
+    streamed = [dict(pair.prefill.streamed), dict(pair.decode.streamed)]
+    chosen = [dict(pair.prefill.precision), dict(pair.decode.precision)]
+    for a, b in gp.links:
+        names = gp.shared[(a, b)]
+        for me, other, mine, theirs in ((0, 1, a, b), (1, 0, b, a)):
+            if theirs not in streamed[other] or mine in streamed[me]:
+                continue
+            there = dataclasses.replace(pair[other], device=device[other], streamed=streamed[other],
+                                        precision=chosen[other])
+            want = gp.form_of(other, theirs, gp.phases[other].dtype_of(there, theirs), names)
+            options = _choices_of_form(gp, me, mine, device[me][mine], names, want)
+            if options:
+                chosen[me][mine] = options[0]
+                continue
+            home = streamed[other][theirs]
+            here = dataclasses.replace(pair[me], device=device[me], streamed=streamed[me], precision=chosen[me])
+            form = gp.form_of(me, mine, gp.phases[me].dtype_of(here, mine), names)
+            if home in gp.phases[other].allowed[theirs]:
+                del streamed[other][theirs]
+                device[other][theirs] = home
+                options = _choices_of_form(gp, other, theirs, home, names, form)
+                if options:
+                    chosen[other][theirs] = options[0]
+                else:
+                    chosen[other].pop(theirs, None)
+    return PhasePair(*(dataclasses.replace(pl, device=d, streamed=s_, precision=c)
+                       for pl, d, s_, c in zip(pair, device, streamed, chosen)))
+
+
+def _choices_of_form(gp: GenerationProblem, phase: int, node: str, device: str, names: tuple[str, ...],
+                     form: tuple[str, ...]) -> list[str]:
+    """The choices of ``node`` on ``device`` that store its weights in ``form``."""
+    return [c for c in gp.phases[phase].choices[node].get(device, ()) if gp.form_of(phase, node, c, names) == form]
 
 
 def _tokens(p: Problem) -> int:
@@ -114,8 +178,8 @@ def _fill(gp: GenerationProblem, name: str, experts_on_cpu: bool) -> JointSoluti
     offload = _tokens(pre) >= OP_OFFLOAD_MIN_BATCH
     reasons = []
     for k in range(s_dec.count + 1, -1, -1):
-        pair = PhasePair(_llama_cpp(pre, s_pre, gpu, k, experts_on_cpu, offload),
-                         _llama_cpp(dec, s_dec, gpu, k, experts_on_cpu, False))
+        pair = agree_forms(gp, PhasePair(_llama_cpp(pre, s_pre, gpu, k, experts_on_cpu, offload),
+                                         _llama_cpp(dec, s_dec, gpu, k, experts_on_cpu, False)))
         _, _, total, violations = gp.evaluate(pair)
         if not violations:
             layers = min(k, s_dec.count)
@@ -131,7 +195,7 @@ def _fill(gp: GenerationProblem, name: str, experts_on_cpu: bool) -> JointSoluti
 
 def _greedy(gp: GenerationProblem) -> JointSolution:
     start = time.perf_counter()
-    pair = PhasePair(*(solve_greedy(p).placement for p in gp.phases))
+    pair = agree_forms(gp, PhasePair(*(in_stream_forms(p, solve_greedy(p).placement) for p in gp.phases)))
     _, _, total, violations = gp.evaluate(pair)
     note = "accelerate's device_map='auto', one map for both phases, offloaded weights copied synchronously"
     if violations:

@@ -80,3 +80,21 @@ def test_a_llama_folder_plans_generates_and_checks(tmp_path, capsys) -> None:
     capsys.readouterr()
     assert main(["check", folder, "--plan", plan, "--generate", "32", "--strict-devices"]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith("verdict: PASSED")
+
+
+def test_plan_and_check_a_packed_generation_plan(tmp_path, capsys) -> None:
+    """``--precision weights=int8`` with ``--generate``: the summary names the packed weights of both
+    phases, and ``check --generate`` holds the loop to the same packing run unplaced, reporting the
+    error against the float model."""
+    path = tmp_path / "gpt-int8.json"
+    assert main(["plan", "gpt:small", "--devices", "h200-host", "--memory", "cuda:0=3MB", "--pin",
+                 "inner.gpt.blocks.3*=cuda:0", "--generate", "--prompt-tokens", "16", "--new-tokens", "8",
+                 "--precision", "weights=int8", "-o", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "precision          weights=int8" in text and text.count(" int8 (") == 2
+    assert main(["check", "gpt:small", "--plan", str(path), "--generate", "8", "--strict-devices"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-1].startswith("verdict: PASSED")
+    joined = "\n".join(out)
+    assert "8 of 8 new tokens equal the unplaced loop's (same precision)" in joined
+    assert "linears in int8" in joined and "relative error against the float model" in joined

@@ -148,3 +148,98 @@ def test_cli_plan_generate_writes_a_generation_plan(tmp_path, capsys) -> None:
     code = cli_main(["plan", str(folder), "--generate", "--format", "csv", "-o", str(tmp_path / "x.csv")])
     assert code != 0
     assert "a generation plan has two" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def packed_plan(tiny: LlamaForCausalLM) -> GenerationPlan:
+    """The tiny Llama with int8 weights, its second layer pinned to cuda:0: packed weights on both devices."""
+    return plan_generation(tiny, "h200-host", prompt_tokens=8, new_tokens=8, time_limit=20,
+                           pins={"inner.model.model.layers.1*": "cuda:0"}, precision={"weights": "int8"})
+
+
+def test_a_packed_plan_records_each_phase_precision_and_reads_it_back(packed_plan: GenerationPlan, tmp_path) -> None:
+    from partitioner.plan.generation import stored_forms
+
+    gen = packed_plan
+    section = gen.precision
+    assert section["setting"] == {"weights": "int8"}
+    for phase in ("prefill", "decode"):
+        weights = section[phase]["weights"]
+        assert weights and set(weights.values()) == {"int8"}
+        assert {getattr(gen, phase).placement[op] for op in weights} == {"cpu", "cuda:0"}
+        assert set(section[phase]["weight_bytes"]) == set(weights)
+    forms = stored_forms(gen.decode)
+    assert forms == stored_forms(gen.prefill)
+    assert forms["inner.model.model.layers.0.self_attn.q_proj.weight"] == "float32+int8"
+    assert forms["inner.model.model.layers.0.input_layernorm.weight"] == "float32"
+    again = GenerationPlan.load(gen.save(tmp_path / "packed.json"))
+    assert again == gen and again.precision == gen.precision
+    text = gen.summary()
+    assert "precision          weights=int8" in text
+    n = len(section["decode"]["weights"])
+    assert text.count(f"{n} int8 (") == 2, text  # the packed weights row: the same count in both phases
+
+
+def test_phases_whose_stored_forms_or_settings_differ_are_refused(packed_plan: GenerationPlan) -> None:
+    d = packed_plan.to_dict()
+    section = d["phases"]["decode"]["precision"]
+    op = next(iter(section["weights"]))  # the decode step's copy of one weight in int4 (fewer bytes: it fits)
+    section["weights"][op] = "int4"
+    section["weight_bytes"][op] = section["weight_bytes"][op] // 2
+    with pytest.raises(PlanFormatError, match=r"is stored as float32\+int8 in the prefill and as float32\+int4 in the "
+                                              r"decode step .* one stored copy serves both phases"):
+        GenerationPlan.from_dict(d)
+    d = packed_plan.to_dict()
+    d["phases"]["decode"]["precision"]["setting"] = {"weights": "auto"}
+    with pytest.raises(PlanFormatError, match="planned with precision .* plan both phases together"):
+        GenerationPlan.from_dict(d)
+
+
+def test_what_generation_with_precision_refuses(tiny: LlamaForCausalLM) -> None:
+    from cost_models.precision import PrecisionError
+
+    with pytest.raises(PrecisionError, match="no device of profile 't4-flexgen' has a int8"):
+        plan_generation(tiny, "t4-flexgen", prompt_tokens=8, new_tokens=8, precision={"weights": "int8"})
+    with pytest.raises(PrecisionError, match="cpu has no float8 weight-only kernel.*int8, int4"):
+        plan_generation(tiny, "h200-host", prompt_tokens=8, new_tokens=8, precision={"weights": {"cpu": "fp8"}})
+    with pytest.raises(PrecisionError, match="not a weight dtype"):
+        plan_generation(tiny, "h200-host", prompt_tokens=8, new_tokens=8, precision={"weights": "int3"})
+    with pytest.raises(PrecisionError, match="latency and throughput objectives"):
+        plan_generation(tiny, "h200-host", prompt_tokens=8, new_tokens=8, precision="auto", objective="makespan")
+    with pytest.raises(HetpartError, match="max_error"):
+        plan_generation(tiny, "h200-host", prompt_tokens=8, new_tokens=8,
+                        precision={"weights": "auto", "max_error": 0.01})
+    with pytest.raises(HetpartError, match="does not combine with training|training=True"):
+        plan_generation(tiny, "h200-host", prompt_tokens=8, new_tokens=8, precision={"weights": "int8"},
+                        training=True)
+
+
+def test_cli_plan_generate_with_precision(tmp_path, capsys) -> None:
+    folder = tmp_path / "llama"
+    folder.mkdir()
+    LlamaConfig(**TINY).save_pretrained(folder)
+    out = tmp_path / "gen.json"
+    code = cli_main(["plan", str(folder), "--generate", "--prompt-tokens", "8", "--new-tokens", "8",
+                     "--precision", "weights=int4", "--time-limit", "20", "-o", str(out)])
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "precision          weights=int4" in text and " int4 (" in text
+    gen = GenerationPlan.load(out)
+    assert set(gen.precision["decode"]["weights"].values()) == {"int4"}
+    code = cli_main(["plan", str(folder), "--generate", "--precision", "weights=int9"])
+    assert code != 0
+    assert "not a weight dtype" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("precision", [{"cuda:0": "bf16"}, {"weights": "int8"}])
+def test_baselines_place_the_same_precision_with_one_stored_form(tiny: LlamaForCausalLM, precision) -> None:
+    """llama.cpp's op offload streams host weights in prefill (>= 32 tokens) and accelerate streams
+    offloaded ones: with precision they stream the form the host holds, packed weights stay
+    resident, and a weight the other phase cannot store alike is computed where it lives, so
+    both baselines fit (each weight one stored form) and the plan is no slower than either."""
+    gen = plan_generation(tiny, "h200-host", memory={"cuda:0": "200KB"}, prompt_tokens=32, new_tokens=8,
+                          time_limit=20, precision=precision)
+    for name in ("llama.cpp --fit", "greedy"):
+        row = gen.baselines[name]
+        assert row["feasible"], (name, row["note"])
+        assert gen.predicted["request_s"] <= row["request_s"] * (1 + 1e-9), name
