@@ -80,7 +80,14 @@ def plan_generation(model: Any, devices: Any = None, *, options: PlanOptions | N
     prompt, new, batch = gen.prompt_tokens, gen.new_tokens, gen.sequences
     step = decode_step(model, batch=batch, max_context=prompt + new)
     profile = _profile(request.hardware)
-    options_ = _solver_options(request, None, _precision(request, profile, None), False)
+    precision = _precision(request, profile, None)
+    if precision is not None and precision.max_error is not None:
+        from cost_models.precision import PrecisionError
+
+        raise PrecisionError("precision max_error is planned for single plans (partition, hetpart plan); a generation "
+                             "plan packs what weights= asks and hetpart check --generate reports each loop's logit "
+                             "error against the float model: drop max_error, or keep modules unpacked with keep=")
+    options_ = _solver_options(request, None, precision, False)
     src = request.source
     name = src.model_name or _model_name(model)
     request = request.replace(model_name=name)

@@ -206,7 +206,7 @@ def test_what_generation_with_precision_refuses(tiny: LlamaForCausalLM) -> None:
         plan_generation(tiny, "h200-host", prompt_tokens=8, new_tokens=8, precision={"weights": "int3"})
     with pytest.raises(PrecisionError, match="latency and throughput objectives"):
         plan_generation(tiny, "h200-host", prompt_tokens=8, new_tokens=8, precision="auto", objective="makespan")
-    with pytest.raises(HetpartError, match="max_error"):
+    with pytest.raises(PrecisionError, match="max_error is planned for single plans.*drop max_error"):
         plan_generation(tiny, "h200-host", prompt_tokens=8, new_tokens=8,
                         precision={"weights": "auto", "max_error": 0.01})
     with pytest.raises(HetpartError, match="does not combine with training|training=True"):
