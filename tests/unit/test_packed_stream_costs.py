@@ -1,0 +1,98 @@
+"""What streaming packed weights costs (``Problem.stream_forms`` and the stream prices, evaluate):
+a linear computing in a packed choice on the GPU with its weights in host memory moves its packed
+bytes over the link, the host holds them packed, the GPU a reused buffer of that size; in training
+a streamed weight is float32; and the ILP's (device, dtype, streamed) answer is evaluate's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from cost_models.precision import packed_weight_bytes, resolve_precision
+from cost_models.profiles import load_profile
+from partitioner import from_module
+from partitioner.solvers.ilp import solve_ilp
+from partitioner.solvers.problem import Options, Placement, Problem, StreamMode, evaluate
+
+OUT, IN = 256, 512
+
+
+def _problem(setting, *, memory: str | None = None, training: bool = False, model: nn.Module | None = None,  # noqa: ANN001
+             rows: int = 4) -> Problem:
+    model = model or nn.Sequential(nn.Linear(IN, OUT), nn.ReLU(), nn.Linear(OUT, OUT))
+    graph = from_module(model, (torch.randn(rows, IN),))
+    profile = load_profile("h200-host")
+    if memory is not None:
+        profile = profile.with_memory({"cuda:0": memory})
+    return Problem(graph, profile, Options(training=training, precision=resolve_precision(setting, profile)))
+
+
+def _linears(p: Problem) -> list[str]:
+    return [n for n in p.nodes if p.original.ops[n].kind == "aten.linear.default"]
+
+
+def test_a_packed_linear_streams_its_packed_bytes_and_holds_them_packed_on_the_host() -> None:
+    p = _problem({"weights": "int8"})
+    first = _linears(p)[0]
+    (choice,) = p.choices[first]["cuda:0"]
+    assert choice == "float32+int8" and p.stream_forms(first, "cuda:0") == (choice,)
+    packed = packed_weight_bytes(OUT, IN, "int8") + 4 * OUT  # values, a bfloat16 scale per row, the float32 bias
+    assert p.stream_bytes(first, "cuda:0", choice) == packed
+    assert p.stream_mem(first, "cuda:0", choice) == packed
+    assert p.stream_buffer_bytes(first, StreamMode.PREFETCH, "cuda:0", choice) == 2 * packed
+    assert p.node_stream_s(first, "cpu", "cuda:0", StreamMode.PREFETCH, choice) == pytest.approx(
+        p.stream_s(packed, "cpu", "cuda:0", StreamMode.PREFETCH))
+
+    device = {n: "cuda:0" for n in p.nodes}
+    ev = evaluate(p, Placement(device, {first: "cpu"}, precision={n: p.default_dtype(n, "cuda:0") for n in p.nodes}))
+    assert ev.feasible, ev.violations
+    (copy,) = [t for t in ev.transfers if t.kind == "weights"]
+    assert (copy.tensor, copy.src, copy.dst, copy.bytes) == (first, "cpu", "cuda:0", packed)
+    resident = evaluate(p, Placement(device, precision={n: p.default_dtype(n, "cuda:0") for n in p.nodes}))
+    assert ev.memory["cpu"] == resident.memory["cpu"] + packed  # the host holds the packed form
+    # the GPU trades the packed weight for a double buffer of its size: one packed weight more
+    assert ev.memory["cuda:0"] == resident.memory["cuda:0"] - packed + 2 * packed
+
+
+def test_with_several_forms_the_weights_stream_in_the_form_the_node_computes_in() -> None:
+    p = _problem({"activations": "auto", "weights": "auto"})
+    first = _linears(p)[0]
+    forms = p.stream_forms(first, "cuda:0")
+    assert {"float32", "bfloat16", "bfloat16+int8", "bfloat16+int4"} <= set(forms)
+    sizes = {a: p.stream_bytes(first, "cuda:0", a) for a in ("float32", "bfloat16", "bfloat16+int8", "bfloat16+int4")}
+    assert sizes["float32"] > sizes["bfloat16"] > sizes["bfloat16+int8"] > sizes["bfloat16+int4"]
+    assert sizes["bfloat16+int4"] == packed_weight_bytes(OUT, IN, "int4") + 2 * OUT
+    device = {n: "cuda:0" for n in p.nodes}
+    for a, nbytes in sizes.items():
+        ev = evaluate(p, Placement(device, {first: "cpu"}, precision={first: a}))
+        assert ev.feasible, ev.violations
+        assert [t.bytes for t in ev.transfers if t.kind == "weights"] == [nbytes]
+
+
+def test_training_streams_float32_master_weights_only() -> None:
+    p = _problem("auto", training=True)
+    first = _linears(p)[0]
+    assert p.stream_forms(first, "cuda:0") == ("float32",)
+    device = {n: "cuda:0" for n in p.nodes}
+    ev = evaluate(p, Placement(device, {first: "cpu"}, precision={first: "bfloat16"}))
+    assert any(f"op {first} streams its weights held as float32" in v for v in ev.violations), ev.violations
+
+
+def test_the_ilp_streams_packed_weights_when_the_cap_holds_only_their_buffer() -> None:
+    """Six 512x512 linears packed in int8, 1024 rows (the GPU is far faster), and a GPU cap below the
+    largest working set plus every packed weight but above it plus a double buffer: the ILP keeps
+    them on the GPU by streaming some packed, and its objective is evaluate's."""
+    model = nn.Sequential(*[nn.Linear(IN, IN) for _ in range(6)])
+    each = packed_weight_bytes(IN, IN, "int8") + 4 * IN
+    working = 2 * 1024 * IN * 4  # one linear's input and output
+    p = _problem({"weights": "int8"}, memory=str(working + 2 * each + 100_000), model=model, rows=1024)
+    linears = _linears(p)
+    assert all(p.stream_bytes(n, "cuda:0", "float32+int8") == each for n in linears)
+    sol = solve_ilp(p, time_limit=30, gap=0.0)
+    ev = evaluate(p, sol.placement)
+    assert ev.feasible and sol.objective == pytest.approx(ev.total_s, rel=1e-6)
+    assert set(sol.placement.device.values()) == {"cuda:0"}
+    streamed = [n for n, home in sol.placement.streamed.items() if home != sol.placement.device[n]]
+    assert len(streamed) >= 3 and all(p.dtype_of(sol.placement, n) == "float32+int8" for n in streamed)
+    assert sum(t.bytes for t in ev.transfers if t.kind == "weights") == each * len(streamed)
