@@ -96,3 +96,28 @@ def test_the_ilp_streams_packed_weights_when_the_cap_holds_only_their_buffer() -
     streamed = [n for n, home in sol.placement.streamed.items() if home != sol.placement.device[n]]
     assert len(streamed) >= 3 and all(p.dtype_of(sol.placement, n) == "float32+int8" for n in streamed)
     assert sum(t.bytes for t in ev.transfers if t.kind == "weights") == each * len(streamed)
+
+
+def test_the_plan_records_streamed_packed_weights_and_refuses_edits() -> None:
+    import json
+
+    from partitioner import Plan, partition
+    from partitioner.errors import HetpartError
+
+    model = nn.Sequential(*[nn.Linear(IN, IN) for _ in range(6)])
+    each = packed_weight_bytes(IN, IN, "int8") + 4 * IN
+    plan = partition(model, (torch.randn(1024, IN),), "h200-host", precision={"weights": "int8"},
+                     memory={"cuda:0": str(2 * 1024 * IN * 4 + 2 * each + 100_000)}, time_limit=30)
+    streamed = plan.precision["streamed"]
+    assert len(streamed) >= 3 and set(streamed.values()) == {each} and set(streamed) <= set(plan.weights)
+    assert f"streamed packed: {len(streamed)} linears cpu -> cuda:0" in plan.summary()
+    assert Plan.from_json(plan.to_json()).precision["streamed"] == streamed
+    data = json.loads(plan.to_json())
+    op = next(iter(streamed))
+    data["precision"]["streamed"][op] = 4 * IN * IN  # float32 bytes where the plan streams packed ones
+    with pytest.raises(HetpartError, match=r"precision.streamed\['.*'\]: .* bytes per step, but .* holds"):
+        Plan.from_json(json.dumps(data))
+    data = json.loads(plan.to_json())
+    data["precision"]["streamed"]["no_such_op"] = each
+    with pytest.raises(HetpartError, match="precision.streamed"):
+        Plan.from_json(json.dumps(data))
