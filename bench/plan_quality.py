@@ -47,19 +47,22 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-import models
-from cost_models.calibration import measured_anchors
-from cost_models.profiles import builtin_profiles
-from cost_models.units import format_seconds
-from partitioner import from_module, load_profile, partition_outcome
-from partitioner.errors import HetpartError, InfeasiblePlacement
-from partitioner.solvers.pipeline_baselines import PIPELINE_BASELINES
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this repository, when run as a script
+
+import models  # noqa: E402
+from cost_models.calibration import measured_anchors  # noqa: E402
+from cost_models.profiles import builtin_profiles  # noqa: E402
+from cost_models.units import format_seconds  # noqa: E402
+from partitioner import from_module, load_profile, partition_outcome  # noqa: E402
+from partitioner.errors import HetpartError, InfeasiblePlacement  # noqa: E402
+from partitioner.solvers.pipeline_baselines import PIPELINE_BASELINES  # noqa: E402
 
 PROFILES = ("h200-host", "cpu-gpu-npu", "2xh200-host")
 OBJECTIVES = ("latency", "throughput", "makespan")
@@ -452,9 +455,10 @@ def precision_rows(time_limit: float) -> None:
     print("(predicted by the cost model; auto keeps softmax, norms, reductions and losses in float32)")
 
 
-def _llama_8b() -> tuple[torch.nn.Module, tuple]:
-    """The Llama-3-8B shape (transformers config, bfloat16 on the meta device) and one token: a
-    decode-shaped step that reads every weight once (no cache: the bytes a decode step moves)."""
+def _llama_8b(tokens: int = 1) -> tuple[torch.nn.Module, tuple]:
+    """The Llama-3-8B shape (transformers config, bfloat16 on the meta device) and ``tokens`` tokens:
+    one is a decode-shaped step that reads every weight once (no cache: the bytes a decode step
+    moves), a few hundred a prefill, where the GPU's compute pays for streaming weights to it."""
     import transformers
 
     config = transformers.LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
@@ -463,7 +467,7 @@ def _llama_8b() -> tuple[torch.nn.Module, tuple]:
     config._attn_implementation = "sdpa"
     with torch.device("meta"):
         module = transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval()
-    return module, (torch.zeros(1, 1, dtype=torch.long, device="meta"),)
+    return module, (torch.zeros(1, tokens, dtype=torch.long, device="meta"),)
 
 
 def _mixtral_4_layers() -> tuple[torch.nn.Module, tuple]:
@@ -487,8 +491,9 @@ WEIGHT_SETTINGS = (("float32 / as traced", None), ("bf16", "bf16"), ("int8", {"w
 
 def weight_rows(time_limit: float) -> None:
     """Weight-dtype rows (``--precision``): the seed case, ``gpt:small``, the Llama-3-8B shape at
-    16, 6 and 3 GB caps on ``h200-host`` (below its int8 and int4 bytes: packed weights stream) and
-    at 24 GB on ``desktop-4090``, and the Mixtral-8x7B shape cut to 4 layers at 4 GB on ``h200-host``,
+    16, 6 and 3 GB caps on ``h200-host`` for one token and for a 512-token prefill (below its int8
+    and int4 bytes: a prefill streams packed weights to the GPU, a decode step reads them on the
+    CPU) and at 24 GB on ``desktop-4090``, and the Mixtral-8x7B shape cut to 4 layers at 4 GB on ``h200-host``,
     planned as traced, in bf16, with int8 and int4 packed weights and with both chosen by the solver:
     predicted time, memory per device and the weights streamed from host memory per step (the cost
     model's predictions; the profiles' weight-only rates are estimates except the CPU measured by
@@ -502,6 +507,8 @@ def weight_rows(time_limit: float) -> None:
              ("Llama-3-8B, 1 token, 16 GB", _llama_8b, "h200-host", {"cuda:0": "16GB"}),
              ("Llama-3-8B, 1 token, 6 GB", _llama_8b, "h200-host", {"cuda:0": "6GB"}),
              ("Llama-3-8B, 1 token, 3 GB", _llama_8b, "h200-host", {"cuda:0": "3GB"}),
+             ("Llama-3-8B, 512-token prefill, 6 GB", lambda: _llama_8b(512), "h200-host", {"cuda:0": "6GB"}),
+             ("Llama-3-8B, 512-token prefill, 3 GB", lambda: _llama_8b(512), "h200-host", {"cuda:0": "3GB"}),
              ("Llama-3-8B, 1 token, 24 GB", _llama_8b, "desktop-4090", {"cuda:0": "24GB"}),
              ("Mixtral-8x7B 4 layers, 1 token, 4 GB", _mixtral_4_layers, "h200-host", {"cuda:0": "4GB"})]
     header = ["case", "profile", "setting", "time", "vs traced", "memory per device", "packed linears",
