@@ -1,7 +1,9 @@
 """What streaming packed weights costs (``Problem.stream_forms`` and the stream prices, evaluate):
 a linear computing in a packed choice on the GPU with its weights in host memory moves its packed
 bytes over the link, the host holds them packed, the GPU a reused buffer of that size; in training
-a streamed weight is float32; and the ILP's (device, dtype, streamed) answer is evaluate's."""
+a streamed weight is float32; the ILP's (device, dtype, streamed) answer is evaluate's; the plan
+file records the streamed packed bytes (``precision.streamed``) and counts a streamed weight's
+copies in the form streamed; the streamer swaps a float weight for its packed tensors."""
 
 from __future__ import annotations
 
@@ -121,3 +123,33 @@ def test_the_plan_records_streamed_packed_weights_and_refuses_edits() -> None:
     data["precision"]["streamed"]["no_such_op"] = each
     with pytest.raises(HetpartError, match="precision.streamed"):
         Plan.from_json(json.dumps(data))
+
+
+def test_a_plan_streaming_16_bit_weights_counts_their_16_bit_bytes() -> None:
+    """The plan file's implied weight copies use the form streamed: a bf16 plan that streams weights
+    is built and read back (the check once counted their float32 bytes and refused the plan)."""
+    from partitioner import Plan, partition
+
+    model = nn.Sequential(*[nn.Linear(IN, IN) for _ in range(6)])
+    half = 2 * IN * IN + 2 * IN  # a bf16 weight and bias
+    plan = partition(model, (torch.randn(1024, IN),), "h200-host", precision={"cpu": "bf16", "cuda:0": "bf16"},
+                     memory={"cuda:0": str(2 * 1024 * IN * 2 + 2 * half + 100_000)}, time_limit=30)
+    copies = [t for t in plan.transfers if t.kind == "weights"]
+    assert copies and all(t.bytes == half for t in copies), plan.summary()
+    assert all(plan.precision["ops"].get(op) == "bfloat16" for op in plan.weights)
+    assert Plan.from_json(plan.to_json()).weights == plan.weights
+
+
+def test_the_streamer_refuses_to_replace_a_weight_it_does_not_fetch() -> None:
+    from backends.torch.streaming import WeightStreamer
+    from partitioner.errors import HetpartError
+
+    module = nn.Linear(4, 4)
+    streamer = WeightStreamer(module, [("weight", "cpu")])
+    module.register_buffer("weight_int8_qweight", torch.zeros(4, 4, dtype=torch.int8))
+    module.register_buffer("weight_int8_scales", torch.ones(4))
+    streamer.replace("weight", ["weight_int8_qweight", "weight_int8_scales"])
+    assert streamer.order == ["weight_int8_qweight", "weight_int8_scales"]
+    assert streamer.get("weight_int8_scales", "cpu").tolist() == [1.0] * 4
+    with pytest.raises(HetpartError, match="fetches no 'bias'.*emit it again"):
+        streamer.replace("bias", ["bias_int8_qweight"])
