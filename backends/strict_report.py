@@ -162,15 +162,18 @@ def planned_transfers(plan: Any) -> dict[TransferKey, int]:
             for t in plan.transfers if t.src != t.dst and t.kind not in ("gradient", "update", "state")}
 
 
-def observed_transfers(plan: Any, copies: Iterable[Copy]) -> dict[TransferKey, tuple[int, int]]:
+def observed_transfers(plan: Any, copies: Iterable[Copy],
+                       packed: Mapping[str, str] | None = None) -> dict[TransferKey, tuple[int, int]]:
     """A run's copies as the plan names transfers, each with (times made, bytes).
 
     Streamed fetches (``kind="weights"``) of an op's parameters are that op's ``weights``
     transfer (made once when no parameter was fetched twice), another copy of a parameter is a
     ``param`` transfer, the rest are ``activation`` transfers. Copies name parameters by their
-    canonical names (the first of tied names in ``plan.param_names``).
+    canonical names (the first of tied names in ``plan.param_names``); ``packed`` maps the names
+    of a packed weight's tensors to the weight they stand for (each of them a parameter of its op).
     """
     owner = {name: op for op, names in plan.param_names.items() for name in names}
+    owner.update({name: owner[weight] for name, weight in (packed or {}).items() if weight in owner})
     members: dict[TransferKey, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     nbytes: dict[TransferKey, int] = collections.defaultdict(int)
     for c in copies:
@@ -210,7 +213,8 @@ def planned_parameters(plan: Any) -> dict[str, int]:
 
 
 def compare_with_plan(plan: Any, binding: Mapping[str, str], copies: Sequence[Copy],
-                      resident: Mapping[str, int], error: str = "") -> DeviceReport:
+                      resident: Mapping[str, int], error: str = "",
+                      packed: Mapping[str, str] | None = None) -> DeviceReport:
     """One step's copies and the resident bytes beside the plan's transfers and parameter bytes.
 
     Example:
@@ -218,7 +222,7 @@ def compare_with_plan(plan: Any, binding: Mapping[str, str], copies: Sequence[Co
         True
     """
     expected = planned_transfers(plan)
-    observed = observed_transfers(plan, copies)
+    observed = observed_transfers(plan, copies, packed)
     differences = []
     for key in sorted(set(expected) | set(observed)):
         tensor, src, dst, kind = key

@@ -55,19 +55,22 @@ from __future__ import annotations
 import argparse
 import itertools
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-import models
-from cost_models.calibration import measured_anchors
-from cost_models.profiles import builtin_profiles
-from cost_models.units import format_seconds
-from partitioner import from_module, load_profile, partition_outcome
-from partitioner.errors import HetpartError, InfeasiblePlacement
-from partitioner.solvers.pipeline_baselines import PIPELINE_BASELINES
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this repository, when run as a script
+
+import models  # noqa: E402
+from cost_models.calibration import measured_anchors  # noqa: E402
+from cost_models.profiles import builtin_profiles  # noqa: E402
+from cost_models.units import format_seconds  # noqa: E402
+from partitioner import from_module, load_profile, partition_outcome  # noqa: E402
+from partitioner.errors import HetpartError, InfeasiblePlacement  # noqa: E402
+from partitioner.solvers.pipeline_baselines import PIPELINE_BASELINES  # noqa: E402
 
 PROFILES = ("h200-host", "cpu-gpu-npu", "2xh200-host")
 OBJECTIVES = ("latency", "throughput", "makespan")
@@ -513,9 +516,10 @@ def split_rows(time_limit: float) -> None:
           "the longer of its home shard and its other shard with the copy back; throughput, its longer shard)")
 
 
-def _llama_8b() -> tuple[torch.nn.Module, tuple]:
-    """The Llama-3-8B shape (transformers config, bfloat16 on the meta device) and one token: a
-    decode-shaped step that reads every weight once (no cache: the bytes a decode step moves)."""
+def _llama_8b(tokens: int = 1) -> tuple[torch.nn.Module, tuple]:
+    """The Llama-3-8B shape (transformers config, bfloat16 on the meta device) and ``tokens`` tokens:
+    one is a decode-shaped step that reads every weight once (no cache: the bytes a decode step
+    moves), a few hundred a prefill, where the GPU's compute pays for streaming weights to it."""
     import transformers
 
     config = transformers.LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
@@ -524,6 +528,20 @@ def _llama_8b() -> tuple[torch.nn.Module, tuple]:
     config._attn_implementation = "sdpa"
     with torch.device("meta"):
         module = transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    return module, (torch.zeros(1, tokens, dtype=torch.long, device="meta"),)
+
+
+def _mixtral_4_layers() -> tuple[torch.nn.Module, tuple]:
+    """The Mixtral-8x7B shape cut to 4 layers (transformers config, float32 on the meta device: its
+    weights are what a plan in bf16 casts once, when loaded) and one token."""
+    import transformers
+
+    config = transformers.MixtralConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=4,
+                                        num_attention_heads=32, num_key_value_heads=8, num_local_experts=8,
+                                        num_experts_per_tok=2, vocab_size=32000, use_cache=False)
+    config._attn_implementation = "sdpa"
+    with torch.device("meta"):
+        module = transformers.MixtralForCausalLM(config).eval()
     return module, (torch.zeros(1, 1, dtype=torch.long, device="meta"),)
 
 
@@ -533,11 +551,14 @@ WEIGHT_SETTINGS = (("float32 / as traced", None), ("bf16", "bf16"), ("int8", {"w
 
 
 def weight_rows(time_limit: float) -> None:
-    """Weight-dtype rows (``--precision``): the seed case, ``gpt:small`` and the Llama-3-8B shape at a
-    16 GB cap on ``h200-host`` and at 24 GB on ``desktop-4090``, planned as traced, in bf16, with
-    int8 and int4 packed weights and with both chosen by the solver: predicted time and memory per
-    device (the cost model's predictions; the profiles' weight-only rates are estimates except the
-    CPU measured by ``hetpart calibrate``)."""
+    """Weight-dtype rows (``--precision``): the seed case, ``gpt:small``, the Llama-3-8B shape at
+    16, 6 and 3 GB caps on ``h200-host`` for one token and for a 512-token prefill (below its int8
+    and int4 bytes: a prefill streams packed weights to the GPU, a decode step reads them on the
+    CPU) and at 24 GB on ``desktop-4090``, and the Mixtral-8x7B shape cut to 4 layers at 4 GB on ``h200-host``,
+    planned as traced, in bf16, with int8 and int4 packed weights and with both chosen by the solver:
+    predicted time, memory per device and the weights streamed from host memory per step (the cost
+    model's predictions; the profiles' weight-only rates are estimates except the CPU measured by
+    ``hetpart calibrate``)."""
     from cost_models.units import format_bytes
 
     cap = int(measured_anchors()["cap_half_layers"])
@@ -545,8 +566,14 @@ def weight_rows(time_limit: float) -> None:
               "h200-host", {"cuda:0": cap}),
              ("gpt:small", lambda: models.get("gpt", "small", device="meta"), "h200-host", None),
              ("Llama-3-8B, 1 token, 16 GB", _llama_8b, "h200-host", {"cuda:0": "16GB"}),
-             ("Llama-3-8B, 1 token, 24 GB", _llama_8b, "desktop-4090", {"cuda:0": "24GB"})]
-    header = ["case", "profile", "setting", "time", "vs traced", "memory per device", "packed linears"]
+             ("Llama-3-8B, 1 token, 6 GB", _llama_8b, "h200-host", {"cuda:0": "6GB"}),
+             ("Llama-3-8B, 1 token, 3 GB", _llama_8b, "h200-host", {"cuda:0": "3GB"}),
+             ("Llama-3-8B, 512-token prefill, 6 GB", lambda: _llama_8b(512), "h200-host", {"cuda:0": "6GB"}),
+             ("Llama-3-8B, 512-token prefill, 3 GB", lambda: _llama_8b(512), "h200-host", {"cuda:0": "3GB"}),
+             ("Llama-3-8B, 1 token, 24 GB", _llama_8b, "desktop-4090", {"cuda:0": "24GB"}),
+             ("Mixtral-8x7B 4 layers, 1 token, 4 GB", _mixtral_4_layers, "h200-host", {"cuda:0": "4GB"})]
+    header = ["case", "profile", "setting", "time", "vs traced", "memory per device", "packed linears",
+              "streamed weights per step"]
     rows = []
     for label, build, profile, caps in cases:
         module, inputs = build()
@@ -559,7 +586,7 @@ def weight_rows(time_limit: float) -> None:
                 plan = partition_outcome(graph, devices=profile, memory=caps, precision=setting,
                                          time_limit=time_limit).plan
             except (InfeasiblePlacement, HetpartError) as exc:
-                rows.append([label, profile, name, "-", "-", f"({str(exc).splitlines()[0][:60]})", ""])
+                rows.append([label, profile, name, "-", "-", f"({str(exc).splitlines()[0][:60]})", "", ""])
                 continue
             total = plan.predicted["total_s"]
             traced = traced or total
@@ -569,10 +596,23 @@ def weight_rows(time_limit: float) -> None:
                 packed[key] = packed.get(key, 0) + 1
             rows.append([label, profile, name, format_seconds(total), f"{traced / total:.2f}x",
                          ", ".join(f"{d} {format_bytes(m['used'])}" for d, m in plan.memory.items() if m["used"]),
-                         ", ".join(f"{n} {k}" for k, n in sorted(packed.items())) or "-"])
+                         ", ".join(f"{n} {k}" for k, n in sorted(packed.items())) or "-", _streamed_cell(plan)])
     _print(header, rows)
     print("(predicted; weights packed per output row (int8, fp8) or per group of 128 (int4), bfloat16 activations "
-          "in the kernels; 'auto' is the fastest plan with no accuracy budget)")
+          "in the kernels; 'auto' is the fastest plan with no accuracy budget; streamed weights cross the host link "
+          "every step in the form their device computes with: packed linears as packed bytes)")
+
+
+def _streamed_cell(plan) -> str:  # noqa: ANN001
+    """The streamed weights of ``plan``: ops, bytes per step, and how many of them are packed linears."""
+    from cost_models.units import format_bytes
+
+    if not plan.weights:
+        return "-"
+    nbytes = sum(t.bytes for t in plan.transfers if t.kind == "weights")
+    packed = (plan.precision or {}).get("streamed", {})
+    cell = f"{len(plan.weights)} ops, {format_bytes(nbytes)}"
+    return cell + (f" ({len(packed)} packed: {format_bytes(sum(packed.values()))})" if packed else "")
 
 
 def onnx_table(names: list[str], size: str, profiles: list[str], time_limit: float) -> tuple[list[list[str]], bool]:

@@ -5,7 +5,9 @@ In: the emitted module and the streamed attributes in schedule order. Out: a
 host copy is pinned and the next ``LOOKAHEAD`` weights are copied on a side stream while the
 current op computes, each ordered by an event the compute stream waits on; device memory is the
 caching allocator's reused blocks (``record_stream`` keeps a block alive until its consumer ran).
-On a CPU binding the same calls make plain copies, so the path is tested everywhere.
+On a CPU binding the same calls make plain copies, so the path is tested everywhere. A packed
+weight streams as its several tensors (values and scales), each fetched like a weight
+(:meth:`WeightStreamer.replace`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
+from partitioner.errors import HetpartError
 
 STREAMER_ATTR = "_hetpart_streamer"  # the emitted module's attribute holding its streamer
 LOOKAHEAD = 2  # weights in flight ahead of the one being used: double buffering
@@ -37,6 +41,26 @@ class WeightStreamer:
             tensor = self._host(target)
             if tensor.device.type == "cpu" and not tensor.is_pinned():
                 tensor.data = tensor.data.pin_memory()
+
+    def replace(self, target: str, targets: list[str]) -> None:
+        """Stream ``targets`` where ``target`` was streamed, in its place in the order and to its
+        device: a packed weight's tensors (quantized values, scales) stand for the float weight
+        they replace (:mod:`backends.torch.packed`). Their host copies are pinned like the rest.
+
+        Raises:
+            HetpartError: ``target`` is not streamed here.
+        """
+        if target not in self.devices:
+            raise HetpartError(f"the streamer fetches no {target!r} (it fetches {', '.join(self.order) or 'nothing'}); "
+                               f"the emitted module does not match its plan: emit it again")
+        device = self.devices[target]
+        i = self.order.index(target)
+        self.order[i:i + 1] = list(targets)
+        self.devices = {t: device if t in targets else self.devices[t] for t in self.order}
+        self._index = {t: i for i, t in enumerate(self.order)}
+        self._pending.clear()
+        if torch.device(device).type == "cuda":
+            self._pin_hosts()
 
     def __deepcopy__(self, memo: dict) -> WeightStreamer:  # a copied module gets its own streamer
         return type(self)(memo.get(id(self._module), self._module), list(self.devices.items()))

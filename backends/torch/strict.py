@@ -67,6 +67,7 @@ class StrictRun:
         self.device_map: dict[str, str] = dict(self.mode.binding)
         self._state: list[tuple[str, torch.Tensor]] = []
         self._inputs: dict[Any, list[str]] = {}
+        self._packed: dict[str, str] = {}  # a packed weight's tensor -> the weight it stands for
 
     def __enter__(self) -> StrictRun:
         self.mode.planned = {**self.plan.placement, **planned_shards(self.plan)}
@@ -95,7 +96,8 @@ class StrictRun:
         self._inputs[forward.__code__] = list(inspect.signature(forward).parameters)[1:]
         state = [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]
         known = {n for names in self.plan.param_names.values() for n in names}
-        known |= set(getattr(module, PACKED_ATTR, {}))  # packed weights stand for the weights they replace
+        self._packed = dict(getattr(module, PACKED_ATTR, {}))
+        known |= set(self._packed)  # packed weights stand for the weights they replace
         known |= {n for _, names in getattr(module, SPLIT_ATTR, {}).values() for n in names}  # split shards
         state += _plain_tensors(module, known - {n for n, _ in state})  # constants the capture lifted
         for name, tensor in state:
@@ -118,7 +120,8 @@ class StrictRun:
 
     def report(self, error: str = "") -> DeviceReport:
         """The last step's copies and the watched module's resident bytes beside the plan."""
-        return compare_with_plan(self.plan, self.device_map, self.mode.copies, self.mode.resident(self._state), error)
+        return compare_with_plan(self.plan, self.device_map, self.mode.copies, self.mode.resident(self._state), error,
+                                 self._packed)
 
 
 def _nested_codes(code: CodeType) -> list[CodeType]:

@@ -14,7 +14,8 @@ keeps the memory and transfers of the old placement; these checks refuse it wher
   They also fix which copies must exist: every edge that carries bytes between two devices needs a
   copy of its producer's output to the consumer's device (in a pipeline plan, one per stage boundary
   it crosses, and no edge goes back a stage), and the streamed weights between two devices add up
-  to the weight copies between them. (A torch graph names each tensor after the op making it,
+  to the weight copies between them, each in the form its device computes with (packed, 16-bit or
+  float32: :func:`streamed_bytes`). (A torch graph names each tensor after the op making it,
   ``op`` or ``op.1``; an ONNX graph's tensor names say nothing of their producer, so there an edge
   needs some copy between the two devices.)
 * With the graph (:func:`check_against_graph`, run by :meth:`Plan.check_graph`: ``emit``,
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
     from partitioner.ir import OpGraph
     from partitioner.plan.fields import FieldReader
 
-__all__ = ["memory_floor", "check_implied", "check_against_graph"]
+__all__ = ["memory_floor", "check_implied", "check_against_graph", "streamed_bytes"]
 
 
 def _key(path: str, key: str) -> str:
@@ -114,7 +115,7 @@ def _check_weight_copies(plan: Any, r: FieldReader) -> None:
     implied: dict[tuple[str, str], int] = {}
     for op, home in plan.weights.items():
         pair = (home, plan.placement[op])
-        implied[pair] = implied.get(pair, 0) + passes * plan.op_bytes[op][1]
+        implied[pair] = implied.get(pair, 0) + passes * streamed_bytes(plan, op)
     recorded: dict[tuple[str, str], int] = {}
     for t in plan.transfers:
         if t.kind == "weights":
@@ -125,6 +126,20 @@ def _check_weight_copies(plan: Any, r: FieldReader) -> None:
                                 f"the ops streamed from {pair[0]} to {pair[1]} (weights, placement) hold "
                                 f"{implied.get(pair, 0):,}: the transfers do not match the placement (was it "
                                 f"edited?); {_REPLAN}")
+
+
+def streamed_bytes(plan: Any, op: str) -> int:
+    """Bytes of ``op``'s weights per streamed copy: held as its device computes with them (inference:
+    packed with their scales where ``precision.weight_bytes`` lists it, in 16 bits where
+    ``precision.ops`` does; training: float32 master weights)."""
+    par = plan.op_bytes[op][1]
+    section = plan.precision or {}
+    if plan.training:
+        return par
+    if op in section.get("weight_bytes", {}):
+        return section["weight_bytes"][op]
+    low = section.get("ops", {})
+    return int(par * itemsize_factor(low[op])) if op in low else par
 
 
 def _check_crossings(plan: Any, r: FieldReader) -> None:

@@ -11,6 +11,8 @@ The section::
                 "ops": {op: "bfloat16" | "float16"},          # ops computing in 16 bits (the rest: as traced)
                 "weights": {op: "int8" | "int4" | "float8"},  # linears holding their weight packed (optional)
                 "weight_bytes": {op: bytes},                  # ... their parameter bytes so held (with weights)
+                "streamed": {op: bytes},                      # ... those streamed packed from host memory: bytes
+                                                              #     crossing the link per step (with weights)
                 "casts": count,                               # tensors cast at a dtype boundary (predicted)
                 "error": {"measured": {output: e, "all": e},  # packed weights of a model planned with its values:
                           "measured_by": how,                 #   the relative output error against float, measured
@@ -21,6 +23,9 @@ The section::
 
 A linear listed in ``weights`` holds its weight packed (with its scales) on its device and runs a
 weight-only kernel on bfloat16 activations (cast in, and back to float32 unless ``ops`` lists it).
+One also listed in ``streamed`` (and in the plan's ``weights``, the streamed ops) keeps its packed
+tensors in host memory, packed once when loaded, and fetches them to its device every step: its
+link carries the packed bytes, its device holds a reused buffer of that size.
 
 An op listed computes in that dtype: its float32 inputs (activations and weights) are cast to it,
 and what it produces is held in it until an op computing in another dtype reads it (cast there),
@@ -39,6 +44,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from cost_models.units import format_bytes
 from cost_models.precision import (
     DTYPES, FLOAT32, LOW, SETTING_KEYS, WEIGHT_DTYPES, activations, device_dtypes, device_weight_dtypes,
     itemsize_factor, weights,
@@ -51,7 +57,7 @@ if TYPE_CHECKING:
 __all__ = ["precision_record", "read_precision", "check_precision", "graph_differences", "precision_lines",
            "refuse_precision", "PRECISION_KEYS"]
 
-PRECISION_KEYS = ("setting", "ops", "weights", "weight_bytes", "casts", "error")
+PRECISION_KEYS = ("setting", "ops", "weights", "weight_bytes", "streamed", "casts", "error")
 
 
 def precision_record(problem: Problem, placement: Placement) -> dict[str, Any]:
@@ -66,8 +72,9 @@ def precision_record(problem: Problem, placement: Placement) -> dict[str, Any]:
     if problem.precision is None:
         return {}
     dtype = node_dtypes(problem, placement)
-    ops, packed, held = {}, {}, {}
+    ops, packed, held, streamed = {}, {}, {}, {}
     for n in problem.nodes:
+        streams = placement.streamed.get(n, placement.device[n]) != placement.device[n]
         for op in problem.members[n]:
             a = problem.op_dtype(op, dtype[n])
             if activations(a) != FLOAT32:
@@ -75,6 +82,8 @@ def precision_record(problem: Problem, placement: Placement) -> dict[str, Any]:
             if weights(a):
                 packed[op] = weights(a)
                 held[op] = problem.op_param_bytes(problem.original.ops[op], a)
+                if streams:
+                    streamed[op] = problem.stream_passes * held[op]
     casts = cast_load(problem, placement, dtype)
     setting = problem.precision.setting
     out = {"setting": setting if isinstance(setting, str) else dict(setting),
@@ -82,6 +91,7 @@ def precision_record(problem: Problem, placement: Placement) -> dict[str, Any]:
     if problem.precision.packs:
         out["weights"] = {op: packed[op] for op in problem.original.ops if op in packed}
         out["weight_bytes"] = {op: held[op] for op in out["weights"]}
+        out["streamed"] = {op: streamed[op] for op in out["weights"] if op in streamed}
     out["casts"] = sum(1 for s in casts.values() if s > 0)
     return out
 
@@ -91,7 +101,7 @@ def read_precision(r: FieldReader, value: Any) -> dict[str, Any]:
     if value == {}:
         return {}
     c = r.keys(r.mapping(value, "precision"), "precision", ("setting", "ops"),
-               ("weights", "weight_bytes", "casts", "error"))
+               ("weights", "weight_bytes", "streamed", "casts", "error"))
     setting = c["setting"]
     if isinstance(setting, str):
         if setting != "auto":
@@ -108,6 +118,11 @@ def read_precision(r: FieldReader, value: Any) -> dict[str, Any]:
         if set(out["weight_bytes"]) != set(out.get("weights", {})):
             r.fail("precision.weight_bytes", "names other ops than precision.weights; re-plan rather than editing "
                                              "the file")
+    if "streamed" in c:
+        out["streamed"] = r.string_map(c["streamed"], "precision.streamed", lambda v, p: r.count(v, p))
+        if not set(out["streamed"]) <= set(out.get("weights", {})):
+            r.fail("precision.streamed", "names ops that precision.weights does not pack; re-plan rather than "
+                                         "editing the file")
     if "casts" in c:
         out["casts"] = r.count(c["casts"], "precision.casts")
     if "error" in c:
@@ -198,6 +213,14 @@ def check_precision(plan: Any, r: FieldReader) -> None:
             if device not in names and device not in SETTING_KEYS:
                 r.fail(f"precision.setting[{device!r}]", f"{device!r} is not a device of the plan "
                                                          f"({', '.join(sorted(names))})")
+    for op, nbytes in section.get("streamed", {}).items():
+        path = f"precision.streamed[{op!r}]"
+        if op not in plan.weights:
+            r.fail(path, f"{op} streams its packed weight, but the plan's weights (the streamed ops) do not list it; "
+                         f"re-plan rather than editing the file")
+        if nbytes != (2 if plan.training else 1) * section["weight_bytes"][op]:
+            r.fail(path, f"{nbytes:,} bytes per step, but {op} holds {section['weight_bytes'][op]:,} packed "
+                         f"(precision.weight_bytes); re-plan rather than editing the file")
     for key, runs, says in (("ops", device_dtypes, "computes in {a} on {d}, whose profile runs only {runs}"),
                             ("weights", device_weight_dtypes,
                              "packs its weight in {a} on {d}, which has no {a} weight-only kernel (it runs {runs})")):
@@ -235,6 +258,13 @@ def precision_lines(plan: Any) -> list[str]:
                 f"measured error {error['measured']['all']:.3g} against the float model" if "max_error" not in error
                 else f"measured error {error['measured']['all']:.3g} of max_error {error['max_error']:g}")
         lines.append(f"  weights    {held} ({said})")
+        if section.get("streamed"):
+            routes: dict[tuple[str, str], list[int]] = {}
+            for op, nbytes in section["streamed"].items():
+                routes.setdefault((plan.weights[op], plan.placement[op]), []).append(nbytes)
+            lines.append("  streamed packed: " + ", ".join(
+                f"{len(b)} linears {src} -> {dst}, {format_bytes(sum(b))} per step"
+                for (src, dst), b in sorted(routes.items())))
     return lines
 
 

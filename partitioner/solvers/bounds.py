@@ -38,7 +38,7 @@ import logging
 
 from partitioner.solvers.milp import Milp, Term
 from partitioner.solvers.pipeline import Schedule
-from partitioner.solvers.problem import Objective, Problem, StreamMode
+from partitioner.solvers.problem import Objective, Problem
 from partitioner.solvers.train_state import grad_hop_s, state_hop_s, update_hop_s
 
 log = logging.getLogger(__name__)
@@ -187,9 +187,9 @@ def _program(p: Problem, scale: float) -> Milp:
             if d in s.get(n, {}):
                 terms.append((-mu * p.param_mem[n], s[n][d]))
                 m.at_least(f"buffer[{n}][{d}]", buffer,
-                           [(mu * p.stream_buffer_bytes(n, StreamMode.PREFETCH, d), s[n][d])])
+                           [(mu * p.least_stream_buffer(n, d), s[n][d])])
             if d == p.host:
-                terms += [(mu * p.stream_mem(n, t), v) for t, v in s.get(n, {}).items()]
+                terms += [(mu * p.least_stream_mem(n, t), v) for t, v in s.get(n, {}).items()]
                 terms += [(mu * p.offload_mem[n], v) for v in o.get(n, {}).values()]
                 terms += [(mu * p.state_mem[n], v) for v in g.get(n, {}).values()]
             for sp, v in k.get(n, {}).items():
@@ -218,7 +218,7 @@ def _program(p: Problem, scale: float) -> Milp:
         for d in p.device_names:
             m.at_least(f"device_load[{d}]", T, time_terms[d] + step_terms[d])
     for label in p.link_labels:
-        terms = [(scale * p.node_stream_hop_s(n, p.host, d, label), v)
+        terms = [(scale * p.least_stream_hop_s(n, d, label), v)
                  for n, per_d in s.items() for d, v in per_d.items() if label in p.hops(p.host, d)]
         for n, per_sp in k.items():  # a split's input out and its other shard's output back
             for sp, v in per_sp.items():

@@ -10,7 +10,11 @@ memory ``unit.memory`` per byte, chosen by ``ilp.py`` so that the numbers stay w
 * ``x[v,d]`` binary, node ``v`` runs on ``d``; ``assign[v]``: one device each. Pins and
   unsupported pairs are not columns: ``x`` is then the constant 0 or 1;
 * ``s[v,d]`` binary, ``v`` runs on accelerator ``d`` with its weights streamed from the host,
-  ``s <= x`` (inference only);
+  ``s <= x``; where ``v`` may stream in several forms there (inference with precision: every
+  choice it has on ``d``, packed ones included), ``q[v,d,a]`` binary, it streams them held in
+  choice ``a``'s form: ``stream_forms[v,d]``: ``sum_a q = s``, ``stream_in[v,d,a]``:
+  ``q <= r[v,d,a]``; host memory, link load, link budget and the device's buffer are priced per
+  ``q`` (a packed linear's stream is its packed bytes);
 * copies of activations, once per tensor and destination however many consumers read it there
   (the *arrival* form, tighter than one row per (consumer, source, destination)):
   ``sum_a y[t,a,b] >= x[consumer,b] - x[producer,b]`` for each consumer, and
@@ -31,7 +35,8 @@ memory ``unit.memory`` per byte, chosen by ``ilp.py`` so that the numbers stay w
 * precision (``Options.precision``): where node ``v`` may compute in several dtypes on ``d``,
   ``r[v,d,a]`` binary with ``dtype[v,d]``: ``sum_a r[v,d,a] = x[v,d]`` (elsewhere ``r`` is ``x`` for
   the one dtype, or 0): the decision is (device, dtype). Compute, parameters, working set and
-  saved activations are priced per ``r``; a stream needs float32 (``s[v,d] <= r[v,d,float32]``);
+  saved activations are priced per ``r``; a stream in one form only (training: float32) needs it
+  (``stream_form``: ``s[v,d] <= r[v,d,form]``);
   a copy is sized by the largest dtype its producer may hold it in on the source, and
   ``half[t,a,b] <= y[t,a,b]``, ``half <= sum_low r[producer,a,low]`` takes back the bytes saved
   when it crosses in 16 bits; ``cast[t,c,d] >= [c reads in a on d] - [t held in a]`` for each
@@ -274,21 +279,40 @@ class Formulation:
 
     def _streaming(self) -> None:
         self.sv: dict[str, dict[str, Column]] = {}
+        self.qv: dict[str, dict[str, dict[str, Column]]] = {}  # node -> device -> stream form -> column
+        self.forms: dict[str, dict[str, tuple[str, ...]]] = {}  # node -> device -> forms it may stream in
         p = self.p
         for n in p.streamable:
-            targets = [d for d in self.allowed[n] if d != p.host and p.stream_choice(n, d) is not None
-                       and (not p.options.training or FLOAT32 in p.choices[n][d])
-                       and not self.too_dear(p.node_stream_issue_s(n, d))
-                       and not any(self.too_dear(p.node_stream_hop_s(n, p.host, d, lbl)) for lbl in p.hops(p.host, d))]
-            if not targets:
-                continue
-            self.sv[n] = {d: self.milp.column(_name("s", n, d), upper=1.0, integer=True) for d in targets}
-            for d, s in self.sv[n].items():
+            for d in self.allowed[n]:
+                if d == p.host or self.too_dear(p.node_stream_issue_s(n, d)):
+                    continue
+                forms = tuple(a for a in p.stream_forms(n, d) if a in self.dtypes_on(n, d) and not any(
+                    self.too_dear(p.node_stream_hop_s(n, p.host, d, lbl, choice=a)) for lbl in p.hops(p.host, d)))
+                if forms:
+                    self.forms.setdefault(n, {})[d] = forms
+            for d, forms in self.forms.get(n, {}).items():
+                s = self.sv.setdefault(n, {})[d] = self.milp.column(_name("s", n, d), upper=1.0, integer=True)
                 if isinstance(self.x(n, d), Column):
                     self.milp.at_most(_name("stream_le_x", n, d), [(1.0, s), (-1.0, self.x(n, d))], 0.0)
-                if d in self.rv.get(n, {}):  # the host holds streamed weights in one form: the node computes in it
-                    self.milp.at_most(_name("stream_form", n, d),
-                                      [(1.0, s), (-1.0, self.r(n, d, p.stream_choice(n, d)))], 0.0)
+                if d not in self.rv.get(n, {}):
+                    continue  # one dtype there: the stream's form
+                if len(forms) == 1:  # the host holds streamed weights in one form: the node computes in it
+                    self.milp.at_most(_name("stream_form", n, d), [(1.0, s), (-1.0, self.r(n, d, forms[0]))], 0.0)
+                    continue
+                # several forms: q[v,d,a] = "streams in a's form", one of them when s, each only with r[v,d,a]
+                q = self.qv.setdefault(n, {})[d] = {
+                    a: self.milp.column(_name("q", n, d, a), upper=1.0, integer=True) for a in forms}
+                self.milp.equal(_name("stream_forms", n, d), [(1.0, c) for c in q.values()] + [(-1.0, s)], 0.0)
+                for a, c in q.items():
+                    self.milp.at_most(_name("stream_in", n, d, a), [(1.0, c), (-1.0, self.r(n, d, a))], 0.0)
+
+    def streams(self, n: str, d: str) -> list[tuple[str, Column]]:
+        """``(form, column)``: ``n`` streams its weights to ``d`` held in ``form`` when the column is 1."""
+        per = self.qv.get(n, {}).get(d)
+        if per:
+            return list(per.items())
+        s = self.sv.get(n, {}).get(d)
+        return [(self.forms[n][d][0], s)] if s is not None else []
 
     def _splits(self) -> None:
         """``k[v,split]`` columns for the splits each node may take (home allowed here, fits alone)."""
@@ -509,8 +533,8 @@ class Formulation:
             work += [(n, mu * p.split_price[(n, sp)].work_bytes[1], k)
                      for n, cols in self.kv.items() for sp, k in cols.items() if sp.other == d]
             work = [(n, w, z) for n, w, z in work if w > 0]
-            streamed = [(n, mu * p.stream_buffer_bytes(n, StreamMode.PREFETCH, d), self.sv[n][d])
-                        for n in self.sv if d in self.sv[n]]
+            streamed = [(n, mu * p.stream_buffer_bytes(n, StreamMode.PREFETCH, d, a), q)
+                        for n in self.sv if d in self.sv[n] for a, q in self.streams(n, d)]
             states = self.ts.state_buffers(d)
             most = (self._most(terms) + max((w for _, w, _ in work), default=0.0)
                     + max((w for _, w, _ in streamed), default=0.0) + max((w for _, w, _ in states), default=0.0))
@@ -556,15 +580,14 @@ class Formulation:
 
     def param_terms(self, n: str, d: str) -> list[Term]:
         """Memory of ``n``'s own parameters on ``d`` (in the choice it computes in; streamed: on the host, in
-        the form it is streamed in, :meth:`~partitioner.solvers.problem.Problem.stream_choice`)."""
+        the form it is streamed in, :meth:`~partitioner.solvers.problem.Problem.stream_forms`)."""
         p, mu = self.p, self.units.memory
         if p.precision is None:
             return [(mu * c * p.param_mem[n], v) for c, v in self.resident(n, d)]
         terms: list[Term] = [(mu * p.param_mem_at[n][a], self.r(n, d, a)) for a in self.dtypes_on(n, d)]
         if d == p.host:
-            return terms + [(mu * p.stream_mem(n, t), s) for t, s in self.sv.get(n, {}).items()]
-        s = self.sv.get(n, {}).get(d)
-        return terms + ([(-mu * p.param_mem_at[n][p.stream_choice(n, d)], s)] if s is not None else [])
+            return terms + [(mu * p.stream_mem(n, t, a), q) for t in self.sv.get(n, {}) for a, q in self.streams(n, t)]
+        return terms + [(-mu * p.param_mem_at[n][a], q) for a, q in self.streams(n, d)]
 
     def link_terms(self, label: str, *, budget: bool = False) -> list[Term]:
         """Load on link ``label``: model time (or memory units of bytes when ``budget``)."""
@@ -582,10 +605,11 @@ class Formulation:
                               -tu * factor * (p.hop_s(cp.nbytes, cp.src, cp.dst, label)
                                               - p.hop_s(less, cp.src, cp.dst, label)), u))
         for n, per_d in self.sv.items():
-            for d, s in per_d.items():
+            for d in per_d:
                 if label in p.hops(p.host, d):
-                    terms.append((mu * p.stream_bytes(n, d) if budget
-                                  else tu * p.node_stream_hop_s(n, p.host, d, label), s))
+                    terms += [(mu * p.stream_bytes(n, d, a) if budget
+                               else tu * p.node_stream_hop_s(n, p.host, d, label, choice=a), q)
+                              for a, q in self.streams(n, d)]
         return terms + self.ts.link_terms(label, budget) + self.split_link_terms(label, budget)
 
     def _link_budgets(self) -> None:
@@ -754,6 +778,8 @@ class Formulation:
         for n, per_d in self.sv.items():
             for d, v in per_d.items():
                 values[v.index] = 1.0 if n in placement.streamed and dev[n] == d else 0.0
+                for a, q in self.qv.get(n, {}).get(d, {}).items():
+                    values[q.index] = values[v.index] if dtype[n] == a else 0.0
         for n, cols in self.kv.items():
             for sp, k in cols.items():
                 values[k.index] = 1.0 if placement.split.get(n) == sp else 0.0

@@ -311,8 +311,9 @@ def _stored(problem: GenerationProblem, phase: int, model: Formulation, node: st
         for c in model.dtypes_on(node, d):
             form = problem.form_of(phase, node, c, names)
             out.setdefault(d, {}).setdefault(form, []).append((1.0, model.r(node, d, c)))
-    for d, s in model.sv.get(node, {}).items():
-        form = problem.form_of(phase, node, p.stream_choice(node, d), names)
-        out.setdefault(d, {}).setdefault(form, []).append((-1.0, s))
-        out.setdefault(p.host, {}).setdefault(form, []).append((1.0, s))
+    for d in model.sv.get(node, {}):
+        for choice, q in model.streams(node, d):  # streamed in the form it computes in (packed: packed)
+            form = problem.form_of(phase, node, choice, names)
+            out.setdefault(d, {}).setdefault(form, []).append((-1.0, q))
+            out.setdefault(p.host, {}).setdefault(form, []).append((1.0, q))
     return out

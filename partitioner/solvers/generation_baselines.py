@@ -95,22 +95,16 @@ def _llama_cpp(p: Problem, s: _Structure, gpu: str, k: int, experts_on_cpu: bool
 
 
 def in_stream_forms(p: Problem, placement: Placement) -> Placement:
-    """``placement`` with every streamed node computing in the form the host holds its weights in
-    (:meth:`~partitioner.solvers.problem.Problem.stream_choice`), and a node whose every choice
-    there packs its weight computing on the host instead (packed weights stay resident), or, where
-    it may not run there (a pin), keeping its packed weight where it computes; as placed without
-    ``precision``."""
+    """``placement`` with every streamed node's choice written out: the host holds its weights in
+    the form it computes in (:meth:`~partitioner.solvers.problem.Problem.stream_form`; a packed
+    linear streams packed), so the other phase's stored form can be matched to it; as placed
+    without ``precision``."""
     if p.precision is None or not placement.streamed:
         return placement
-    device, streamed, precision = dict(placement.device), dict(placement.streamed), dict(placement.precision)
-    for n, src in placement.streamed.items():
-        form = p.stream_choice(n, device[n])
-        if form is None:
-            device[n] = src if src in p.allowed[n] else device[n]
-            del streamed[n]
-        elif form is not None:
-            precision[n] = form
-    return dataclasses.replace(placement, device=device, streamed=streamed, precision=precision)
+    precision = dict(placement.precision)
+    for n in placement.streamed:
+        precision[n] = p.stream_form(n, placement.device[n], precision.get(n))
+    return dataclasses.replace(placement, precision=precision)
 
 
 def agree_forms(gp: GenerationProblem, pair: PhasePair) -> PhasePair:

@@ -100,7 +100,8 @@ def expand(finer: Problem, group_of: dict[str, str], placement: Placement) -> Pl
     streamed = {n: finer.host for n in finer.nodes
                 if group_of[n] in placement.streamed and n in finer.streamable and device[n] != finer.host}
     precision = {n: a for n in finer.nodes if (a := placement.precision.get(group_of[n])) is not None
-                 and n not in streamed and a in finer.choices[n].get(device[n], ())}  # a member may need float32
+                 and a in finer.choices[n].get(device[n], ())  # a member may need float32
+                 and (n not in streamed or a in finer.stream_forms(n, device[n]))}
     return Placement(device, streamed, StreamMode.PREFETCH, precision=precision)
 
 

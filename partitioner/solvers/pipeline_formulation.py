@@ -71,6 +71,8 @@ class PipelineFormulation(Formulation):
         self.milp = Milp()
         self.defined: dict[int, list[int]] = {}
         self.sv: dict[str, dict[str, Column]] = {}  # no weight streaming in a pipeline
+        self.qv: dict[str, dict[str, dict[str, Column]]] = {}
+        self.forms: dict[str, dict[str, tuple[str, ...]]] = {}
         self.symmetric_pairs: list[tuple[str, str]] = []  # stage order tells devices apart
         self.stream_classes: list[tuple[str, list[str]]] = []
         self.D = list(problem.device_names)

@@ -20,7 +20,11 @@ Semantics (documented once, here):
   streamed node on the device, and adds each copy's issue latency (the route's latency: the
   copy launch and the event the compute waits on; measured 1.04x all-GPU with 36 prefetched
   ops) to the node; ``StreamMode.SYNC`` (accelerate's offload: pageable memory,
-  synchronous, no prefetch) adds the copy to the critical path and holds one buffer;
+  synchronous, no prefetch) adds the copy to the critical path and holds one buffer. In
+  inference a streamed node may compute in any choice it has on its device, and its weights are
+  held on the host and cross the link in that choice's form (cast or packed once, when loaded): a
+  packed linear streams its packed values and scales, and its device holds a buffer of that size
+  (``Problem.stream_forms``); in training they stream as float32 master weights;
 * a parameter shared by several nodes (tied weights) is resident with its owner; another user
   on a device where it is not resident copies it in every step, synchronously, costed from the
   slowest source (it adds to the critical path and to the destination's busy time);
@@ -46,7 +50,7 @@ Semantics (documented once, here):
   float32 where the device runs it), at ``compute_in`` (the cost model's ``op_time_in``); in 16 bits
   its float32 activations take half the bytes (copies, working set, saved activations) and, in
   inference, so do its resident weights (training keeps float32 master weights, gradients and
-  optimizer state); a node whose weights are streamed computes in float32. Where a float32 tensor
+  optimizer state); in training a node whose weights are streamed computes in float32. Where a float32 tensor
   reaches a reader in another dtype, the reader's device casts it (``cast_s``; once per tensor and
   reading op, so a coarse node costs what its members do on the original graph), and a 16-bit
   graph output is cast back to float32 where it is produced;
@@ -667,44 +671,66 @@ class Problem:
         """Copies of a streamed weight per step: forward only, or forward and backward (training)."""
         return 2 if self.options.training else 1
 
-    def stream_choice(self, node: str, dst: str) -> str | None:
-        """The choice ``node`` computes in on ``dst`` when it streams its weights there: the host
-        keeps them in that form (cast once, when loaded). Float32 without precision and in training
-        (float32 master weights); else the unpacked choice holding its parameters in the fewest bytes
-        (a 16-bit one where offered). None: every choice there packs its weight, and packed weights
-        stay resident (the emitted streamer fetches one tensor per weight)."""
+    def stream_forms(self, node: str, dst: str) -> tuple[str, ...]:
+        """The choices ``node`` may compute in on ``dst`` while its weights stream there from the host.
+
+        Inference: every choice it has there; the host keeps the weights in that choice's form,
+        cast or packed once when loaded (a packed linear streams its packed values and scales:
+        :meth:`stream_parts_to`). Training and plans without precision: float32 (the master
+        weights), or the one dtype the device runs."""
         dtypes = self.choices[node].get(dst, (FLOAT32,))
         if self.options.training or self.precision is None:
-            return FLOAT32 if FLOAT32 in dtypes else dtypes[0]
-        unpacked = [a for a in dtypes if not weights(a)]
-        return min(unpacked, key=lambda a: (self.param_mem_at[node][a], dtypes.index(a))) if unpacked else None
+            return (FLOAT32,) if FLOAT32 in dtypes else dtypes[:1]
+        return dtypes
 
-    def stream_parts_to(self, node: str, dst: str) -> tuple[int, ...]:
-        """Bytes of each member op's weights as streamed to ``dst`` (in :meth:`stream_choice`'s form)."""
-        choice = self.stream_choice(node, dst)
-        return self.stream_parts_at[node][choice] if choice is not None else self.stream_parts[node]
+    def stream_form(self, node: str, dst: str, choice: str | None = None) -> str:
+        """The form ``node``'s weights stream to ``dst`` in when it computes in ``choice`` there
+        (default: its default choice there, :meth:`default_dtype`)."""
+        if self.options.training or self.precision is None:
+            return self.stream_forms(node, dst)[0]
+        return choice or self.default_dtype(node, dst)
 
-    def stream_bytes(self, node: str, dst: str) -> int:
+    def stream_parts_to(self, node: str, dst: str, choice: str | None = None) -> tuple[int, ...]:
+        """Bytes of each member op's weights as streamed to ``dst`` when ``node`` computes in
+        ``choice`` there (:meth:`stream_form`): a packed weight's values and scales, the rest in the
+        choice's activation dtype."""
+        return self.stream_parts_at[node][self.stream_form(node, dst, choice)]
+
+    def stream_bytes(self, node: str, dst: str, choice: str | None = None) -> int:
         """Bytes per step streamed to ``dst`` for ``node`` (every member op's weights, once per pass)."""
-        return self.stream_passes * sum(self.stream_parts_to(node, dst))
+        return self.stream_passes * sum(self.stream_parts_to(node, dst, choice))
 
-    def stream_mem(self, node: str, dst: str) -> int:
+    def stream_mem(self, node: str, dst: str, choice: str | None = None) -> int:
         """Host bytes of ``node``'s weights when it streams them to ``dst`` (in the form streamed)."""
-        choice = self.stream_choice(node, dst)
-        return self.param_mem_at[node][choice] if self.precision is not None and choice is not None \
-            else self.param_mem[node]
+        return self.param_mem_at[node][self.stream_form(node, dst, choice)]
 
-    def node_stream_s(self, node: str, src: str, dst: str, mode: StreamMode) -> float:
+    def node_stream_s(self, node: str, src: str, dst: str, mode: StreamMode, choice: str | None = None) -> float:
         """Seconds per step to stream every member op's weights of ``node`` (one copy per op and pass)."""
-        return self.stream_passes * sum(self.stream_s(b, src, dst, mode) for b in self.stream_parts_to(node, dst))
+        return self.stream_passes * sum(self.stream_s(b, src, dst, mode)
+                                        for b in self.stream_parts_to(node, dst, choice))
 
     def node_stream_issue_s(self, node: str, dst: str) -> float:
-        """Issue latency a prefetched ``node`` pays on ``dst``: once per member op's copy and pass."""
+        """Issue latency a prefetched ``node`` pays on ``dst``: once per member op's copy and pass
+        (a packed weight's tensors count as one copy, like a float weight and its bias)."""
         return self.stream_passes * len(self.stream_parts[node]) * self.stream_issue_s(dst)
 
-    def node_stream_hop_s(self, node: str, src: str, dst: str, label: str, pinned: bool = True) -> float:
+    def node_stream_hop_s(self, node: str, src: str, dst: str, label: str, pinned: bool = True,
+                          choice: str | None = None) -> float:
         """Seconds link ``label`` is busy streaming ``node``'s weights (one copy per member op and pass)."""
-        return self.stream_passes * sum(self.hop_s(b, src, dst, label, pinned) for b in self.stream_parts_to(node, dst))
+        return self.stream_passes * sum(self.hop_s(b, src, dst, label, pinned)
+                                        for b in self.stream_parts_to(node, dst, choice))
+
+    def least_stream_hop_s(self, node: str, dst: str, label: str) -> float:
+        """The least time link ``label`` is busy streaming ``node``'s weights to ``dst`` (bounds)."""
+        return min(self.node_stream_hop_s(node, self.host, dst, label, choice=a) for a in self.stream_forms(node, dst))
+
+    def least_stream_mem(self, node: str, dst: str) -> int:
+        """The fewest host bytes ``node``'s weights take when streamed to ``dst`` (bounds)."""
+        return min(self.stream_mem(node, dst, a) for a in self.stream_forms(node, dst))
+
+    def least_stream_buffer(self, node: str, dst: str) -> int:
+        """The smallest prefetch buffer ``node``'s streamed weights need on ``dst`` (bounds)."""
+        return min(self.stream_buffer_bytes(node, StreamMode.PREFETCH, dst, a) for a in self.stream_forms(node, dst))
 
     @functools.cache  # noqa: B019
     def one_way_s(self, nbytes: int, src: str, dst: str) -> float:
@@ -712,9 +738,10 @@ class Problem:
         return self.costs.transfer_time(nbytes, src, dst, self.devices).seconds if src != dst and nbytes else 0.0
 
 
-    def stream_buffer_bytes(self, node: str, mode: StreamMode, dst: str) -> int:
-        """Buffer on ``dst`` ``node``'s streamed weights need: its largest member copy, once or twice."""
-        return self.buffer_factor(mode) * max(self.stream_parts_to(node, dst), default=0)
+    def stream_buffer_bytes(self, node: str, mode: StreamMode, dst: str, choice: str | None = None) -> int:
+        """Buffer on ``dst`` ``node``'s streamed weights need: its largest member copy (in the form
+        streamed), once or twice."""
+        return self.buffer_factor(mode) * max(self.stream_parts_to(node, dst, choice), default=0)
 
     def shared_param_s(self, param: SharedParam, dst: str) -> float:
         """Seconds to copy a shared parameter to ``dst``, from the slowest possible source."""
@@ -751,8 +778,8 @@ class Problem:
         dtypes = self.choices[node].get(device, (FLOAT32,))
         for a in dtypes:
             weights = self.param_mem_at[node][a]
-            if node in self.streamable and device != self.host and a == self.stream_choice(node, device):
-                weights = min(weights, self.stream_buffer_bytes(node, StreamMode.PREFETCH, device))
+            if node in self.streamable and device != self.host and a in self.stream_forms(node, device):
+                weights = min(weights, self.stream_buffer_bytes(node, StreamMode.PREFETCH, device, a))
             if node in self.offloadable and device != self.host:  # optimizer state on the host
                 weights = min(weights, self.weight_mem[node])
             if node in self.state_streamable and device != self.host:  # state on the host, streamed for the step
@@ -796,11 +823,9 @@ def evaluate(problem: Problem, placement: Placement) -> Evaluation:
             violations.append(f"op {n} computes in {dtype[n]} on {x[n]}, which offers it "
                               f"{', '.join(p.choices[n][x[n]])} only")
         if n in placement.streamed and placement.streamed[n] != x[n] and x[n] in p.choices[n] \
-                and dtype[n] != p.stream_choice(n, x[n]):
-            form = p.stream_choice(n, x[n])
-            violations.append(f"op {n} streams its weights held as {form} but computes in {dtype[n]}" if form else
-                              f"op {n} streams its weights but computes with them packed ({dtype[n]}): packed "
-                              f"weights stay resident")
+                and dtype[n] not in p.stream_forms(n, x[n]):
+            violations.append(f"op {n} streams its weights held as {p.stream_forms(n, x[n])[0]} (float32 master "
+                              f"weights in training) but computes in {dtype[n]}")
         if n in placement.streamed and placement.streamed[n] != x[n] and n in p.state_writers:
             violations.append(f"op {n} writes its own buffers (a KV cache), so they cannot be streamed: "
                               f"they live where it computes")
@@ -816,7 +841,7 @@ def evaluate(problem: Problem, placement: Placement) -> Evaluation:
         for label in p.hops(t.src, t.dst):
             if t.kind == "weights":
                 pinned = placement.stream_mode is not StreamMode.SYNC
-                link_load[label] += p.node_stream_hop_s(t.tensor, t.src, t.dst, label, pinned)
+                link_load[label] += p.node_stream_hop_s(t.tensor, t.src, t.dst, label, pinned, dtype[t.tensor])
             elif t.kind == "gradient":
                 link_load[label] += grad_hop_s(p, t.tensor, t.src, label)
             elif t.kind == "update":
@@ -946,8 +971,9 @@ def _transfers(p: Problem, placement: Placement) -> list[Transfer]:
             out.append(Transfer(op, sp.other, sp.home, price.copy_out, price.copy_out_s, "split"))
     for n, home in placement.streamed.items():
         if home != x[n] and p.param_bytes[n]:
-            out.append(Transfer(n, home, x[n], p.stream_bytes(n, x[n]),
-                                p.node_stream_s(n, home, x[n], placement.stream_mode), "weights"))
+            a = p.dtype_of(placement, n)  # the weights cross in the form the node computes with
+            out.append(Transfer(n, home, x[n], p.stream_bytes(n, x[n], a),
+                                p.node_stream_s(n, home, x[n], placement.stream_mode, a), "weights"))
     for sp in p.shared:
         home = placement.residence(sp.owner)
         for dst in dict.fromkeys(x[u] for u in sp.users):
@@ -1034,9 +1060,9 @@ def memory_use(p: Problem, placement: Placement) -> dict[str, int]:
             params[p.host] += p.state_mem[n]
             state_buffers[d] = max(state_buffers[d], state_buffer_bytes(p, n))
         else:
-            params[placement.residence(n)] += p.stream_mem(n, d) if streams else p.param_mem_at[n].get(a, p.param_mem[n])
+            params[placement.residence(n)] += p.stream_mem(n, d, a) if streams else p.param_mem_at[n].get(a, p.param_mem[n])
         if streams:
-            buffers[d] = max(buffers[d], p.stream_buffer_bytes(n, placement.stream_mode, d))
+            buffers[d] = max(buffers[d], p.stream_buffer_bytes(n, placement.stream_mode, d, a))
         work[d] = max(work[d], p.work_mem_at[n].get(a, p.work_mem[n]))
         if n not in placement.recompute:
             saved[d] += p.saved_at[n].get(a, p.saved[n])
@@ -1061,7 +1087,7 @@ def list_schedule(p: Problem, placement: Placement) -> dict[str, tuple[float, fl
         finish = start + p.compute_in[n].get(d, {}).get(dtype[n], float("inf")) + casts[n]
         if n in placement.streamed and placement.streamed[n] != d:
             if placement.stream_mode is StreamMode.SYNC:
-                finish += p.node_stream_s(n, placement.streamed[n], d, StreamMode.SYNC)
+                finish += p.node_stream_s(n, placement.streamed[n], d, StreamMode.SYNC, dtype[n])
             else:
                 finish += p.node_stream_issue_s(n, d)
         times[n] = (start, finish)

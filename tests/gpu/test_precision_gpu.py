@@ -4,7 +4,9 @@
   tolerance, for inference and a training step;
 * the seed case (``emb-transformer:base``) planned in bfloat16 on the GPU runs faster than its
   float32 plan (median of timed forwards, printed beside the plans' predictions), and its weights
-  on the GPU take the bytes the plan says (half of float32's).
+  on the GPU take the bytes the plan says (half of float32's);
+* ``gpt:small`` with int8 / int4 weights under a cuda:0 cap streams some linears packed: their
+  packed tensors sit in pinned host memory and the outputs equal the unplaced packing.
 """
 
 from __future__ import annotations
@@ -64,3 +66,29 @@ def test_the_seed_case_in_bf16_is_faster_than_fp32_on_the_gpu() -> None:
           f"(predicted {predicted['fp32'] * 1e3:.2f}), bf16 {measured['bf16'] * 1e3:.2f} ms "
           f"(predicted {predicted['bf16'] * 1e3:.2f})")
     assert measured["bf16"] < measured["fp32"]
+
+
+@pytest.mark.parametrize(("weight", "cap"), [("int8", "4MB"), ("int4", "2MB")])
+def test_packed_weights_streamed_to_the_gpu_are_pinned_and_equal_the_unplaced_packing(weight: str, cap: str) -> None:
+    """``gpt:small`` with packed weights and a cuda:0 cap below them: the linears that stream keep
+    their packed tensors (packed in the GPU's layout) in pinned host memory, fetched each call, and
+    the outputs equal the same packing run unplaced."""
+    pytest.importorskip("torchao")
+    if weight == "int4" and torch.cuda.get_device_capability() < (8, 0):
+        pytest.skip("int4 weight-only kernels need sm_80")
+    module, inputs = models.get("gpt", "small")
+    plan = partition(module, inputs, "h200-host", memory={"cuda:0": cap}, precision={"weights": weight})
+    streamed = plan.precision.get("streamed", {})
+    assert streamed, plan.summary()
+    report = check_plan(plan, module, inputs, repeat=3)
+    assert report.passed and report.packed is not None, report.to_text()
+    emitted = plan.emit(module)
+    fetched = emitted._hetpart_streamer.order
+    packed = [name for name in fetched if f"_{weight}_" in name]
+    assert len(packed) >= 2 * len(streamed)  # values and scales of each streamed linear
+    for name in packed:
+        tensor = emitted.get_buffer(name)
+        assert tensor.device.type == "cpu" and tensor.is_pinned(), name
+    with torch.no_grad():
+        out = emitted(*inputs)  # inputs start on the host, as planned
+    assert torch.isfinite(out).all()

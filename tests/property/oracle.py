@@ -7,7 +7,8 @@ order), each evaluated on the *original* graph, so that the ILP's certificate is
 something independent of the ILP and of coarsening.
 
 Precision (``Options.precision``): every dtype a node may compute in on its device is tried too,
-a streamed node in float32 only.
+streamed or not (a streamed node's weights cross in that dtype's form: packed bytes for a packed
+choice); in training a streamed node computes in float32 only.
 
 Training state (``partitioner.solvers.train_state``): each trainable node computing on an
 accelerator with its weights resident keeps its optimizer state there, on the host (stepped there)
@@ -104,13 +105,12 @@ def _training_states(problem: Problem, device: dict, streamed: dict) -> Iterator
 
 
 def _dtypes(problem: Problem, node: str, device: str, streamed: bool) -> tuple[str, ...]:
-    """The dtypes ``node`` may compute in on ``device`` (streamed weights: the one form the host
-    holds them in, none where every choice packs them)."""
+    """The dtypes ``node`` may compute in on ``device`` (streamed weights: the forms the host may
+    hold them in, packed ones included; float32 only in training)."""
     choices = problem.choices[node][device]
     if not streamed:
         return choices
-    form = problem.stream_choice(node, device)
-    return (form,) if form is not None else ()
+    return tuple(a for a in choices if a in problem.stream_forms(node, device))
 
 
 def orders(problem: Problem) -> list[tuple[str, ...]]:

@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from models.synthetic import random_dag, random_profile
-from partitioner.ir import OpGraph
+from partitioner.ir import OpClass, OpGraph
 from partitioner.coarsen import CoarsenOptions, coarsen
 from partitioner.solvers.bounds import memory_aware_lower_bound, physical_lower_bound
 from partitioner.solvers.heft import solve_heft
@@ -330,6 +330,67 @@ def test_packed_weight_choices_keep_the_certificate_on_fixed_instances() -> None
         if chosen >= 3:
             break
     assert chosen >= 1, "no instance where packing pays: widen _packed_instance"
+
+
+def _packed_stream_instance(seed: int, coarsened: bool) -> Problem | None:
+    """A small inference problem whose weights are all linears' and packed in int8 on the accelerator
+    (many times faster than the host, which has no int8 kernel), with room there for the largest
+    packed weight's two stream buffers and half the smallest, not for all of them: the best plan streams
+    some weights packed (None: nothing to pack, or too many candidates to enumerate)."""
+    import dataclasses
+
+    from cost_models.precision import packed_weight_bytes, resolve_precision
+
+    graph = random_dag(seed, 4, max_inputs=2, param_prob=1.0, param_sizes=(1 << 22, 1 << 24))
+    owners = {op.name for op in graph.ops.values() if op.owned_params}
+    ops = [dataclasses.replace(op, kind="aten.linear.default", op_class=OpClass.MATMUL) if op.name in owners else op
+           for op in graph.topological_order()]
+    params = [dataclasses.replace(p, shape=(16, p.shape[0] // 16)) if p.owner in owners else p
+              for p in graph.params.values()]
+    graph = OpGraph(graph.name, ops, graph.tensors.values(), params, graph.inputs, graph.outputs)
+    profile = random_profile(seed, 2)
+    profile = dataclasses.replace(profile, devices=tuple(
+        dataclasses.replace(d, peak_flops={"float32": d.peak("float32"), "bfloat16": 4 * d.peak("float32")},
+                            weight_only={"int8": 4 * d.peak("float32")} if d.name != "cpu" else {})
+        for d in profile.devices))
+    packed = [packed_weight_bytes(*p.shape, "int8") for p in params if p.owner in owners]
+    if sum(packed) <= 2 * max(packed, default=0):  # streaming would save no memory there
+        return None
+    working = max(sum(graph.tensors[t].nbytes for t in op.inputs + op.outputs) for op in graph.ops.values())
+    cap = 2 * max(packed) + working + min(packed) // 2
+    profile = profile.with_memory({d.name: min(cap, d.memory) for d in profile.devices if d.name != "cpu"})
+    options = Options(precision=resolve_precision({"weights": "int8"}, profile))
+    members, problem_graph = None, graph
+    if coarsened:
+        c = coarsen(graph, CoarsenOptions(module_depth=1))
+        if len(c.graph) == len(graph):
+            return None
+        problem_graph, members = c.graph, c.members
+    problem = Problem(problem_graph, profile, options, members=members, original=graph)
+    return problem if count_candidates(problem) <= 3000 else None
+
+
+@pytest.mark.parametrize("coarsened", [False, True])
+def test_packed_weights_streamed_keep_the_certificate_on_fixed_instances(coarsened: bool) -> None:
+    """A streamed node may compute in a packed choice, its packed bytes on the link, in host memory
+    and in its device's buffer: on instances where streaming packed weights pays, the ILP's choice
+    (device, dtype, streamed) is within gap 0 of brute force over every such choice, its objective
+    is evaluate's, and the bounds hold."""
+    chosen = 0
+    for seed in range(80):
+        problem = _packed_stream_instance(seed, coarsened)
+        if problem is None:
+            continue
+        info = {"objective": "latency", "pipeline": False, "streaming": True, "training": False, "tied": False,
+                "coarsened": coarsened, "pinned": False, "pinned producer, several consumers": False,
+                "nodes": len(problem.nodes), "candidates": count_candidates(problem)}
+        failures = check(problem, info, "highs", bool(seed % 2))
+        assert not failures, (seed, failures)
+        sol = solve_ilp(problem, solver="highs", time_limit=60, gap=0.0)
+        chosen += any("+" in problem.dtype_of(sol.placement, n) for n in sol.placement.streamed)
+        if chosen >= 3:
+            break
+    assert chosen >= 1, "no instance where streaming packed weights pays: widen _packed_stream_instance"
 
 
 def test_the_oracle_saw_every_kind_of_instance(capsys: pytest.CaptureFixture[str]) -> None:
