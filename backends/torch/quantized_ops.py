@@ -365,6 +365,12 @@ def fake_quantized(weight: torch.Tensor, dtype: str) -> torch.Tensor:
     _require_quantizable(tuple(weight.shape), dtype)
     with torch.no_grad():
         w32 = weight.detach().to(device="cpu", dtype=torch.float32)
+        if dtype == "int4":  # torchao's own inverse, rounded to bfloat16 as the kernel computes (no read-back
+            ao = _torchao()  # through the kernel: that costs a matmul of the weight's width)
+            group = int4_group(w32.shape[1])
+            values, scales_and_zeros = ao.groupwise_affine_quantize_tensor(w32, 4, group, torch.bfloat16)
+            back = ao.groupwise_affine_dequantize_tensor(values, scales_and_zeros, 4, group)
+            return back.to(torch.bfloat16).float()
         if dtype == "float8":  # dequantized() reads it back as qweight * scale
             tensors = _pack_float8(w32)
         else:
@@ -394,10 +400,11 @@ def _torchao() -> types.SimpleNamespace:
         from torchao.quantization.quant_primitives import (MappingType, _choose_scale_float8,
                                                            _quantize_affine_float8, choose_qparams_affine,
                                                            quantize_affine)
-        from torchao.quantization.utils import groupwise_affine_quantize_tensor
+        from torchao.quantization.utils import groupwise_affine_dequantize_tensor, groupwise_affine_quantize_tensor
     return types.SimpleNamespace(
         MappingType=MappingType, choose_qparams_affine=choose_qparams_affine, quantize_affine=quantize_affine,
         groupwise_affine_quantize_tensor=groupwise_affine_quantize_tensor,
+        groupwise_affine_dequantize_tensor=groupwise_affine_dequantize_tensor,
         choose_scale_float8=_choose_scale_float8, quantize_affine_float8=_quantize_affine_float8)
 
 
