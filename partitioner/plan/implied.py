@@ -214,7 +214,8 @@ def _evaluate(plan: Any, graph: OpGraph) -> Any:
     options = Options(objective=Objective(plan.objective), training=plan.training, optimizer=plan.optimizer,
                       pipeline=spec, precision=precision,
                       sparse_updates=any(ps["update"] == "sparse" for ps in params.values()),
-                      delayed_update=bool(state.get("delayed_update")) if state else False)
+                      delayed_update=bool(state.get("delayed_update")) if state else False,
+                      save_on_host=bool(state.get("saved_on_host")) if state else False)
     problem = Problem(graph, plan.devices, options)
     ops = plan.precision.get("ops", {}) if plan.precision else {}
     packed = plan.precision.get("weights", {}) if plan.precision else {}
@@ -223,9 +224,10 @@ def _evaluate(plan: Any, graph: OpGraph) -> Any:
     offloaded = {ps["op"]: host for ps in params.values() if ps["step"] == host and ps["weights"] == ps["compute"] != host}
     streamed_state = frozenset(ps["op"] for ps in params.values() if ps["state"] == host != ps["step"])
     recompute = frozenset(state.get("recompute", ())) if state else frozenset()
+    saved_on_host = frozenset(state.get("saved_on_host", ())) if state else frozenset()
     return evaluate(problem, Placement(dict(plan.placement), dict(plan.weights), StreamMode(plan.stream_mode),
                                        precision=dtypes, state=offloaded, recompute=recompute,
-                                       streamed_state=streamed_state))
+                                       streamed_state=streamed_state, saved_on_host=saved_on_host))
 
 
 def _copies(transfers: Iterable[Any]) -> dict[tuple[str, ...], int]:
@@ -233,7 +235,7 @@ def _copies(transfers: Iterable[Any]) -> dict[tuple[str, ...], int]:
     weights are one copy, its ops' one each: the same bytes)."""
     out: dict[tuple[str, ...], int] = {}
     for t in transfers:
-        summed = t.kind in ("weights", "gradient", "update", "state")  # per coarse node in a plan, per op on the graph
+        summed = t.kind in ("weights", "gradient", "update", "state", "saved")  # per coarse node in a plan, per op on the graph
         key = (t.kind, "", t.src, t.dst) if summed else (t.kind, t.tensor, t.src, t.dst)
         out[key] = out.get(key, 0) + t.bytes
     return {k: b for k, b in out.items() if b}
