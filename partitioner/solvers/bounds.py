@@ -140,7 +140,7 @@ def _program(p: Problem, scale: float) -> Milp:
             m.at_most(f"recompute_le_x[{n}][{d}]", [(1.0, v), (-1.0, x[n][d])], 0.0)
     for n, per_d in h.items():
         for d, v in per_d.items():
-            again = [(1.0, c[n][d])] if d in c.get(n, {}) else []
+            again = [(1.0, w[n][d]) for w in (c, s) if d in w.get(n, {})]
             m.at_most(f"saved_on_host_le_x[{n}][{d}]", [(1.0, v), (-1.0, x[n][d])] + again, 0.0)
     for n in p.nodes:
         for d, v in x[n].items():

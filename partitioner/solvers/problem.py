@@ -953,6 +953,9 @@ def _state_violations(p: Problem, placement: Placement) -> list[str]:
                        f"saved_on_host")
         if n in placement.recompute:
             out.append(f"op {n} both recomputes its activations and holds them on the host: choose one")
+        if placement.residence(n) != placement.device[n]:
+            out.append(f"op {n} holds its saved activations on the host and streams its weights from there: "
+                       f"the weights' fetched copies are saved by the streamer's own hooks; choose one")
     return out
 
 

@@ -33,7 +33,7 @@ allows: exactly for SGD and Adagrad, lazily for ``sparse-adam``, :func:`cost_mod
 writes no dense gradient in backward and steps only the rows a batch can touch. A node that
 **recomputes** (``Placement.recompute``) saves no activations and runs its forward again in
 backward. A node computing on an accelerator ``d`` may instead hold its **saved activations on the
-host** (``Placement.saved_on_host``; not with recompute): the host's memory counts them, ``d``'s
+host** (``Placement.saved_on_host``; not with recompute, nor with its weights streamed): the host's memory counts them, ``d``'s
 holds one reused buffer of the largest member op's saved activations (the copy in flight), each
 member op's saved bytes cross ``d -> host`` in forward and ``host -> d`` in backward, and these
 copies are priced as prefetched weights are: the link's load (a parallel resource the step

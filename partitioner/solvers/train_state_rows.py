@@ -16,7 +16,7 @@ Columns (model units as in the formulation):
   in one dtype on ``d``: its saved activations leave ``d``'s memory and its forward time is paid
   again;
 * ``h[v,d]`` binary: ``v`` computes on accelerator ``d`` in one dtype and holds its saved
-  activations on the host (``c + h <= x``: not with recompute): ``d``'s memory falls by them and
+  activations on the host (``c + s + h <= x``: not with recompute nor streamed weights): ``d``'s memory falls by them and
   gains the reused buffer of the largest member op's saved activations (a staircase, as the stream
   buffers), the host's rises by them, the link carries them out and back, and ``d`` pays each
   copy's issue latency;
@@ -91,9 +91,9 @@ class TrainStateColumns:
                 if d == p.host or len(f.dtypes_on(n, d)) != 1:
                     continue
                 h = self.hv.setdefault(n, {})[d] = f.milp.column(_name("h", n, d), upper=1.0, integer=True)
-                c = self.cv.get(n, {}).get(d)
+                away = [v for v in (self.cv.get(n, {}).get(d), f.sv.get(n, {}).get(d)) if v is not None]
                 f.milp.at_most(_name("saved_on_host_le_x", n, d),
-                               [(1.0, h), (-1.0, f.x(n, d))] + ([(1.0, c)] if c is not None else []), 0.0)
+                               [(1.0, h), (-1.0, f.x(n, d))] + [(1.0, v) for v in away], 0.0)
 
     # -- terms the formulation adds to its rows -------------------------------------------------
 

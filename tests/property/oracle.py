@@ -87,10 +87,10 @@ def _training_states(problem: Problem, device: dict, streamed: dict
     homes = [("resident",) + (("host",) if n in problem.offloadable else ())
              + (("streamed",) if n in problem.state_streamable else ()) for n in movable]
     single = [n for n in problem.nodes if len(problem.choices[n][device[n]]) == 1]
-    kept = [n for n in single if n in problem.recomputable
-            or (n in problem.saved_hostable and device[n] != problem.host)]
-    ways = [("kept",) + (("recompute",) if n in problem.recomputable else ())
-            + (("host",) if n in problem.saved_hostable and device[n] != problem.host else ()) for n in kept]
+    holds = {n for n in single if n in problem.saved_hostable and device[n] != problem.host and n not in streamed}
+    kept = [n for n in single if n in problem.recomputable or n in holds]
+    ways = [("kept",) + (("recompute",) if n in problem.recomputable else ()) + (("host",) if n in holds else ())
+            for n in kept]
     for choice in itertools.product(*homes):
         state = {n: problem.host for n, h in zip(movable, choice) if h == "host"}
         streamed_state = frozenset(n for n, h in zip(movable, choice) if h == "streamed")
