@@ -2,7 +2,7 @@
 saved-tensor hooks that copy what autograd saves to the host in forward and back in backward;
 outputs and gradients equal the same module without the hooks bit for bit and the original within
 tolerance; a strict run records the copies out; ``hetpart check --training --strict-devices``
-passes; the generated file refuses the plan by name."""
+passes; the generated file runs them through the same hooks."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from backends.torch.saved_on_host import TARGET_META, run_holding
 from backends.torch.strict import StrictRun
 from partitioner import partition
 from partitioner.cli import main
-from partitioner.errors import HetpartError
 
 #: gpt:small's parameters with Adam, half its saved activations and its largest working set
 CAP = {"cuda:0": 84_632_576 + 14_090_240 + 8_650_752}
@@ -93,7 +92,31 @@ def test_hetpart_check_passes_under_strict_devices(held, tmp_path, capsys) -> No
     assert "cuda:0->cpu (saved activations)" in out and out.splitlines()[-1].startswith("passed")
 
 
-def test_the_generated_file_refuses_the_plan_by_name(held, tmp_path) -> None:
-    model, _, plan = held
-    with pytest.raises(HetpartError, match="saved_on_host lists .* ops .*save_on_host=False"):
-        plan.emit_source(tmp_path / "held.py", model, {"cuda:0": "cpu"})
+def test_the_generated_file_holds_them_too(held, tmp_path) -> None:
+    import importlib.util
+
+    from backends.torch.source import op_lines
+
+    model, inputs, plan = held
+    run = StrictRun(plan)
+    path = plan.emit_source(tmp_path / "held.py", model, run.device_map)
+    text = path.read_text(encoding="utf-8")
+    assert "from backends.torch.saved_on_host import run_holding" in text
+    assert text.count("run_holding(DEVICE_CPU, DEVICE_CUDA_0, torch.ops.") == len(plan.training_state["saved_on_host"])
+    spec = importlib.util.spec_from_file_location("hetpart_held_source", path)
+    generated = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generated)
+    with run:
+        module = run.watch(generated.build(model), op_lines(plan, model, run.device_map))
+        got = run.step(module, *inputs)
+    report = run.report()
+    assert report.passed, report.to_text()
+    assert next(r for r in report.links if r.kind == "saved").copies >= 1
+    got.float().sum().backward()
+    model.zero_grad()
+    expected = model(*inputs)
+    expected.float().sum().backward()
+    torch.testing.assert_close(got, expected)
+    grads = dict(module.named_parameters())
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(grads[name].grad, p.grad, msg=f"gradient of {name}")

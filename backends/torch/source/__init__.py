@@ -55,7 +55,6 @@ import torch.fx
 from backends.binding import bind_devices
 from backends.strict_devices import Site
 from backends.torch.module import capture_for
-from backends.torch.saved_on_host import held_ops
 from backends.torch.source.forward import ForwardPrinter
 from backends.torch.source.layout import plan_layout, tensor_placeholders
 from backends.torch.sparse_grads import mark_sparse_gradients
@@ -139,12 +138,6 @@ def _generate(plan: Any, model: torch.nn.Module, device_map: Mapping[str, str] |
     from partitioner.plan.precision import refuse_precision
 
     refuse_precision(plan, "emit_source (the generated file)")
-    held = held_ops(plan)
-    if held:
-        raise HetpartError(f"emit_source does not write saved activations held on the host yet: "
-                           f"training_state.saved_on_host lists {len(held)} ops ({', '.join(list(held)[:3])}"
-                           f"{', ...' if len(held) > 3 else ''}); run the plan through plan.emit, or re-plan with "
-                           f"save_on_host=False")
     from partitioner.frontends.hf_folder import is_model_folder
 
     from_folder = is_model_folder(model)
