@@ -128,7 +128,7 @@ class Train:
         "weights stay on the computing device"))
     recompute: Any = _field(True, flag="--no-recompute", compile="the compile backend trains with your own optimizer, stepped after backward where each parameter lives", doc=(
         "training: the plan may recompute a node's activations in backward instead of saving them"))
-    save_on_host: Any = _field(False, flag="--save-on-host", compile="the compile backend trains with your own optimizer, stepped after backward where each parameter lives", doc=(
+    save_on_host: Any = _field(True, flag="--no-save-on-host", compile="the compile backend trains with your own optimizer, stepped after backward where each parameter lives", doc=(
         "training: the plan may hold a node's saved activations in host memory instead of on its accelerator "
         "(copied out in forward and back in backward, beside compute)"))
     sparse_updates: Any = _field(True, flag="--dense-updates", compile="the compile backend trains with your own optimizer, stepped after backward where each parameter lives", doc=(

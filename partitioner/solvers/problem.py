@@ -116,7 +116,7 @@ class Options:
     stream_state: bool = True                  # training (with offload): may host-held state be streamed to the
                                                # computing accelerator for its step (and back)
     recompute: bool = True                     # training: may a node recompute its activations in backward
-    save_on_host: bool = False                 # training: may a node hold its saved activations in host memory
+    save_on_host: bool = True                  # training: may a node hold its saved activations in host memory
     delayed_update: bool = False               # training: the host step of iteration t runs beside t+1 (opted in)
     sparse_updates: bool = True                # training: may gathers' tables update row-sparse (where allowed)
     placed_optimizer: bool = True              # training: hetpart's placed optimizer runs the step (state may

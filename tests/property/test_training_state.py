@@ -68,7 +68,7 @@ def test_the_oracle_sees_offloaded_state_and_recompute() -> None:
         profile = random_profile(seed, 2, tight=True)
         cap = max(1 << 20, max(op.param_bytes for op in graph.ops.values())) * 2
         profile = profile.with_memory({d.name: min(cap, d.memory) for d in profile.devices if d.name != "cpu"})
-        problem = Problem(graph, profile, Options(training=True, streaming=False))
+        problem = Problem(graph, profile, Options(training=True, streaming=False, save_on_host=False))
         if count_candidates(problem) > 4096:
             continue
         best, placement = optimum(problem)
@@ -107,7 +107,8 @@ def _slow_host_problem(seed: int, cap_factor: float, objective: Objective = Obje
     graph = random_dag(seed, 5, param_prob=1.0, param_sizes=(1 << 24,))
     params = sum(p.nbytes for p in graph.params.values())
     profile = load_profile_text(SLOW_HOST, "slow-host").with_memory({"cuda:0": int(params * cap_factor)})
-    return Problem(graph, profile, Options(objective=objective, training=True, streaming=False, recompute=False))
+    return Problem(graph, profile, Options(objective=objective, training=True, streaming=False, recompute=False,
+                                           save_on_host=False))
 
 
 @pytest.mark.parametrize(("seed", "cap_factor", "objective"), [
