@@ -710,8 +710,8 @@ class Problem:
 
     def fits_alone(self, node: str, device: str) -> bool:
         """Whether ``node`` alone fits on ``device`` in some dtype it may use there: its working
-        set, saved activations and its parameters, or its stream buffer where it may stream them
-        there. When it does not, no feasible placement puts it there."""
+        set, saved activations (or the buffer of those held on the host) and its parameters, or its
+        stream buffer where it may stream them there. When it does not, no feasible placement puts it there."""
         need = []
         dtypes = self.choices[node].get(device, (FLOAT32,))
         for a in dtypes:
@@ -723,6 +723,8 @@ class Problem:
             if node in self.state_streamable and device != self.host:  # state on the host, streamed for the step
                 weights = min(weights, self.param_mem[node] - self.state_mem[node] + max(self.state_parts[node]))
             saved = 0 if node in self.recomputable and len(dtypes) == 1 else self.saved_at[node][a]
+            if node in self.saved_hostable and device != self.host and len(dtypes) == 1:  # held on the host
+                saved = min(saved, max(self.saved_parts_at[node][a], default=0))  # but its buffer
             need.append(self.work_mem_at[node][a] + saved + weights)
         return min(need) <= self.capacity[device]
 
