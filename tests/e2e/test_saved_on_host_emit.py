@@ -82,13 +82,17 @@ def test_without_autograd_nothing_is_copied(held) -> None:
     assert not [c for c in run.mode.copies if c.kind == "saved"]
 
 
-def test_hetpart_check_passes_under_strict_devices(held, tmp_path, capsys) -> None:
+def test_hetpart_check_passes_under_strict_devices_and_over_three_steps(held, tmp_path, capsys) -> None:
     _, _, plan = held
     path = plan.save(tmp_path / "plan.json")
     code = main(["check", "gpt:small", "--plan", str(path), "--training", "--strict-devices"])
     out = capsys.readouterr().out
     assert code == 0, out
     assert "cuda:0->cpu (saved activations)" in out and out.splitlines()[-1].startswith("passed")
+    code = main(["check", "gpt:small", "--plan", str(path), "--training", "--steps", "3", "--bind", "cuda:0=cpu:1"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert out.splitlines()[-1].startswith("passed: loss and every parameter within tolerance after each of 3 steps")
 
 
 def test_the_generated_file_holds_them_too(held, tmp_path) -> None:
