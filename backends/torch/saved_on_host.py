@@ -53,7 +53,7 @@ def held_ops(plan: Any) -> dict[str, int]:
 
 
 class _Held(NamedTuple):
-    """A saved tensor's host copy and the device backward wants it on."""
+    """A saved tensor's host copy and the device it was saved on (where backward wants it)."""
 
     tensor: torch.Tensor
     device: torch.device
@@ -71,12 +71,14 @@ class HoldOnHost:
     def pack(self, tensor: torch.Tensor) -> Any:
         if isinstance(tensor, torch.nn.Parameter) or tensor.layout is not torch.strided:
             return tensor  # weights stay where the plan keeps them; sparse tensors as they are
-        if self.pinned and tensor.is_cuda:
+        if self.device.type != "cpu" and tensor.device != self.device:
+            return tensor  # not on the op's accelerator (a host scalar): nothing to move
+        if self.pinned:
             packed = torch.empty_strided(tensor.size(), tensor.stride(), dtype=tensor.dtype, pin_memory=True)
             packed.copy_(tensor, non_blocking=True)
         else:
             packed = tensor.to(self.host)
-        return _Held(packed, self.device)
+        return _Held(packed, tensor.device)
 
     def unpack(self, held: Any) -> torch.Tensor:
         if not isinstance(held, _Held):
