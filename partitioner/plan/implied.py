@@ -22,7 +22,8 @@ keeps the memory and transfers of the old placement; these checks refuse it wher
   :func:`partitioner.solvers.problem.evaluate`, the one cost semantics of every solver (parameters,
   activations and stream buffers per device; pipeline stages with their micro-batches in flight):
   no device may need more memory than the plan records, every copy (tensor, devices, bytes) must be
-  the plan's, and every op must sit on a device that can run it. (Copy *times* depend on the cost model and are not
+  the plan's, every op holding its saved activations on the host must save the bytes the plan
+  says, and every op must sit on a device that can run it. (Copy *times* depend on the cost model and are not
   compared.)
 """
 
@@ -190,6 +191,7 @@ def check_against_graph(plan: Any, graph: OpGraph) -> None:
                          f"{implied:,} bytes on {device} for this model{over}")
     lines += [f"placement: {v}" for v in evaluation.violations if v.endswith(")") and "cannot run it" in v]
     lines += _copy_differences(plan.transfers, evaluation.transfers)
+    lines += _held_differences(plan, evaluation.transfers)
     if lines:
         more = [f"  also: {line}" for line in lines[1:6]]
         raise PlanMismatch("\n".join([
@@ -239,6 +241,15 @@ def _copies(transfers: Iterable[Any]) -> dict[tuple[str, ...], int]:
         key = (t.kind, "", t.src, t.dst) if summed else (t.kind, t.tensor, t.src, t.dst)
         out[key] = out.get(key, 0) + t.bytes
     return {k: b for k, b in out.items() if b}
+
+
+def _held_differences(plan: Any, implied: Iterable[Any]) -> list[str]:
+    """``training_state.saved_on_host``'s bytes beside each listed op's saved activations on the graph."""
+    held = plan.training_state.get("saved_on_host", {}) if plan.training_state else {}
+    host = plan.devices.host_device().name
+    saved = {t.tensor: t.bytes for t in implied if t.kind == "saved" and t.dst == host}
+    return [f"training_state.saved_on_host[{op!r}] says {nbytes:,} bytes, but {op} saves {saved.get(op, 0):,} bytes "
+            f"of activations here" for op, nbytes in held.items() if saved.get(op, 0) != nbytes]
 
 
 def _copy_differences(recorded: Iterable[Any], implied: Iterable[Any]) -> list[str]:

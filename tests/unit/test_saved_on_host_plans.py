@@ -72,3 +72,16 @@ def test_the_section_round_trips_and_edits_to_it_are_refused(outcome, tmp_path) 
     bad["training_state"]["saved_on_host"][on_host] = 4
     with pytest.raises(PlanFormatError, match=f"{on_host!r} computes on the host"):
         Plan.from_dict(bad)
+
+
+def test_the_plan_checked_against_its_graph_refuses_edited_bytes(outcome) -> None:
+    from partitioner.errors import PlanMismatch
+
+    plan = outcome.plan
+    graph = outcome.problem.original
+    plan.check_graph(graph)  # as planned: the bytes are the graph's
+    data = plan.to_dict()
+    op, nbytes = next(iter(data["training_state"]["saved_on_host"].items()))
+    data["training_state"]["saved_on_host"][op] = nbytes + 4
+    with pytest.raises(PlanMismatch, match=rf"saved_on_host\['{op}'\] says {nbytes + 4:,} bytes, but {op} saves {nbytes:,}"):
+        Plan.from_dict(data).check_graph(graph)
