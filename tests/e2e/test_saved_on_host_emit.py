@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import models
+from backends.strict_training import observe_params, training_state_report
 from backends.torch.saved_on_host import TARGET_META, run_holding
 from backends.torch.strict import StrictRun
 from partitioner import partition
@@ -55,6 +56,8 @@ def test_held_ops_copy_what_autograd_saves_and_change_nothing(held) -> None:
     assert "cuda:0->cpu (saved activations)" in report.to_text()
     got.float().sum().backward()
     grads = {name: p.grad.clone() for name, p in module.named_parameters()}
+    lines = training_state_report(plan, observe_params(run.mode, module, plan))
+    assert f"  saved activations on the host: {', '.join(plan.training_state['saved_on_host'])}" in lines[-1]
 
     plain = _without_hooks(module)  # the same parameters: their gradients start again from zero
     plain.zero_grad()
