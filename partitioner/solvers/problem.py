@@ -31,8 +31,8 @@ Semantics (documented once, here):
   step and back (``Placement.streamed_state``), or the weights themselves live on the host and are streamed in
   both passes; a gather's table may update row-sparse (``Problem.sparse_ops``); a node may
   recompute its activations in backward (``Placement.recompute``) or hold them in host memory
-  (``Placement.saved_on_host``: copied out in forward and back in backward, beside compute). With ``latency``, host steps run
-  beside backward, each once its gradient is complete (see that module);
+  (``Placement.saved_on_host``: copied out in forward and back in backward, beside compute). With
+  ``latency``, host steps run beside backward, each once its gradient is complete (see that module);
 * objectives: ``latency`` = max(sum of compute and critical-path copies, busiest link);
   ``throughput`` = max(busiest device, busiest link); ``makespan`` = list schedule of the nodes
   in the placement's order (devices run concurrently, a node starts when its device is free and
@@ -445,7 +445,8 @@ class Problem:
             self.work_mem[node] = max(
                 sum(tensors[t].nbytes for t in op.inputs) + sum(tensors[t].nbytes for t in op.outputs) for op in ops
             )
-            saving = {op.name: b for op in ops if (b := saved_activation_bytes(op, sum(tensors[t].nbytes for t in op.outputs)))}
+            saving = {op.name: b for op in ops
+                      if (b := saved_activation_bytes(op, sum(tensors[t].nbytes for t in op.outputs)))}
             self.saved[node] = sum(saving.values()) if training else 0
             self.saved_ops[node] = tuple(saving) if training else ()
             self.saved_parts_at[node] = {FLOAT32: tuple(saving.values()) if training else ()}
@@ -711,7 +712,8 @@ class Problem:
     def fits_alone(self, node: str, device: str) -> bool:
         """Whether ``node`` alone fits on ``device`` in some dtype it may use there: its working
         set, saved activations (or the buffer of those held on the host) and its parameters, or its
-        stream buffer where it may stream them there. When it does not, no feasible placement puts it there."""
+        stream buffer where it may stream them there. When it does not, no feasible placement puts it
+        there."""
         need = []
         dtypes = self.choices[node].get(device, (FLOAT32,))
         for a in dtypes:
