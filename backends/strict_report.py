@@ -45,9 +45,13 @@ class LinkRow:
     bytes: int
     plan_copies: int     # transfers the plan records
     plan_bytes: int
+    kind: str = ""       # "saved": saved activations copied to the host in forward (autograd's bytes, not
+                         # the plan's count of the held ops' outputs: only whether they cross is compared)
 
     @property
     def ok(self) -> bool:
+        if self.kind == "saved":
+            return (self.copies > 0) == (self.plan_copies > 0)
         return (self.copies, self.bytes) == (self.plan_copies, self.plan_bytes)
 
 
@@ -132,7 +136,7 @@ class DeviceReport:
         if self.error:
             return "\n".join([*lines, f"  FAILED: {self.error}"])
         rows = [["link", "copies", "bytes", "plan copies", "plan bytes", ""]]
-        rows += [[f"{r.src}->{r.dst}", str(r.copies), f"{r.bytes:,}", str(r.plan_copies), f"{r.plan_bytes:,}",
+        rows += [[f"{r.src}->{r.dst}" + (" (saved activations)" if r.kind == "saved" else ""), str(r.copies), f"{r.bytes:,}", str(r.plan_copies), f"{r.plan_bytes:,}",
                   "ok" if r.ok else "DIFFERS"] for r in self.links]
         if len(rows) == 1:
             rows.append(["(none)", "0", "0", "0", "0", "ok"])
@@ -149,6 +153,8 @@ class DeviceReport:
 
 
 TransferKey = tuple[str, str, str, str]   # (tensor, src, dst, kind)
+#: the tensor name of the one row per link of saved activations copied to the host
+SAVED = "saved activations"
 
 
 def planned_transfers(plan: Any) -> dict[TransferKey, int]:
@@ -156,10 +162,18 @@ def planned_transfers(plan: Any) -> dict[TransferKey, int]:
     with their bytes: gradients out, updated weights back and streamed optimizer state are the
     placed optimizer's (``backends.torch.optim``), and a training plan's streamed weights cross twice per step, in
     forward and again in backward (``backends.torch.train_streaming``), of which strict devices
-    watch the forward's."""
+    watch the forward's; saved activations held on the host are one row per link, copied out in
+    forward (their bytes are the plan's count of the held ops' outputs; a run copies what autograd
+    saves, so only the row's presence is compared)."""
     passes = 2 if plan.training else 1
-    return {(t.tensor, t.src, t.dst, t.kind): t.bytes // passes if t.kind == "weights" else t.bytes
-            for t in plan.transfers if t.src != t.dst and t.kind not in ("gradient", "update", "state")}
+    out = {(t.tensor, t.src, t.dst, t.kind): t.bytes // passes if t.kind == "weights" else t.bytes
+           for t in plan.transfers if t.src != t.dst and t.kind not in ("gradient", "update", "state", "saved")}
+    host = plan.devices.host_device().name
+    for t in plan.transfers:  # saved activations: the copies out, in forward (one row per link)
+        if t.kind == "saved" and t.dst == host:
+            key = (SAVED, t.src, t.dst, "saved")
+            out[key] = out.get(key, 0) + t.bytes
+    return out
 
 
 def observed_transfers(plan: Any, copies: Iterable[Copy],
@@ -178,6 +192,11 @@ def observed_transfers(plan: Any, copies: Iterable[Copy],
     nbytes: dict[TransferKey, int] = collections.defaultdict(int)
     for c in copies:
         op = owner.get(c.tensor)
+        if c.kind == "saved":  # whatever autograd saved for the held ops, one row per link
+            key = (SAVED, c.src, c.dst, "saved")
+            members[key][c.tensor] += 1
+            nbytes[key] += c.bytes
+            continue
         if c.kind == "split":  # a split op's input out, or its other shard's output back (backends/torch/splits.py)
             key = (c.tensor, c.src, c.dst, "split")
         elif op is not None and c.kind == "weights":
@@ -232,16 +251,20 @@ def compare_with_plan(plan: Any, binding: Mapping[str, str], copies: Sequence[Co
         elif not times:
             differences.append(f"{kind} transfer of {tensor} {src}->{dst} ({expected[key]:,} B) is in the plan, "
                                f"not in the run")
-        elif times > 1:
+        elif times > 1 and kind != "saved":
             differences.append(f"{kind} transfer of {tensor} {src}->{dst} is made {times} times in one step")
-        elif nbytes != expected[key]:
+        elif nbytes != expected[key] and kind != "saved":  # autograd saves what backward reads, not the plan's count
             differences.append(f"{kind} transfer of {tensor} {src}->{dst}: {nbytes:,} B in the run, "
                                f"{expected[key]:,} B in the plan")
     links = []
-    for src, dst in sorted({(k[1], k[2]) for k in (*expected, *observed)}):
-        ours = [v for k, v in observed.items() if k[1:3] == (src, dst)]
-        theirs = [b for k, b in expected.items() if k[1:3] == (src, dst)]
+    for src, dst in sorted({(k[1], k[2]) for k in (*expected, *observed) if k[3] != "saved"}):
+        ours = [v for k, v in observed.items() if k[1:3] == (src, dst) and k[3] != "saved"]
+        theirs = [b for k, b in expected.items() if k[1:3] == (src, dst) and k[3] != "saved"]
         links.append(LinkRow(src, dst, sum(t for t, _ in ours), sum(b for _, b in ours), len(theirs), sum(theirs)))
+    for src, dst in sorted({(k[1], k[2]) for k in (*expected, *observed) if k[3] == "saved"}):  # each copy out
+        ours = [c.bytes for c in copies if c.kind == "saved" and (c.src, c.dst) == (src, dst)]
+        theirs = [t.bytes for t in plan.transfers if t.kind == "saved" and (t.src, t.dst) == (src, dst)]
+        links.append(LinkRow(src, dst, len(ours), sum(ours), len(theirs), sum(theirs), "saved"))
     params = planned_parameters(plan)
     devices = tuple(DeviceRow(d, resident.get(d, 0), params.get(d, 0), plan.memory.get(d, {}).get("used", 0))
                     for d in binding)

@@ -69,4 +69,7 @@ def training_state_report(plan: Any, observed: Mapping[str, Observed] | None = N
     lines += training_table(rows, seen=observed is not None)
     if section.get("recompute"):
         lines.append(f"  recomputed in backward: {', '.join(section['recompute'])}")
+    if section.get("saved_on_host"):
+        lines.append(f"  saved activations on the host: {', '.join(section['saved_on_host'])} (their copies out: "
+                     f"the link row marked 'saved activations')")
     return lines

@@ -8,10 +8,11 @@ ZeRO-Offload, FSDP2's ``CPUOffloadPolicy`` and torchao's ``CPUOffloadOptimizer``
 (:mod:`partitioner.solvers.offload_baselines`) — and accelerate's ``greedy`` fill. ``*`` marks a
 placement that does not fit the cap. Each row says where the optimizer state lives (parameter
 tensors resident with it on the GPU, offloaded to the host beside GPU weights, kept on the host and
-streamed to the GPU for its step, or streamed from the host with their weights), how much of the
-host's optimizer step hides behind backward, and whether hetpart is at least as fast as every
-baseline that fits. The last line prices the calibration's measured training
-scenario (the embedding and its dense SGD update on the CPU) beside its 467 ms measurement.
+streamed to the GPU for its step, or streamed from the host with their weights; and how many ops
+keep their saved activations on the host), how much of the host's optimizer step hides behind
+backward, and whether hetpart is at least as fast as every baseline that fits. The last line
+prices the calibration's measured training scenario (the embedding and its dense SGD update on the
+CPU) beside its 467 ms measurement.
 
 Cases (``../shared/research/training-offload.md`` and issue 31):
 
@@ -90,7 +91,9 @@ def state_summary(plan) -> str:  # noqa: ANN001 - a Plan
         kind = "streamed" if ps.streamed else "state streamed" if ps.streamed_state else "offloaded" if ps.offloaded \
             else "on host" if ps.state == plan.devices.host_device().name else "resident"
         kinds[kind] = kinds.get(kind, 0) + 1
-    return ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+    held = plan.training_state.get("saved_on_host", {}) if plan.training_state else {}
+    activations = f"; saved activations of {len(held)} ops on the host ({format_bytes(sum(held.values()))})" if held else ""
+    return ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) + activations
 
 
 def hidden_share(plan) -> str:  # noqa: ANN001

@@ -128,6 +128,9 @@ class Train:
         "weights stay on the computing device"))
     recompute: Any = _field(True, flag="--no-recompute", compile="the compile backend trains with your own optimizer, stepped after backward where each parameter lives", doc=(
         "training: the plan may recompute a node's activations in backward instead of saving them"))
+    save_on_host: Any = _field(True, flag="--no-save-on-host", compile="the compile backend trains with your own optimizer, stepped after backward where each parameter lives", doc=(
+        "training: the plan may hold a node's saved activations in host memory instead of on its accelerator "
+        "(copied out in forward and back in backward, beside compute)"))
     sparse_updates: Any = _field(True, flag="--dense-updates", compile="the compile backend trains with your own optimizer, stepped after backward where each parameter lives", doc=(
         "training: an embedding's table may update only the rows a batch touches where that equals the dense "
         "update (sgd, adagrad) or is asked for (sparse-adam)"))
@@ -431,7 +434,7 @@ def _validate(opts: PlanOptions) -> None:
     _one_of("training", train.training, (True, False, None), "True, False or None (decide per graph)")
     _one_of("optimizer", getattr(train.optimizer, "value", train.optimizer), tuple(o.value for o in Optimizer),
             "one of " + ", ".join(o.value for o in Optimizer))
-    for name in ("placed_optimizer", "offload", "recompute", "sparse_updates", "delayed_update"):
+    for name in ("placed_optimizer", "offload", "recompute", "save_on_host", "sparse_updates", "delayed_update"):
         _one_of(name, getattr(train, name), (True, False), "True or False")
     for name in ("micro_batches", "stages"):
         value = getattr(pipe, name)

@@ -254,6 +254,7 @@ def _solver_options(request: PlanOptions, spec: PipelineSpec | None, dtypes: Any
         streaming=cons.streaming and not onnx_graph and spec is None, link_budget=dict(cons.link_budget or {}),
         contiguous_stages=cons.contiguous_stages, pipeline=spec, precision=dtypes,
         offload=bool(request.train.offload), recompute=bool(request.train.recompute),
+        save_on_host=bool(request.train.save_on_host),
         sparse_updates=bool(request.train.sparse_updates), delayed_update=bool(request.train.delayed_update),
         placed_optimizer=bool(request.train.placed_optimizer),
         splits=resolve_splits(request.splits),

@@ -27,8 +27,9 @@ the copies and the concatenation or sum that rejoin them (:mod:`backends.torch.s
 ``precision`` section gets its casts from :mod:`backends.torch.precision`. A training
 plan's ``training_state`` section (:mod:`partitioner.plan.training_state`) is followed by three
 passes: row-sparse tables (:mod:`backends.torch.sparse_grads`), streamed weights fetched again in
-backward rather than kept (:mod:`backends.torch.train_streaming`; any training plan that streams)
-and recomputed runs under ``torch.utils.checkpoint`` (:mod:`backends.torch.recompute`).
+backward rather than kept (:mod:`backends.torch.train_streaming`; any training plan that streams),
+recomputed runs under ``torch.utils.checkpoint`` (:mod:`backends.torch.recompute`) and ops whose
+saved activations the host holds under saved-tensor hooks (:mod:`backends.torch.saved_on_host`).
 
 The generated ``forward`` is ordinary fx Python code (``module.code``): no interpreter at run time.
 """
@@ -52,6 +53,7 @@ from backends.torch.optim.from_plan import mark_emitted
 from backends.torch.precision import apply_precision
 from backends.torch.recompute import checkpoint_recomputed
 from backends.torch.replaced import remember
+from backends.torch.saved_on_host import hold_saved_on_host
 from backends.torch.sparse_grads import mark_sparse_gradients
 from backends.torch.splits import split_linears
 from partitioner.plan.splits import refuse_splits
@@ -134,6 +136,7 @@ def emit_module(
     if plan.training:
         _train_streamed(gm)
     checkpoint_recomputed(gm, plan)  # a no-op without training_state.recompute
+    hold_saved_on_host(gm, plan, binding)  # a no-op without training_state.saved_on_host
     if plan.inputs:
         gm.register_forward_pre_hook(PlannedInputs(plan.inputs, _input_names(model)), prepend=True)
     remember(model, gm)  # an optimizer over model.parameters() would train nothing: refused at its step

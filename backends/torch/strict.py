@@ -43,6 +43,7 @@ from backends.torch.attributes import attribute
 from backends.torch.packed import PACKED_ATTR
 from backends.torch.recompute import recompute_regions
 from backends.torch.splits import SPLIT_ATTR, planned_shards
+from backends.torch.saved_on_host import TARGET_META, HoldOnHost
 from backends.strict_report import DeviceReport, compare_with_plan
 from partitioner.errors import HetpartError
 
@@ -91,6 +92,7 @@ class StrictRun:
             watched += [(type(r).forward.__code__, fx_sites(r, self.plan)) for r in recompute_regions(module)]
         else:  # a generated file: its line map covers the functions nested in forward (recomputed runs)
             watched = [(code, sites) for code in _nested_codes(forward.__code__)]
+        watched.append((HoldOnHost.pack.__code__, _saved_sites()))  # an op's saved tensors copied to the host
         for code, found in watched:
             self.mode.watch(code, {n: s._replace(tensor=canonical.get(s.tensor, s.tensor)) for n, s in found.items()})
         self._inputs[forward.__code__] = list(inspect.signature(forward).parameters)[1:]
@@ -122,6 +124,14 @@ class StrictRun:
         """The last step's copies and the watched module's resident bytes beside the plan."""
         return compare_with_plan(self.plan, self.device_map, self.mode.copies, self.mode.resident(self._state), error,
                                  self._packed)
+
+
+def _saved_sites() -> dict[int, Site]:
+    """Every line of :meth:`HoldOnHost.pack`: a copy of a saved tensor to the host (kind ``saved``)."""
+    import dis
+
+    code = HoldOnHost.pack.__code__
+    return {line: Site(kind="saved") for _, line in dis.findlinestarts(code) if line is not None}
 
 
 def _nested_codes(code: CodeType) -> list[CodeType]:
@@ -197,8 +207,8 @@ def _fx_site(node: torch.fx.Node, plan: Any) -> Site | None:
         if "op" in split:
             return Site(op=split["op"], call=schema_name(node.target))
         return Site(tensor=split["tensor"], kind=split["kind"])
-    if node.name in plan.placement:
-        return Site(op=node.name, call=schema_name(node.target))
+    if node.name in plan.placement:  # (an op holding its saved activations on the host: its own target)
+        return Site(op=node.name, call=schema_name(node.meta.get(TARGET_META, node.target)))
     if "hetpart_op" in node.meta:  # the copy of a getitem item to the getitem's device
         item = node.args[0]
         source, index = item.args[0], item.args[1]

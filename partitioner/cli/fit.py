@@ -28,6 +28,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                     help="keep each parameter's optimizer state and step with its weights")
     ft.add_argument("--no-recompute", dest="recompute", action="store_false",
                     help="save every activation for backward (no recompute), so activations bound the micro-batch")
+    ft.add_argument("--no-save-on-host", dest="save_on_host", action="store_false",
+                    help="keep every saved activation on the device computing it (none held in host memory)")
     add_caps_and_pins(ft)
     ft.add_argument("--solver", default="auto", help="auto, highs, cbc, or a baseline (see hetpart plan)")
     ft.add_argument("--time-limit", type=float, default=60.0, metavar="S", help="time limit of each solve, seconds")

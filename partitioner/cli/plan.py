@@ -40,6 +40,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                     help="training: keep each parameter's optimizer state and step with its weights")
     pl.add_argument("--no-recompute", dest="recompute", action="store_false",
                     help="training: save every activation for backward (no recompute)")
+    pl.add_argument("--no-save-on-host", dest="save_on_host", action="store_false",
+                    help="training: keep saved activations on the device computing them (none held in host memory)")
     pl.add_argument("--dense-updates", dest="sparse_updates", action="store_false",
                     help="training: update embedding tables densely even where a row-sparse update is exact")
     pl.add_argument("--delayed-update", action="store_true",

@@ -43,8 +43,9 @@ The file (``format_version`` 1) holds these top-level keys, in this order::
     precision       optional {"setting", "ops": {op: "bfloat16" | "float16"}, "casts"}: ops computing
                     in 16 bits (see partitioner.plan.precision)
     training_state  optional {"optimizer", "delayed_update", "params": {name: {"op", "compute", "weights",
-                    "state", "update", "exact"}}, "recompute", "step"}: where each parameter's weight,
-                    gradient and optimizer state live and how it is updated (partitioner.plan.training_state)
+                    "state", "update", "exact"}}, "recompute", "saved_on_host", "step"}: where each
+                    parameter's weight, gradient and optimizer state live and how it is updated, which
+                    ops recompute or hold their saved activations on the host (partitioner.plan.training_state)
 
 A plan never holds a number that is not finite: where a value may be unknown (a bound, a gap,
 an infeasible baseline's time, a predicted time) inf and nan become ``None``, written ``null``;

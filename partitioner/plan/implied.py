@@ -23,7 +23,8 @@ keeps the memory and transfers of the old placement; these checks refuse it wher
   :func:`partitioner.solvers.problem.evaluate`, the one cost semantics of every solver (parameters,
   activations and stream buffers per device; pipeline stages with their micro-batches in flight):
   no device may need more memory than the plan records, every copy (tensor, devices, bytes) must be
-  the plan's, and every op must sit on a device that can run it. (Copy *times* depend on the cost model and are not
+  the plan's, every op holding its saved activations on the host must save the bytes the plan
+  says, and every op must sit on a device that can run it. (Copy *times* depend on the cost model and are not
   compared.)
 """
 
@@ -207,6 +208,7 @@ def check_against_graph(plan: Any, graph: OpGraph) -> None:
     lines += [f"placement: {v}" for v in evaluation.violations if v.endswith(")") and "cannot run it" in v]
     lines += [f"splits: {v}" for v in evaluation.violations if v.startswith("op ") and " is split " in v]
     lines += _copy_differences(plan.transfers, evaluation.transfers)
+    lines += _held_differences(plan, evaluation.transfers)
     if lines:
         more = [f"  also: {line}" for line in lines[1:6]]
         raise PlanMismatch("\n".join([
@@ -233,7 +235,8 @@ def _evaluate(plan: Any, graph: OpGraph) -> Any:
     options = Options(objective=Objective(plan.objective), training=plan.training, optimizer=plan.optimizer,
                       pipeline=spec, precision=precision,
                       sparse_updates=any(ps["update"] == "sparse" for ps in params.values()),
-                      delayed_update=bool(state.get("delayed_update")) if state else False)
+                      delayed_update=bool(state.get("delayed_update")) if state else False,
+                      save_on_host=bool(state.get("saved_on_host")) if state else False)
     split = {op: split_of(entry) for op, entry in plan.splits.items()}
     if split:  # offer exactly the recorded fractions and axes: a split the op cannot take is a violation
         options = dataclasses.replace(options, splits=SplitOptions(
@@ -247,9 +250,10 @@ def _evaluate(plan: Any, graph: OpGraph) -> Any:
     offloaded = {ps["op"]: host for ps in params.values() if ps["step"] == host and ps["weights"] == ps["compute"] != host}
     streamed_state = frozenset(ps["op"] for ps in params.values() if ps["state"] == host != ps["step"])
     recompute = frozenset(state.get("recompute", ())) if state else frozenset()
+    saved_on_host = frozenset(state.get("saved_on_host", ())) if state else frozenset()
     return evaluate(problem, Placement(dict(plan.placement), dict(plan.weights), StreamMode(plan.stream_mode),
                                        precision=dtypes, state=offloaded, recompute=recompute,
-                                       streamed_state=streamed_state, split=split))
+                                       streamed_state=streamed_state, split=split, saved_on_host=saved_on_host))
 
 
 def _copies(transfers: Iterable[Any]) -> dict[tuple[str, ...], int]:
@@ -257,10 +261,19 @@ def _copies(transfers: Iterable[Any]) -> dict[tuple[str, ...], int]:
     weights are one copy, its ops' one each: the same bytes)."""
     out: dict[tuple[str, ...], int] = {}
     for t in transfers:
-        summed = t.kind in ("weights", "gradient", "update", "state")  # per coarse node in a plan, per op on the graph
+        summed = t.kind in ("weights", "gradient", "update", "state", "saved")  # per coarse node in a plan, per op on the graph
         key = (t.kind, "", t.src, t.dst) if summed else (t.kind, t.tensor, t.src, t.dst)
         out[key] = out.get(key, 0) + t.bytes
     return {k: b for k, b in out.items() if b}
+
+
+def _held_differences(plan: Any, implied: Iterable[Any]) -> list[str]:
+    """``training_state.saved_on_host``'s bytes beside each listed op's saved activations on the graph."""
+    held = plan.training_state.get("saved_on_host", {}) if plan.training_state else {}
+    host = plan.devices.host_device().name
+    saved = {t.tensor: t.bytes for t in implied if t.kind == "saved" and t.dst == host}
+    return [f"training_state.saved_on_host[{op!r}] says {nbytes:,} bytes, but {op} saves {saved.get(op, 0):,} bytes "
+            f"of activations here" for op, nbytes in held.items() if saved.get(op, 0) != nbytes]
 
 
 def _copy_differences(recorded: Iterable[Any], implied: Iterable[Any]) -> list[str]:

@@ -25,6 +25,8 @@ The section::
                                       "update": "dense" | "sparse",  # sparse: row-sparse gradient and step
                                       "exact": true}},      # the update equals the optimizer's dense update
                     "recompute": [op, ...],        # ops whose saved activations backward recomputes
+                    "saved_on_host": {op: bytes},  # ops whose saved activations the host holds: copied out in
+                                                   # forward, back in backward (absent: none)
                     "step": {"per_device_s": {device: s},   # optimizer-step time on each device
                              "hidden_s": s,                 # of it, what runs beside backward
                              "exposed_s": s,                # and what the step waits for after backward
@@ -36,7 +38,9 @@ The section::
 mapping names its op too); ``step`` is ``weights`` or the host CPU; ``state`` is ``step``, or the
 host where ``step`` is the weight's accelerator (a streamed state); ``update`` is ``sparse`` only
 for a parameter read by one gather (embedding) op, and ``exact`` is false only for
-``sparse-adam`` (``torch.optim.SparseAdam``'s lazy moments) or a delayed update.
+``sparse-adam`` (``torch.optim.SparseAdam``'s lazy moments) or a delayed update. An op is in
+``recompute`` or ``saved_on_host``, not both, and an op in ``saved_on_host`` computes on an
+accelerator.
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ if TYPE_CHECKING:
 __all__ = ["OPTIMIZERS", "ParamState", "TRAINING_STATE_KEYS", "check_training_state", "param_states",
            "read_training_state", "training_state_lines", "training_state_record"]
 
-TRAINING_STATE_KEYS = ("optimizer", "delayed_update", "params", "recompute", "step")
+TRAINING_STATE_KEYS = ("optimizer", "delayed_update", "params", "recompute", "saved_on_host", "step")
 PARAM_KEYS = ("op", "compute", "weights", "state", "step", "update", "exact")
 #: optimizer names a training plan may carry (cost_models.training.Optimizer)
 OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw", "adagrad", "sparse-adam")
@@ -123,6 +127,9 @@ def training_state_record(problem: Problem, placement: Placement, evaluation: Ev
                                  "update": "sparse" if sparse else "dense",
                                  "exact": not (sparse and not problem.sparse_exact) and not problem.options.delayed_update}
     recompute = [op for n in problem.nodes if n in placement.recompute for op in problem.members[n]]
+    dtype = node_dtypes(problem, placement)
+    saved_on_host = {op: b for n in problem.nodes if n in placement.saved_on_host
+                     for op, b in zip(problem.saved_ops[n], problem.saved_parts_at[n][dtype[n]])}
     per_device, hidden, exposed = step_split(problem, placement, evaluation.critical_path_s, evaluation.total_s)
     step = {"per_device_s": per_device, "hidden_s": hidden, "exposed_s": exposed}
     if placement.streamed_state:
@@ -130,8 +137,11 @@ def training_state_record(problem: Problem, placement: Placement, evaluation: Ev
         step["streamed_s"] = trips
         if problem.options.objective.value == "latency":  # the chain beside backward is latency's semantics
             step["streamed_after_s"] = after
-    return {"optimizer": problem.options.optimizer.value, "delayed_update": problem.options.delayed_update,
-            "params": params, "recompute": recompute, "step": step}
+    out = {"optimizer": problem.options.optimizer.value, "delayed_update": problem.options.delayed_update,
+           "params": params, "recompute": recompute, "step": step}
+    if saved_on_host:
+        out["saved_on_host"] = saved_on_host
+    return out
 
 
 def read_training_state(r: FieldReader, value: Any) -> dict[str, Any]:
@@ -139,7 +149,7 @@ def read_training_state(r: FieldReader, value: Any) -> dict[str, Any]:
     if value == {}:
         return {}
     c = r.keys(r.mapping(value, "training_state"), "training_state", ("optimizer", "params"),
-               ("delayed_update", "recompute", "step"))
+               ("delayed_update", "recompute", "saved_on_host", "step"))
     optimizer = r.string(c["optimizer"], "training_state.optimizer")
     if optimizer not in OPTIMIZERS:
         r.fail("training_state.optimizer", f"{optimizer!r} is not an optimizer hetpart plans; "
@@ -148,6 +158,9 @@ def read_training_state(r: FieldReader, value: Any) -> dict[str, Any]:
                            "delayed_update": r.boolean(c.get("delayed_update", False), "training_state.delayed_update"),
                            "params": r.string_map(c["params"], "training_state.params", lambda v, p: _param(r, v, p)),
                            "recompute": list(r.string_list(c.get("recompute", []), "training_state.recompute"))}
+    if "saved_on_host" in c:
+        out["saved_on_host"] = r.string_map(c["saved_on_host"], "training_state.saved_on_host",
+                                            lambda v, p: _bytes(r, v, p))
     if "step" in c:
         s = r.keys(r.mapping(c["step"], "training_state.step"), "training_state.step",
                    ("per_device_s", "hidden_s", "exposed_s"), ("streamed_s", "streamed_after_s"))
@@ -158,6 +171,13 @@ def read_training_state(r: FieldReader, value: Any) -> dict[str, Any]:
             if key in s:
                 out["step"][key] = r.number(s[key], f"training_state.step.{key}")
     return out
+
+
+def _bytes(r: FieldReader, value: Any, path: str) -> int:
+    n = r.number(value, path)
+    if n != int(n) or n <= 0:
+        r.fail(path, f"{value!r} is not a positive whole number of bytes")
+    return int(n)
 
 
 def _param(r: FieldReader, value: Any, path: str) -> dict[str, Any]:
@@ -177,7 +197,8 @@ def check_training_state(plan: Any, r: FieldReader) -> None:
     parameter is one its op owns; ``compute`` is where the plan places the op; ``weights`` is the
     compute device, or the device the plan's ``weights`` mapping streams the op from; ``step`` is
     ``weights`` or the host; ``state`` is ``step``, or the host where ``step`` is the accelerator
-    holding the weight (a streamed state, dense and exact); a sparse update belongs to a gather op; recomputed ops are ops."""
+    holding the weight (a streamed state, dense and exact); a sparse update belongs to a gather op; recomputed ops are ops;
+    ops holding saved activations on the host are ops on an accelerator, not recomputed."""
     section = plan.training_state
     if not section:
         return
@@ -217,6 +238,17 @@ def check_training_state(plan: Any, r: FieldReader) -> None:
     for i, op in enumerate(section["recompute"]):
         if op not in plan.placement:
             r.fail(f"training_state.recompute[{i}]", f"names {op!r}, which is not an op of the plan")
+    again = set(section["recompute"])
+    for op in section.get("saved_on_host", {}):
+        path = f"training_state.saved_on_host[{op!r}]"
+        if op not in plan.placement:
+            r.fail(path, f"names {op!r}, which is not an op of the plan")
+        if op in again:
+            r.fail(path, f"{op!r} is also in training_state.recompute: an op either recomputes its activations "
+                         f"or holds them on the host; re-plan rather than editing the file")
+        if plan.placement[op] == host:
+            r.fail(path, f"{op!r} computes on the host ({host}), where its activations already are; re-plan "
+                         f"rather than editing the file")
 
 
 def param_states(plan: Any) -> dict[str, ParamState]:
@@ -260,4 +292,8 @@ def training_state_lines(plan: Any) -> list[str]:
                          f"{step['streamed_s'] * 1e3:.3g} ms of copies and steps{after}")
     if section["recompute"]:
         lines.append(f"  recompute  {len(section['recompute'])} ops recompute their activations in backward")
+    held = section.get("saved_on_host", {})
+    if held:
+        lines.append(f"  host-saved {len(held)} ops hold {sum(held.values()) / 2**20:.4g} MiB of saved activations on "
+                     f"the host (copied out in forward, back in backward)")
     return lines

@@ -37,7 +37,7 @@ _PREDICTED_MAPS = ("per_device_s", "per_link_s", "per_op_s")  # the rest are num
 
 _OBJECTIVES = ("latency", "throughput", "makespan")  # partitioner.solvers.problem.Objective
 _STREAM_MODES = ("prefetch", "sync")                 # partitioner.solvers.problem.StreamMode
-_TRANSFER_KINDS = ("activation", "weights", "param", "gradient", "update", "state", "split")
+_TRANSFER_KINDS = ("activation", "weights", "param", "gradient", "update", "state", "split", "saved")
 _OPTIMIZERS = tuple(o.value for o in Optimizer)
 _REPLAN = "re-plan: hetpart plan MODEL ..."
 

@@ -11,7 +11,8 @@ In: a :class:`~partitioner.solvers.problem.Problem`. Out: seconds.
 * :func:`memory_aware_lower_bound`: the optimum of a linear program that keeps what memory
   forces: each op of the *original* graph split over its devices (fractions summing to 1), its
   weights resident or streamed (streamed bytes load the host link), its optimizer state with them,
-  offloaded or streamed for its step (training), parameters, saved
+  offloaded or streamed for its step (training), its saved activations kept, recomputed or held on
+  the host (their copies load the link; the buffer and issue latency left out), parameters, saved
   activations, working sets and stream buffers within every cap, an op never on a device where
   it cannot fit alone; its objective is the latency sum, or each device's and link's load, with
   activation copies left out; for pipeline stages, ``M - 1`` times the busiest device's compute
@@ -39,7 +40,7 @@ import logging
 from partitioner.solvers.milp import Milp, Term
 from partitioner.solvers.pipeline import Schedule
 from partitioner.solvers.problem import Objective, Problem
-from partitioner.solvers.train_state import grad_hop_s, state_hop_s, update_hop_s
+from partitioner.solvers.train_state import grad_hop_s, saved_hop_s, state_hop_s, update_hop_s
 
 log = logging.getLogger(__name__)
 
@@ -143,9 +144,15 @@ def _program(p: Problem, scale: float) -> Milp:
     for n, per_d in o.items():
         for d, v in per_d.items():
             m.at_most(f"offload_le_x[{n}][{d}]", [(1.0, v), (-1.0, x[n][d])] + ([(1.0, s[n][d])] if d in s.get(n, {}) else []), 0.0)
+    # h = saved activations held on the host (their buffer and copies' issue left out: still a bound)
+    h = {n: {d: m.column(f"h[{n}][{d}]", upper=1.0) for d in x[n] if d != p.host} for n in p.saved_hostable}
     for n, per_d in c.items():
         for d, v in per_d.items():
             m.at_most(f"recompute_le_x[{n}][{d}]", [(1.0, v), (-1.0, x[n][d])], 0.0)
+    for n, per_d in h.items():
+        for d, v in per_d.items():
+            again = [(1.0, w[n][d]) for w in (c, s) if d in w.get(n, {})]
+            m.at_most(f"saved_on_host_le_x[{n}][{d}]", [(1.0, v), (-1.0, x[n][d])] + again, 0.0)
     for n in p.nodes:
         for d, v in x[n].items():
             time_terms[d].append((scale * p.least_compute(n, d), v))
@@ -182,6 +189,8 @@ def _program(p: Problem, scale: float) -> Milp:
                     terms.append((-mu * p.state_mem[n], g[n][d]))
                 if d in c.get(n, {}):
                     terms.append((-mu * in_flight * p.least_saved(n), c[n][d]))
+                if d in h.get(n, {}):
+                    terms.append((-mu * in_flight * p.least_saved(n), h[n][d]))
                 if p.least_work_mem(n):
                     m.at_least(f"working_set[{n}][{d}]", work, [(mu * p.least_work_mem(n), x[n][d])])
             if d in s.get(n, {}):
@@ -192,6 +201,7 @@ def _program(p: Problem, scale: float) -> Milp:
                 terms += [(mu * p.least_stream_mem(n, t), v) for t, v in s.get(n, {}).items()]
                 terms += [(mu * p.offload_mem[n], v) for v in o.get(n, {}).values()]
                 terms += [(mu * p.state_mem[n], v) for v in g.get(n, {}).values()]
+                terms += [(mu * p.least_saved(n), v) for v in h.get(n, {}).values()]
             for sp, v in k.get(n, {}).items():
                 if d in sp.devices:
                     i = sp.devices.index(d)
@@ -237,6 +247,11 @@ def _program(p: Problem, scale: float) -> Milp:
             for d, v in g.get(n, {}).items():
                 if state_hop_s(p, n, d, label):
                     terms.append((scale * state_hop_s(p, n, d, label), v))
+            for d, v in h.get(n, {}).items():
+                both = min(saved_hop_s(p, n, a, d, p.host, label) + saved_hop_s(p, n, a, p.host, d, label)
+                           for a in p.saved_parts_at[n])
+                if both:
+                    terms.append((scale * both, v))
         if terms:
             m.at_least(f"link_load[{label}]", T, terms)
     return m

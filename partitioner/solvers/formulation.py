@@ -154,7 +154,7 @@ class Formulation:
         elif objective is Objective.LATENCY and problem.train_state:
             accelerators = [d for d in problem.device_names if d != problem.host]
             sequential = self.compute_terms(steps=accelerators) + self.copy_terms() + self.shared_terms() \
-                + self.issue_terms() + self.ts.recompute_terms()
+                + self.issue_terms() + self.ts.recompute_terms() + self.ts.saved_issue_terms()
             self.ts.latency_rows(self.T, sequential)
         elif objective is Objective.LATENCY:
             self.ge("critical_path", self.T, self.compute_terms() + self.copy_terms() + self.shared_terms()
@@ -163,7 +163,7 @@ class Formulation:
             for d in problem.device_names:
                 self.ge(_name("device_load", d), self.T,
                         self.compute_terms(d) + self.shared_terms(d) + self.issue_terms(d)
-                        + self.ts.recompute_terms(d) + self.split_terms(d))
+                        + self.ts.recompute_terms(d) + self.split_terms(d) + self.ts.saved_issue_terms(d))
         for label in problem.link_labels:
             terms = self.link_terms(label)
             if terms:
@@ -536,12 +536,14 @@ class Formulation:
             streamed = [(n, mu * p.stream_buffer_bytes(n, StreamMode.PREFETCH, d, a), q)
                         for n in self.sv if d in self.sv[n] for a, q in self.streams(n, d)]
             states = self.ts.state_buffers(d)
+            saved = self.ts.saved_buffers(d)
             most = (self._most(terms) + max((w for _, w, _ in work), default=0.0)
-                    + max((w for _, w, _ in streamed), default=0.0) + max((w for _, w, _ in states), default=0.0))
+                    + max((w for _, w, _ in streamed), default=0.0) + max((w for _, w, _ in states), default=0.0)
+                    + max((w for _, w, _ in saved), default=0.0))
             if most <= mu * p.capacity[d]:
                 continue  # everything fits on d at once: the cap cannot bind, and no row stands for it
             terms += self.largest("work", d, work) + self.largest("stream_buffer", d, streamed) \
-                + self.largest("state_buffer", d, states)
+                + self.largest("state_buffer", d, states) + self.largest("saved_buffer", d, saved)
             self.milp.at_most(_name("mem_cap", d), terms, mu * p.capacity[d])
 
     def _most(self, terms: list[Term]) -> float:
@@ -841,11 +843,11 @@ class Formulation:
             a = max(per, key=lambda k: values[per[k].index]) if per else p.default_dtype(n, d)
             if a != FLOAT32:
                 precision[n] = a
-        state, recompute, streamed_state = self.ts.answer(values, device)
+        state, recompute, streamed_state, saved_on_host = self.ts.answer(values, device)
         split = {n: sp for n, cols in self.kv.items() for sp, k in cols.items()
                  if device[n] == sp.home and values[k.index] > 0.5}
         return Placement(device, streamed, StreamMode.PREFETCH, order, precision, state, recompute,
-                         streamed_state=streamed_state, split=split)
+                         streamed_state=streamed_state, split=split, saved_on_host=saved_on_host)
 
 
 def interchangeable_devices(problem: Problem) -> list[tuple[str, str]]:

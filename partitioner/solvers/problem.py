@@ -34,8 +34,9 @@ Semantics (documented once, here):
   the updated weights cross back), or on the host and streamed to the computing device for its
   step and back (``Placement.streamed_state``), or the weights themselves live on the host and are streamed in
   both passes; a gather's table may update row-sparse (``Problem.sparse_ops``); a node may
-  recompute its activations in backward (``Placement.recompute``). With ``latency``, host steps run
-  beside backward, each once its gradient is complete (see that module);
+  recompute its activations in backward (``Placement.recompute``) or hold them in host memory
+  (``Placement.saved_on_host``: copied out in forward and back in backward, beside compute). With
+  ``latency``, host steps run beside backward, each once its gradient is complete (see that module);
 * objectives: ``latency`` = max(sum of compute and critical-path copies, busiest link);
   ``throughput`` = max(busiest device, busiest link); ``makespan`` = list schedule of the nodes
   in the placement's order (devices run concurrently, a node starts when its device is free and
@@ -43,8 +44,9 @@ Semantics (documented once, here):
 * pipeline stages (``Options.pipeline``): contiguous stages, relayed tensors, micro-batches and a
   schedule's bubble, in :mod:`partitioner.solvers.pipeline`; ``evaluate`` hands such problems there;
 * memory on a device = parameters resident there (training: with gradients and optimizer state)
-  + stream buffers (weights; training: one of the largest streamed optimizer state) + activations (inference: the largest node's working set; training: saved
-  activations of its nodes plus that working set);
+  + stream buffers (weights; training: one of the largest streamed optimizer state, one of the largest
+  saved activation copied to or from the host) + activations (inference: the largest node's working
+  set; training: saved activations of its nodes, except those held on the host, plus that working set);
 * precision (``Options.precision``, :mod:`cost_models.precision`): a node computes its flexible
   member ops in one dtype of ``choices[node][device]`` (``Placement.precision``; default the first,
   float32 where the device runs it), at ``compute_in`` (the cost model's ``op_time_in``); in 16 bits
@@ -89,8 +91,8 @@ from partitioner.ir import OpGraph
 from partitioner.solvers.pipeline import PipelineSpec, evaluate_pipeline
 from partitioner.solvers.splits import Split, SplitOptions, SplitPrice, price_split, split_choices, split_op
 from partitioner.solvers.train_state import (
-    cost_training_state, grad_hop_s, grad_s, gradient_leaves, offloaded, state_buffer_bytes, state_s, step_schedule,
-    update_hop_s, update_s,
+    cost_training_state, grad_hop_s, grad_s, gradient_leaves, offloaded, saved_buffer_bytes, saved_hop_s, saved_issue_s,
+    saved_s, state_buffer_bytes, state_s, step_schedule, update_hop_s, update_s,
 )
 
 
@@ -125,6 +127,7 @@ class Options:
     stream_state: bool = True                  # training (with offload): may host-held state be streamed to the
                                                # computing accelerator for its step (and back)
     recompute: bool = True                     # training: may a node recompute its activations in backward
+    save_on_host: bool = True                  # training: may a node hold its saved activations in host memory
     delayed_update: bool = False               # training: the host step of iteration t runs beside t+1 (opted in)
     sparse_updates: bool = True                # training: may gathers' tables update row-sparse (where allowed)
     placed_optimizer: bool = True              # training: hetpart's placed optimizer runs the step (state may
@@ -154,6 +157,8 @@ class Placement:
     streamed_state: frozenset[str] = frozenset()  # training: nodes whose optimizer state lives on the host and
                                                   # is streamed to their computing device for its step and back
     split: Mapping[str, Split] = dataclasses.field(default_factory=dict)  # node -> its split (device[node] is its home)
+    saved_on_host: frozenset[str] = frozenset()   # training: nodes whose saved activations the host holds (copied
+                                                  # out in forward, back in backward)
 
     def residence(self, node: str) -> str:
         """The device holding ``node``'s own parameters."""
@@ -465,6 +470,8 @@ class Problem:
         self.param_mem_at: dict[str, dict[str, int]] = {}
         self.work_mem_at: dict[str, dict[str, int]] = {}
         self.saved_at: dict[str, dict[str, int]] = {}
+        self.saved_parts_at: dict[str, dict[str, tuple[int, ...]]] = {}  # each member op's saved bytes, per dtype
+        self.saved_ops: dict[str, tuple[str, ...]] = {}  # the member ops saving activations (saved_parts_at's order)
         self.compute: dict[str, dict[str, float]] = {}
         self.param_bytes: dict[str, int] = {}
         self.stream_parts: dict[str, tuple[int, ...]] = {}  # each member op's own weights: streamed one copy per op
@@ -487,9 +494,11 @@ class Problem:
             self.work_mem[node] = max(
                 sum(tensors[t].nbytes for t in op.inputs) + sum(tensors[t].nbytes for t in op.outputs) for op in ops
             )
-            self.saved[node] = sum(
-                saved_activation_bytes(op, sum(tensors[t].nbytes for t in op.outputs)) for op in ops
-            ) if training else 0
+            saving = {op.name: b for op in ops
+                      if (b := saved_activation_bytes(op, sum(tensors[t].nbytes for t in op.outputs)))}
+            self.saved[node] = sum(saving.values()) if training else 0
+            self.saved_ops[node] = tuple(saving) if training else ()
+            self.saved_parts_at[node] = {FLOAT32: tuple(saving.values()) if training else ()}
             self.opt_step[node] = {  # one optimizer step per member op, as on the original graph
                 d.name: sum(self.costs.optimizer_step_time(op.trainable_param_bytes, d, opt).seconds for op in ops)
                 if training else 0.0
@@ -520,6 +529,7 @@ class Problem:
             return int(t.nbytes * itemsize_factor(dtype)) if t.dtype == FLOAT32 else t.nbytes
 
         self.compute_in[node], self.param_mem_at[node], self.work_mem_at[node], self.saved_at[node] = {}, {}, {}, {}
+        self.saved_parts_at[node] = {}
         self.stream_parts_at[node] = {}
         for a in dtypes:
             eff = {op.name: self.op_dtype(op.name, a) for op in ops}
@@ -530,9 +540,10 @@ class Problem:
                 b for op in ops if op.param_bytes > 0 and (b := self.op_param_bytes(op, eff[op.name])) > 0)
             self.work_mem_at[node][a] = max(
                 sum(size(t, eff[op.name]) for t in (*op.inputs, *op.outputs)) for op in ops)
-            self.saved_at[node][a] = sum(
-                saved_activation_bytes(op, sum(size(t, eff[op.name]) for t in op.outputs)) for op in ops
-            ) if training else 0
+            parts = tuple(saved_activation_bytes(op, sum(size(t, eff[op.name]) for t in op.outputs))
+                          for op in ops if op.name in self.saved_ops[node])
+            self.saved_at[node][a] = sum(parts) if training else 0
+            self.saved_parts_at[node][a] = parts if training else ()
         for d, per_d in self.choices[node].items():
             device = self.devices.device(d)
             self.compute_in[node][d] = {}
@@ -772,8 +783,9 @@ class Problem:
 
     def fits_alone(self, node: str, device: str) -> bool:
         """Whether ``node`` alone fits on ``device`` in some dtype it may use there: its working
-        set, saved activations and its parameters, or its stream buffer where it may stream them
-        there. When it does not, no feasible placement puts it there."""
+        set, saved activations (or the buffer of those held on the host) and its parameters, or its
+        stream buffer where it may stream them there. When it does not, no feasible placement puts it
+        there."""
         need = []
         dtypes = self.choices[node].get(device, (FLOAT32,))
         for a in dtypes:
@@ -785,6 +797,8 @@ class Problem:
             if node in self.state_streamable and device != self.host:  # state on the host, streamed for the step
                 weights = min(weights, self.param_mem[node] - self.state_mem[node] + max(self.state_parts[node]))
             saved = 0 if node in self.recomputable and len(dtypes) == 1 else self.saved_at[node][a]
+            if node in self.saved_hostable and device != self.host and len(dtypes) == 1:  # held on the host
+                saved = min(saved, max(self.saved_parts_at[node][a], default=0))  # but its buffer
             need.append(self.work_mem_at[node][a] + saved + weights)
         return min(need) <= self.capacity[device]
 
@@ -850,6 +864,8 @@ def evaluate(problem: Problem, placement: Placement) -> Evaluation:
                 link_load[label] += sum(p.hop_s(b, t.src, t.dst, label) for b in p.state_parts[t.tensor])
             elif t.kind == "split":
                 link_load[label] += p.hop_s(t.bytes, t.src, t.dst, label)
+            elif t.kind == "saved":
+                link_load[label] += saved_hop_s(p, t.tensor, dtype[t.tensor], t.src, t.dst, label)
             else:
                 factor = 2 if p.options.training else 1
                 link_load[label] += factor * p.hop_s(t.bytes, t.src, t.dst, label)
@@ -868,6 +884,8 @@ def evaluate(problem: Problem, placement: Placement) -> Evaluation:
         busy[x[n]] += p.compute_in[n].get(x[n], {}).get(dtype[n], float("inf")) + casts[n]
         if n in placement.recompute:
             busy[x[n]] += p.fwd_in.get(n, {}).get(x[n], {}).get(dtype[n], 0.0)
+        if n in placement.saved_on_host and x[n] != p.host:
+            busy[x[n]] += saved_issue_s(p, n, dtype[n], x[n])
         home = placement.state_device(n)
         opt[home] += p.opt_step[n][home]
     for t in transfers:
@@ -989,6 +1007,12 @@ def _transfers(p: Problem, placement: Placement) -> list[Transfer]:
                 way = sum(p.one_way_s(b, p.host, x[n]) for b in p.state_parts[n])
                 out.append(Transfer(n, p.host, x[n], p.state_mem[n], way, "state"))
                 out.append(Transfer(n, x[n], p.host, p.state_mem[n], state_s(p, n, x[n]) - way, "state"))
+        adtype = node_dtypes(p, placement) if placement.saved_on_host else {}
+        for n in sorted(placement.saved_on_host, key=lambda m: p.index.get(m, -1)):
+            if x[n] != p.host and n in p.saved_hostable:  # out in forward, back in backward
+                nbytes = p.saved_at[n][adtype[n]]
+                out.append(Transfer(n, x[n], p.host, nbytes, saved_s(p, n, adtype[n], x[n], p.host), "saved"))
+                out.append(Transfer(n, p.host, x[n], nbytes, saved_s(p, n, adtype[n], p.host, x[n]), "saved"))
     return out
 
 
@@ -1029,6 +1053,18 @@ def _state_violations(p: Problem, placement: Placement) -> list[str]:
     for n in placement.recompute:
         if not p.train_state or not p.saved[n]:
             out.append(f"op {n} recomputes its activations, which needs a training problem and saved activations")
+    for n in sorted(placement.saved_on_host, key=str):
+        if n not in p.saved_hostable:
+            out.append(f"op {n} holds its saved activations on the host, which needs a training problem (objective "
+                       f"latency or throughput, save_on_host allowed) and saved activations")
+        elif placement.device[n] == p.host:
+            out.append(f"op {n} holds its saved activations on the host, where it computes: drop it from "
+                       f"saved_on_host")
+        if n in placement.recompute:
+            out.append(f"op {n} both recomputes its activations and holds them on the host: choose one")
+        if placement.residence(n) != placement.device[n]:
+            out.append(f"op {n} holds its saved activations on the host and streams its weights from there: "
+                       f"the weights' fetched copies are saved by the streamer's own hooks; choose one")
     return out
 
 
@@ -1041,6 +1077,7 @@ def memory_use(p: Problem, placement: Placement) -> dict[str, int]:
     work = {d: 0 for d in p.device_names}
     saved = {d: 0 for d in p.device_names}
     state_buffers = {d: 0 for d in p.device_names}
+    saved_buffers = {d: 0 for d in p.device_names}
     dtype = node_dtypes(p, placement)
     for n in p.nodes:
         d, a = x[n], dtype[n]
@@ -1064,9 +1101,13 @@ def memory_use(p: Problem, placement: Placement) -> dict[str, int]:
         if streams:
             buffers[d] = max(buffers[d], p.stream_buffer_bytes(n, placement.stream_mode, d, a))
         work[d] = max(work[d], p.work_mem_at[n].get(a, p.work_mem[n]))
-        if n not in placement.recompute:
+        if n in placement.saved_on_host and d != p.host and n in p.saved_hostable:  # the host holds them
+            saved[p.host] += p.saved_at[n][a]
+            saved_buffers[d] = max(saved_buffers[d], saved_buffer_bytes(p, n, a))
+        elif n not in placement.recompute:
             saved[d] += p.saved_at[n].get(a, p.saved[n])
-    return {d: params[d] + buffers[d] + state_buffers[d] + work[d] + saved[d] for d in p.device_names}
+    return {d: params[d] + buffers[d] + state_buffers[d] + saved_buffers[d] + work[d] + saved[d]
+            for d in p.device_names}
 
 
 def list_schedule(p: Problem, placement: Placement) -> dict[str, tuple[float, float]]:

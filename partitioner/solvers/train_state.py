@@ -32,7 +32,12 @@ A **row-sparse** update (a trainable gather whose table no other op reads, when 
 allows: exactly for SGD and Adagrad, lazily for ``sparse-adam``, :func:`cost_models.training.sparse_update`)
 writes no dense gradient in backward and steps only the rows a batch can touch. A node that
 **recomputes** (``Placement.recompute``) saves no activations and runs its forward again in
-backward.
+backward. A node computing on an accelerator ``d`` may instead hold its **saved activations on the
+host** (``Placement.saved_on_host``; not with recompute, nor with its weights streamed): the host's memory counts them, ``d``'s
+holds one reused buffer of the largest member op's saved activations (the copy in flight), each
+member op's saved bytes cross ``d -> host`` in forward and ``host -> d`` in backward, and these
+copies are priced as prefetched weights are: the link's load (a parallel resource the step
+cannot end before) and each copy's issue latency on ``d``.
 
 When host steps run (objective ``latency``). The devices run the step's forward and backward one
 op after another (``S``: compute, copies, stream issue, and the steps resident on accelerators).
@@ -62,7 +67,8 @@ from partitioner.ir import OpClass
 # Problem and Placement (partitioner.solvers.problem) are annotations only: problem.py imports this
 # module, which imports nothing back.
 
-__all__ = ["cost_training_state", "state_hop_s", "state_s", "step_schedule", "step_split", "streamed_trips", "tidy"]
+__all__ = ["cost_training_state", "saved_buffer_bytes", "saved_hop_s", "saved_issue_s", "saved_s", "state_hop_s",
+           "state_s", "step_schedule", "step_split", "streamed_trips", "tidy"]
 
 
 def cost_training_state(p: Problem) -> None:
@@ -85,7 +91,7 @@ def cost_training_state(p: Problem) -> None:
     p.state_parts = {n: () for n in p.nodes}   # per member op: optimizer-state bytes (one copy each way)
     p.op_state = {}
     p.sparse_ops = frozenset()
-    p.offloadable, p.recomputable, p.state_streamable = (), (), ()
+    p.offloadable, p.recomputable, p.state_streamable, p.saved_hostable = (), (), (), ()
     p.op_order = tuple(op.name for op in p.original.topological_order())  # backward runs it in reverse
     p.node_of = {op: n for n in p.nodes for op in p.members[n]}
     p.op_bwd, p.op_step, p.op_grad = {}, {}, {}
@@ -134,9 +140,12 @@ def cost_training_state(p: Problem) -> None:
         p.offloadable = tuple(n for n in p.nodes if p.trainable[n] > 0)
     if p.train_state and o.offload and o.stream_state and k and not o.delayed_update:
         p.state_streamable = tuple(n for n in p.nodes if p.trainable[n] > 0 and not p.sparse_ops.intersection(p.members[n]))
+    activations = tuple(n for n in p.nodes if p.saved[n] > 0
+                        and not all(graph.ops[m].op_class is OpClass.VIEW for m in p.members[n]))
     if p.train_state and o.recompute:
-        p.recomputable = tuple(n for n in p.nodes if p.saved[n] > 0
-                               and not all(graph.ops[m].op_class is OpClass.VIEW for m in p.members[n]))
+        p.recomputable = activations
+    if p.train_state and o.save_on_host:
+        p.saved_hostable = activations
 
 
 def _fwd_bwd(p: Problem, op, device, dtype: str) -> tuple[float, float]:  # noqa: ANN001
@@ -237,6 +246,28 @@ def state_buffer_bytes(p: Problem, n: str) -> int:
     return max(p.state_parts[n], default=0)
 
 
+def saved_s(p: Problem, n: str, dtype: str, src: str, dst: str) -> float:
+    """Seconds ``n``'s saved activations (held in ``dtype``) take one way (one copy per member op)."""
+    return sum(p.one_way_s(b, src, dst) for b in p.saved_parts_at[n][dtype])
+
+
+def saved_hop_s(p: Problem, n: str, dtype: str, src: str, dst: str, label: str) -> float:
+    """Seconds link ``label`` is busy with ``n``'s saved activations copied once from ``src`` to ``dst``."""
+    return sum(p.hop_s(b, src, dst, label) for b in p.saved_parts_at[n][dtype])
+
+
+def saved_issue_s(p: Problem, n: str, dtype: str, d: str) -> float:
+    """Issue latency ``d`` pays for ``n``'s saved activations held on the host: one per member op's
+    copy, out in forward and back in backward (as a prefetched weight copy's)."""
+    return 2 * len(p.saved_parts_at[n][dtype]) * p.stream_issue_s(d)
+
+
+def saved_buffer_bytes(p: Problem, n: str, dtype: str) -> int:
+    """The buffer ``n``'s saved activations held on the host need on its computing device: its
+    largest member op's saved activations (in ``dtype``)."""
+    return max(p.saved_parts_at[n][dtype], default=0)
+
+
 def offloaded(p: Problem, placement: Placement, n: str) -> bool:
     """``n`` keeps its weights on its computing device and its optimizer state on the host."""
     return placement.state.get(n) == p.host and placement.residence(n) == placement.device[n] != p.host
@@ -309,7 +340,7 @@ def step_split(p: Problem, placement: Placement, sequential: float, total: float
 
 
 def tidy(p: Problem, placement: Placement, evaluate, deadline: float) -> Placement:  # noqa: ANN001
-    """``placement`` with each recompute and each offloaded or streamed optimizer state it does not need undone:
+    """``placement`` with each recompute, each activation held on the host and each offloaded or streamed optimizer state it does not need undone:
     one at a time, kept undone where the placement still fits and is no slower (``evaluate`` is
     :func:`partitioner.solvers.problem.evaluate`). A solver stopped within its gap, or indifferent
     between choices that cost the same (a host step hidden behind backward costs nothing), may keep
@@ -318,16 +349,17 @@ def tidy(p: Problem, placement: Placement, evaluate, deadline: float) -> Placeme
     import dataclasses
     import time
 
-    if not p.train_state or not (placement.state or placement.recompute or placement.streamed_state):
+    if not p.train_state or not (placement.state or placement.recompute or placement.streamed_state
+                                 or placement.saved_on_host):
         return placement
     best = evaluate(p, placement)
     if not best.feasible:
         return placement
-    for kind in ("recompute", "streamed_state", "state"):
+    for kind in ("recompute", "saved_on_host", "streamed_state", "state"):
         for n in sorted(getattr(placement, kind), key=p.index.__getitem__):
             if time.perf_counter() > deadline:
                 return placement
-            if kind in ("recompute", "streamed_state"):
+            if kind in ("recompute", "saved_on_host", "streamed_state"):
                 candidate = dataclasses.replace(placement, **{kind: getattr(placement, kind) - {n}})
             else:
                 candidate = dataclasses.replace(placement, state={m: h for m, h in placement.state.items() if m != n})

@@ -15,6 +15,11 @@ Columns (model units as in the formulation):
 * ``c[v,d]`` binary: ``v`` recomputes its activations in backward (``c <= x``), where it computes
   in one dtype on ``d``: its saved activations leave ``d``'s memory and its forward time is paid
   again;
+* ``h[v,d]`` binary: ``v`` computes on accelerator ``d`` in one dtype and holds its saved
+  activations on the host (``c + s + h <= x``: not with recompute nor streamed weights): ``d``'s memory falls by them and
+  gains the reused buffer of the largest member op's saved activations (a staircase, as the stream
+  buffers), the host's rises by them, the link carries them out and back, and ``d`` pays each
+  copy's issue latency;
 * with ``latency`` (not a delayed update), the host worker's chain, over the trainable nodes
   ``v_1 .. v_K`` in topological order: ``S`` (the devices' sequential time, ``S >=`` compute,
   copies, issue, accelerator steps; ``T >= S``), ``Q[k] <= Q[k-1] +`` the backward time of the
@@ -30,7 +35,10 @@ Columns (model units as in the formulation):
 from __future__ import annotations
 
 from partitioner.solvers.milp import Column, Term
-from partitioner.solvers.train_state import grad_hop_s, grad_s, state_buffer_bytes, state_hop_s, update_hop_s, update_s
+from partitioner.solvers.train_state import (
+    grad_hop_s, grad_s, saved_buffer_bytes, saved_hop_s, saved_issue_s, state_buffer_bytes, state_hop_s, update_hop_s,
+    update_s,
+)
 
 # Formulation and Placement are annotations only: formulation.py imports this module.
 
@@ -42,7 +50,7 @@ def _name(kind: str, *parts: str) -> str:
 
 
 class TrainStateColumns:
-    """The ``o``, ``g`` and ``c`` columns of one formulation, and the worker chains' rows."""
+    """The ``o``, ``g``, ``c`` and ``h`` columns of one formulation, and the worker chains' rows."""
 
     def __init__(self, f: Formulation) -> None:
         self.f = f
@@ -50,6 +58,7 @@ class TrainStateColumns:
         self.ov: dict[str, dict[str, Column]] = {}
         self.cv: dict[str, dict[str, Column]] = {}
         self.gv: dict[str, dict[str, Column]] = {}
+        self.hv: dict[str, dict[str, Column]] = {}
         self.chain: list[tuple[str, Column | None, Column]] = []  # (node, Q, W)
         self.S: Column | None = None
         for n in p.offloadable:
@@ -77,6 +86,14 @@ class TrainStateColumns:
                 c = self.cv.setdefault(n, {})[d] = f.milp.column(_name("c", n, d), upper=1.0, integer=True)
                 if isinstance(f.x(n, d), Column):
                     f.milp.at_most(_name("recompute_le_x", n, d), [(1.0, c), (-1.0, f.x(n, d))], 0.0)
+        for n in p.saved_hostable:
+            for d in f.allowed[n]:
+                if d == p.host or len(f.dtypes_on(n, d)) != 1:
+                    continue
+                h = self.hv.setdefault(n, {})[d] = f.milp.column(_name("h", n, d), upper=1.0, integer=True)
+                away = [v for v in (self.cv.get(n, {}).get(d), f.sv.get(n, {}).get(d)) if v is not None]
+                f.milp.at_most(_name("saved_on_host_le_x", n, d),
+                               [(1.0, h), (-1.0, f.x(n, d))] + [(1.0, v) for v in away], 0.0)
 
     # -- terms the formulation adds to its rows -------------------------------------------------
 
@@ -104,7 +121,26 @@ class TrainStateColumns:
         if c is not None:
             (a,) = self.f.dtypes_on(n, d)
             terms.append((-mu * p.saved_at[n][a], c))
+        if d == p.host:
+            for e, h in self.hv.get(n, {}).items():
+                (a,) = self.f.dtypes_on(n, e)
+                terms.append((mu * p.saved_at[n][a], h))
+        elif d in self.hv.get(n, {}):
+            (a,) = self.f.dtypes_on(n, d)
+            terms.append((-mu * p.saved_at[n][a], self.hv[n][d]))
         return terms
+
+    def saved_buffers(self, d: str) -> list[tuple[str, float, Column]]:
+        """``(node, buffer, h)`` items of the buffer of saved activations copied to and from the host on ``d``."""
+        mu = self.f.units.memory
+        return [(n, mu * saved_buffer_bytes(self.f.p, n, self.f.dtypes_on(n, d)[0]), per_d[d])
+                for n, per_d in self.hv.items() if d in per_d]
+
+    def saved_issue_terms(self, device: str | None = None) -> list[Term]:
+        """Issue latency of the copies of saved activations held on the host, on their computing device."""
+        p, tu = self.f.p, self.f.units.time
+        return [(tu * saved_issue_s(p, n, self.f.dtypes_on(n, d)[0], d), h)
+                for n, per_d in self.hv.items() for d, h in per_d.items() if device is None or d == device]
 
     def state_buffers(self, d: str) -> list[tuple[str, float, Column]]:
         """``(node, buffer, g)`` items of the streamed-state buffer on ``d`` (its largest is held)."""
@@ -144,6 +180,13 @@ class TrainStateColumns:
                 ways = (label in p.hops(p.host, d)) + (label in p.hops(d, p.host))
                 if ways:
                     terms.append((mu * ways * p.state_mem[n] if budget else tu * state_hop_s(p, n, d, label), g))
+        for n, per_d in self.hv.items():  # saved activations out in forward, back in backward
+            for d, h in per_d.items():
+                (a,) = f.dtypes_on(n, d)
+                ways = (label in p.hops(p.host, d)) + (label in p.hops(d, p.host))
+                if ways:
+                    seconds = saved_hop_s(p, n, a, d, p.host, label) + saved_hop_s(p, n, a, p.host, d, label)
+                    terms.append((mu * ways * p.saved_at[n][a] if budget else tu * seconds, h))
         return terms
 
     # -- the latency objective's rows -------------------------------------------------------------
@@ -239,6 +282,9 @@ class TrainStateColumns:
         for n, per_d in self.gv.items():
             for d, g in per_d.items():
                 values[g.index] = 1.0 if placement.device[n] == d and n in placement.streamed_state else 0.0
+        for n, per_d in self.hv.items():
+            for d, h in per_d.items():
+                values[h.index] = 1.0 if placement.device[n] == d and n in placement.saved_on_host else 0.0
         if not self.chain:
             return
         before, prefix = 0.0, {}
@@ -250,8 +296,9 @@ class TrainStateColumns:
             if q is not None:
                 values[q.index] = self.f.units.time * prefix[n]
 
-    def answer(self, values: list[float], device: dict[str, str]) -> tuple[dict[str, str], frozenset[str], frozenset[str]]:
-        """The placement's ``state``, ``recompute`` and ``streamed_state`` in a solution vector."""
+    def answer(self, values: list[float], device: dict[str, str]
+               ) -> tuple[dict[str, str], frozenset[str], frozenset[str], frozenset[str]]:
+        """The placement's ``state``, ``recompute``, ``streamed_state`` and ``saved_on_host`` in a solution vector."""
         p = self.f.p
         state = {n: p.host for n, per_d in self.ov.items()
                  if device[n] in per_d and values[per_d[device[n]].index] > 0.5}
@@ -259,4 +306,6 @@ class TrainStateColumns:
                               if device[n] in per_d and values[per_d[device[n]].index] > 0.5)
         streamed_state = frozenset(n for n, per_d in self.gv.items()
                                    if device[n] in per_d and values[per_d[device[n]].index] > 0.5)
-        return state, recompute, streamed_state
+        saved_on_host = frozenset(n for n, per_d in self.hv.items()
+                                  if device[n] in per_d and values[per_d[device[n]].index] > 0.5)
+        return state, recompute, streamed_state, saved_on_host

@@ -13,7 +13,8 @@ choice); in training a streamed node computes in float32 only.
 Training state (``partitioner.solvers.train_state``): each trainable node computing on an
 accelerator with its weights resident keeps its optimizer state there, on the host (stepped there)
 or on the host streamed to the accelerator for its step, and each
-node that may recompute (in one dtype on its device, as the ILP offers it) does or does not.
+node that may recompute or hold its saved activations on the host (in one dtype on its device, as
+the ILP offers them) keeps them, recomputes them, or (on an accelerator) holds them on the host.
 
 Splits (``Options.splits``): each node on its device is whole or takes each split homed there that
 the problem offers (its weights then resident).
@@ -54,8 +55,9 @@ def expand(problem: Problem, placement: Placement) -> tuple[Problem, Placement]:
     streamed_state = frozenset(op for n in placement.streamed_state for op in problem.members[n]
                                if original.trainable[op])
     split = {op: sp for n, sp in placement.split.items() for op in problem.members[n] if op in original.split_choices}
+    saved_on_host = frozenset(op for n in placement.saved_on_host for op in problem.members[n] if original.saved[op])
     return original, Placement(device, streamed, placement.stream_mode, order, precision, state, recompute,
-                               placement.overlap, streamed_state, split)
+                               placement.overlap, streamed_state, split=split, saved_on_host=saved_on_host)
 
 
 def original_problem(problem: Problem) -> Problem:
@@ -75,10 +77,11 @@ def placements(problem: Problem) -> Iterator[Placement]:
             streamed = {n: host for n, on in zip(optional, mask) if on}
             for dtypes in itertools.product(*(_dtypes(problem, n, device[n], n in streamed) for n in problem.nodes)):
                 precision = dict(zip(problem.nodes, dtypes))
-                for state, recompute, streamed_state in _training_states(problem, device, streamed):
+                for state, recompute, streamed_state, saved_on_host in _training_states(problem, device, streamed):
                     for split in _splits(problem, device, streamed):
                         yield Placement(device, streamed, StreamMode.PREFETCH, precision=precision, state=state,
-                                        recompute=recompute, streamed_state=streamed_state, split=split)
+                                        recompute=recompute, streamed_state=streamed_state, split=split,
+                                        saved_on_host=saved_on_host)
 
 
 def _splits(problem: Problem, device: dict, streamed: dict) -> Iterator[dict]:
@@ -89,19 +92,26 @@ def _splits(problem: Problem, device: dict, streamed: dict) -> Iterator[dict]:
         yield {n: sp for n, sp in zip(nodes, combo) if sp is not None}
 
 
-def _training_states(problem: Problem, device: dict, streamed: dict) -> Iterator[tuple[dict, frozenset, frozenset]]:
-    """Every (state, recompute, streamed_state) the ILP may choose with these devices and streams:
-    each node's state resident, offloaded (host step) or streamed for its step."""
+def _training_states(problem: Problem, device: dict, streamed: dict
+                     ) -> Iterator[tuple[dict, frozenset, frozenset, frozenset]]:
+    """Every (state, recompute, streamed_state, saved_on_host) the ILP may choose with these devices
+    and streams: each node's state resident, offloaded (host step) or streamed for its step, and its
+    saved activations kept, recomputed or held on the host."""
     away = set(problem.offloadable) | set(problem.state_streamable)
     movable = [n for n in problem.nodes if n in away and device[n] != problem.host and n not in streamed]
     homes = [("resident",) + (("host",) if n in problem.offloadable else ())
              + (("streamed",) if n in problem.state_streamable else ()) for n in movable]
-    again = [n for n in problem.recomputable if len(problem.choices[n][device[n]]) == 1]
+    single = [n for n in problem.nodes if len(problem.choices[n][device[n]]) == 1]
+    holds = {n for n in single if n in problem.saved_hostable and device[n] != problem.host and n not in streamed}
+    kept = [n for n in single if n in problem.recomputable or n in holds]
+    ways = [("kept",) + (("recompute",) if n in problem.recomputable else ()) + (("host",) if n in holds else ())
+            for n in kept]
     for choice in itertools.product(*homes):
         state = {n: problem.host for n, h in zip(movable, choice) if h == "host"}
         streamed_state = frozenset(n for n, h in zip(movable, choice) if h == "streamed")
-        for mask2 in itertools.product((False, True), repeat=len(again)):
-            yield state, frozenset(n for n, on in zip(again, mask2) if on), streamed_state
+        for saved in itertools.product(*ways):
+            yield (state, frozenset(n for n, w in zip(kept, saved) if w == "recompute"), streamed_state,
+                   frozenset(n for n, w in zip(kept, saved) if w == "host"))
 
 
 def _dtypes(problem: Problem, node: str, device: str, streamed: bool) -> tuple[str, ...]:
@@ -129,8 +139,10 @@ def count_candidates(problem: Problem) -> int:
                       + sum(sp.home == d for sp in problem.split_choices.get(n, ()))
                       for d in problem.allowed[n])
         per_node *= options
-    per_node *= 3 ** len(problem.state_streamable) * 2 ** (len(set(problem.offloadable) - set(problem.state_streamable))
-                                                          + len(problem.recomputable))  # at most: training-state choices
+    activations = set(problem.recomputable) | set(problem.saved_hostable)
+    per_node *= 3 ** len(problem.state_streamable) * 2 ** len(set(problem.offloadable) - set(problem.state_streamable))
+    per_node *= 3 ** len(set(problem.recomputable) & set(problem.saved_hostable)) * 2 ** (
+        len(activations) - len(set(problem.recomputable) & set(problem.saved_hostable)))  # at most: training-state choices
     return per_node * (len(orders(problem)) if problem.options.objective is Objective.MAKESPAN else 1)
 
 
@@ -147,7 +159,8 @@ def optimum(problem: Problem) -> tuple[float, Placement | None]:
         for order in all_orders:
             candidate = Placement(placement.device, placement.streamed, placement.stream_mode, order,
                                   placement.precision, placement.state, placement.recompute,
-                                  streamed_state=placement.streamed_state, split=placement.split)
+                                  streamed_state=placement.streamed_state, split=placement.split,
+                                  saved_on_host=placement.saved_on_host)
             original, flat = expand(problem, candidate)
             ev = evaluate(original, flat)
             if ev.feasible and ev.total_s < best:

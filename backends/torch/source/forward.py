@@ -5,7 +5,8 @@ file's :class:`~backends.torch.source.template.Names`. Out: a :class:`Body` (for
 lines reading weights, the parts with their ``.to(DEVICE_...)`` copies and streamed fetches, the
 return). Each part is one run of ops on one logical device; values no later part reads are freed.
 The ops a training plan recomputes become checkpointed nested functions
-(:mod:`backends.torch.source.recompute`).
+(:mod:`backends.torch.source.recompute`); the ops whose saved activations the host holds are
+called through hetpart's ``run_holding`` (:mod:`backends.torch.saved_on_host`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from torch.export.graph_signature import OutputKind
 
 from backends.strict_devices import Site, schema_name
 from backends.torch.source.layout import Layout, tensor_placeholders
+from backends.torch.saved_on_host import held_ops
 from backends.torch.source.recompute import Statement, checkpoint_runs
 from backends.torch.source.template import (
     IDENT, Names, comment_text, device_literal, device_tag, joined, literal, torch_name, wrapped,
@@ -47,6 +49,7 @@ class Body:
     out_spec: str | None      # the output's tree spec (JSON) when the return needs it
     sites: dict[int, Site] = dataclasses.field(default_factory=dict)  # index in lines -> what it does
     checkpoints: bool = False  # recomputed runs call torch.utils.checkpoint
+    holds: bool = False        # ops whose saved activations the host holds call hetpart's run_holding
 
 
 @dataclasses.dataclass
@@ -72,6 +75,7 @@ class ForwardPrinter:
         self.copies: dict[tuple[torch.fx.Node, str, bool], str] = {}
         self.inputs: list[str] = []
         self.weights: list[str] = []
+        self.held = held_ops(plan)
 
     def lines(self) -> Body:
         """The forward's parameters, its weights block and its body, part by part."""
@@ -94,7 +98,7 @@ class ForwardPrinter:
             freed.update(dead)
             if dead:  # values no later part reads: free them, as the fx code of plan.emit does
                 body += wrapped("del ", dead)
-        return Body(self.inputs, self.weights, body + [""] + tail.lines, out_spec, sites, checkpoints)
+        return Body(self.inputs, self.weights, body + [""] + tail.lines, out_spec, sites, checkpoints, bool(self.held))
 
     # -- naming ----------------------------------------------------------------------------------
 
@@ -145,6 +149,8 @@ class ForwardPrinter:
         args = {a: self.var[a] if device is None else self._fetch(a, device, part, node.name in self.plan.weights)
                 for a in node.all_input_nodes}
         expr = self._call(node, args, device)
+        if node.name in self.held and device is not None:
+            expr = self._holding(node, expr, device)
         site = Site(op=node.name, call=schema_name(node.target)) if device is not None else None
         item = _item_of(node)
         if item is not None and device is not None and self.plan.placement.get(item[0].name, device) != device:
@@ -159,6 +165,16 @@ class ForwardPrinter:
         part.sites.append(site)
         part.defined.append(out)
         part.used.update(args.values())
+
+    def _holding(self, node: torch.fx.Node, expr: str, device: str) -> str:
+        """``torch.ops.a.b.c(x, y)`` as ``run_holding(DEVICE_CPU, DEVICE_CUDA_0, torch.ops.a.b.c, x, y)``: the
+        op under saved-tensor hooks that keep what autograd saves on the host (:mod:`backends.torch.saved_on_host`)."""
+        if not expr.startswith("torch.ops.") or not expr.endswith(")"):
+            raise UnsupportedOp(f"node {node.name} ({ascii(str(node.target))}) holds its saved activations on the host, "
+                                f"which the generated file writes for aten operators only; use plan.emit instead")
+        fn, _, inner = expr.partition("(")
+        host = self.layout.device_var[self.plan.devices.host_device().name]
+        return f"run_holding({host}, {self.layout.device_var[device]}, {fn}{', ' if inner != ')' else ''}{inner}"
 
     def _fetch(self, arg: torch.fx.Node, device: str, part: _Part, streams: bool) -> str:
         """The name of ``arg`` on ``device``: itself, or a copy made once per value and device (a

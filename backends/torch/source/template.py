@@ -315,6 +315,10 @@ def render(plan: Any, layout: Layout, body: Body, optimizer: list[str] | None = 
     the lines of ``build_optimizer`` (:mod:`backends.torch.source.optimizer`), after ``build``; a
     file emitted from a model folder (``from_folder``) also builds from one."""
     header = _header(plan, layout, from_folder)
+    if body.holds:
+        header = [line for line in header if line != "# Needs only torch."]
+        header.append("# Ops listed in the plan's training_state.saved_on_host run through hetpart's run_holding: "
+                      "what autograd saves for them waits on the host until backward (hetpart must be installed).")
     if optimizer:
         header = [line for line in header if line != "# Needs only torch."]
         header.append("# build_optimizer(module, lr=...) is the plan's optimizer (hetpart's: hetpart must be installed).")
@@ -324,6 +328,8 @@ def render(plan: Any, layout: Layout, body: Body, optimizer: list[str] | None = 
         out.append("import torch.utils._pytree as pytree")
     if body.checkpoints:
         out.append("import torch.utils.checkpoint")
+    if body.holds:
+        out.append("from backends.torch.saved_on_host import run_holding  # hetpart's saved-tensor hooks")
     if layout.streamed and plan.training:
         out.append("from backends.torch.train_streaming import TrainingStreamer, install_refetch  # hetpart's streamer")
     elif layout.streamed:
