@@ -58,7 +58,7 @@ from cost_models.precision import activations
 from partitioner.errors import GenerationError, HetpartError, PlanMismatch
 from partitioner.frontends.decode_step import DecodeStep, decode_step, phase_inputs
 from partitioner.ir import NOT_A_TENSOR
-from partitioner.plan.generation import stored_forms
+from partitioner.plan.phase_homes import stored_forms
 
 __all__ = ["GenerateOutput", "PlacedGenerator", "emit_generate"]
 

@@ -47,6 +47,7 @@ from typing import Any
 from partitioner.errors import HetpartError
 from partitioner.files import read_text, refuse_overwrite, write_atomic
 from partitioner.plan.fields import FieldReader, parse_json
+from partitioner.plan.phase_homes import param_homes, stored_forms
 from partitioner.plan.record import MAX_PLAN_BYTES, Plan
 from partitioner.plan.values import PlanFormatError, SolverInfo
 
@@ -88,38 +89,6 @@ def request_seconds(prefill_s: float | None, decode_s: float | None, new_tokens:
     if prefill_s is None or decode_s is None:
         return None
     return prefill_s + max(new_tokens - 1, 0) * decode_s
-
-
-def param_homes(plan: Plan) -> dict[str, str]:
-    """Every parameter and buffer of a phase plan -> the device holding it (its op's device, or
-    where a streamed op keeps it)."""
-    homes: dict[str, str] = {}
-    for op, names in plan.param_names.items():
-        home = plan.weights.get(op, plan.placement[op])
-        for name in names:
-            homes.setdefault(name, home)
-    return homes
-
-
-def stored_forms(plan: Plan) -> dict[str, str]:
-    """Every parameter of a phase plan -> the form it is stored in: its owner op's choice as the
-    ``precision`` section gives it (``"float32"``, ``"bfloat16"``, ``"bfloat16+int8"``: bfloat16
-    with its weight packed in int8, ...); float32 for every one without the section.
-
-    Example:
-        >>> stored_forms(gen.decode)["inner.model.lm_head.weight"]       # doctest: +SKIP
-        'float32+int8'
-    """
-    from cost_models.precision import FLOAT32, compose
-
-    section = plan.precision or {}
-    ops, packed = section.get("ops", {}), section.get("weights", {})
-    forms: dict[str, str] = {}
-    for op, names in plan.param_names.items():
-        form = compose(ops.get(op, FLOAT32), packed.get(op))
-        for name in names:
-            forms.setdefault(name, form)
-    return forms
 
 
 def is_generation_dict(d: Any) -> bool:
