@@ -71,11 +71,7 @@ class StreamedState:
         p, inner = self.param, self.inner
         src, dst = self.place.state, self.place.step
         if not self._cuda:
-            state = inner.state.get(p, {})
-            for key, value in list(state.items()):
-                if _travels(value):
-                    copies.count("state", src, dst, value)
-                    state[key] = value.to(p.device, copy=True)
+            self._bring_in(copies, src, dst, non_blocking=False)
             run_step(inner, [hyper])
             self._back(copies, src, dst, None)
             return
@@ -84,17 +80,22 @@ class StreamedState:
             stream = streams[p.device] = torch.cuda.Stream(p.device)
         stream.wait_stream(torch.cuda.current_stream(p.device))
         with torch.cuda.stream(stream):
-            state = inner.state.get(p, {})
-            for key, value in list(state.items()):
-                if _travels(value):
-                    copies.count("state", src, dst, value)
-                    state[key] = value.to(p.device, non_blocking=True)
+            self._bring_in(copies, src, dst, non_blocking=True)
             run_step(inner, [hyper])
             self._back(copies, src, dst, stream)
             self.event = torch.cuda.Event()
             self.event.record(stream)
         if p.grad is not None:
             p.grad.record_stream(stream)
+
+    def _bring_in(self, copies: StateCopies, src: str, dst: str, *, non_blocking: bool) -> None:
+        """Copy the parameter's state tensors from the host to its device (counted as state copies)."""
+        p = self.param
+        state = self.inner.state.get(p, {})
+        for key, value in list(state.items()):
+            if _travels(value):
+                copies.count("state", src, dst, value)
+                state[key] = value.to(p.device, non_blocking=True) if non_blocking else value.to(p.device, copy=True)
 
     def _back(self, copies: StateCopies, src: str, dst: str, stream: Any) -> None:
         """The stepped state (on the weight's device) back into host tensors."""
