@@ -91,6 +91,10 @@ class PipelineSpec:
         if self.stages is not None and (isinstance(self.stages, bool) or not isinstance(self.stages, int)
                                         or self.stages < 1):
             raise HetpartError(f"stages must be a positive integer, got {self.stages!r}")
+        if self.schedule is Schedule.ONE_F_ONE_B and self.stages is not None and self.stages > self.micro_batches:
+            raise HetpartError(f"a 1F1B pipeline of {self.stages} stages needs at least {self.stages} micro-batches, "
+                               f"got {self.micro_batches}: raise --micro-batches to {self.stages}, lower --stages, "
+                               f"or use --schedule gpipe")
 
     def in_flight(self, index: int, num_stages: int) -> int:
         """Micro-batches whose activations stage ``index`` of ``num_stages`` holds at once."""

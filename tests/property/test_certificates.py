@@ -73,8 +73,10 @@ def instances(draw: st.DrawFn) -> tuple[Problem, dict]:
         problem_graph, members = c.graph, c.members
     spec = None
     if draw(st.integers(0, 4)) == 0:  # a fifth are pipeline stages (throughput of micro-batches, no streaming)
-        spec = PipelineSpec(draw(st.integers(1, 4)), draw(st.sampled_from(list(Schedule))),
-                            draw(st.sampled_from((None, 2))))
+        micro_batches, schedule = draw(st.integers(1, 4)), draw(st.sampled_from(list(Schedule)))
+        stages = draw(st.sampled_from((None, 2)))
+        assume(not (schedule is Schedule.ONE_F_ONE_B and stages is not None and stages > micro_batches))  # refused
+        spec = PipelineSpec(micro_batches, schedule, stages)
         objective, streaming = Objective.THROUGHPUT, False
     try:
         # training state choices (offload, recompute) are certified by tests/property/test_training_state.py

@@ -185,6 +185,8 @@ def test_partition_plans_a_pipeline_on_a_cluster():
         partition(module, inputs, "4x-cpu-host", objective="throughput", micro_batches=3)
     with pytest.raises(HetpartError, match="use --objective throughput"):
         partition(module, inputs, "4x-cpu-host", objective="latency", schedule="gpipe")
+    with pytest.raises(HetpartError, match="1F1B pipeline of 4 stages needs at least 4 micro-batches"):
+        partition(module, inputs, "4x-cpu-host", objective="throughput", micro_batches=2, stages=4)
 
 
 def test_a_stage_that_fits_no_host_is_refused():
