@@ -215,7 +215,9 @@ class PlanOptions:
     splits: Any = _field(None, flag="--split", compile="the compile backend runs whole-op plans only", doc=(
         "inference: a linear may be split over two devices by output columns or by its reduction dimension, "
         "chosen by the solver: True (offered fractions 0.25, 0.5, 0.75 and each pair's rate-proportional one, "
-        "both axes), 'cols:0.5' or {'fractions': [...], 'axes': ['cols']}; None: every op whole"))
+        "both axes), 'cols:0.5' or {'fractions': [...], 'axes': ['cols']}; axis 'time' adds time splits (a linear "
+        "computed on one accelerator from its weight's row chunks streamed from the host: 'cols,time', 'time:8/16' "
+        "or {'axes': ['time'], 'chunks': [8, 16]}); None: every op whole"))
     batch: Any = _field(None, flag="hetpart fit --micro-batch", compile="a compiled graph runs the batch it is given",
                         doc=("size the micro-batch from memory (training): 'auto' (the largest dividing the example "
                              "batch that fits) or a micro-batch; the plan records the accumulation steps"))

@@ -83,7 +83,8 @@ def _check_splits(problem: Problem, placement: Placement, evaluation: Evaluation
         if placement.device[n] != sp.home or n in placement.streamed:
             out.append(f"{n} is split {sp.label} but runs on {placement.device[n]} or streams its weights")
         op = next(m for m in problem.members[n] if not problem.original.ops[m].is_view)
-        for pair in ((sp.home, sp.other), (sp.other, sp.home)):
+        pairs = ((sp.other, sp.home),) if sp.axis == "time" else ((sp.home, sp.other), (sp.other, sp.home))
+        for pair in pairs:  # a time split: its chunks' copies in one transfer, nothing back
             if sum(made.count((name, *pair)) for name in {n, op}) != 1:
                 out.append(f"{n} is split {sp.label} but its copy {pair[0]} -> {pair[1]} is not made exactly once")
     return out

@@ -239,9 +239,11 @@ def _evaluate(plan: Any, graph: OpGraph) -> Any:
                       save_on_host=bool(state.get("saved_on_host")) if state else False)
     split = {op: split_of(entry) for op, entry in plan.splits.items()}
     if split:  # offer exactly the recorded fractions and axes: a split the op cannot take is a violation
+        fractions = tuple(sorted({sp.fractions[0] for sp in split.values() if sp.axis != "time"}))
+        chunks = tuple(sorted({sp.chunks for sp in split.values() if sp.axis == "time"}))
         options = dataclasses.replace(options, splits=SplitOptions(
-            fractions=tuple(sorted({sp.fractions[0] for sp in split.values()})), proportional=False,
-            axes=tuple(sorted({sp.axis for sp in split.values()}))))
+            **({"fractions": fractions} if fractions else {}), **({"chunks": chunks} if chunks else {}),
+            proportional=False, axes=tuple(sorted({sp.axis for sp in split.values()}))))
     problem = Problem(graph, plan.devices, options)
     ops = plan.precision.get("ops", {}) if plan.precision else {}
     packed = plan.precision.get("weights", {}) if plan.precision else {}

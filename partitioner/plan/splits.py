@@ -4,9 +4,13 @@ In: a solve's placement (:func:`splits_record`), or a plan file's section (:func
 Out: ``{op: {"axis": "cols" | "rows", "devices": [home, other], "fractions": [f, 1 - f], "bytes": [b_home,
 b_other]}}`` (``bytes``: each shard's parameter bytes, adding up to the op's); the op
 runs on ``devices[0]`` in ``placement`` (its home, where its input arrives and its output is
-rejoined). :func:`check_splits` runs when a plan is built or loaded: fractions in (0, 1) summing to
-one, two distinct devices of the plan, a known axis, the home being the op's device, no streaming,
-inference. :func:`check_splits_against_graph` runs with the graph (``plan.check_graph``, emission):
+rejoined). A time split (:mod:`partitioner.solvers.chunked_streaming`) is ``{"axis": "time",
+"devices": [accelerator, host], "chunks": n, "bytes": [b_accelerator, b_host]}``: the op computes on
+the accelerator from ``n`` row chunks of its weight held on the host (``bytes``: the bias kept on the
+accelerator, the weight on the host). :func:`check_splits` runs when a plan is built or loaded:
+fractions in (0, 1) summing to one (a time split: a whole number of chunks, at least 2, an
+accelerator then the plan's host), two distinct devices of the plan, a known axis, the home being
+the op's device, no streaming, inference. :func:`check_splits_against_graph` runs with the graph (``plan.check_graph``, emission):
 the op takes splits (an aten linear with its own 2-D weight) along that axis. Every refusal names
 the op, the split and the splits it can take.
 """
@@ -22,12 +26,14 @@ from partitioner.plan.fields import FieldReader, _key
 
 if TYPE_CHECKING:
     from partitioner.ir import OpGraph
+    from partitioner.solvers.chunked_streaming import TimeSplit
     from partitioner.solvers.problem import Placement, Problem
     from partitioner.solvers.splits import Split
 
 __all__ = ["check_splits", "check_splits_against_graph", "read_splits", "refuse_splits", "split_of", "splits_record"]
 
 _KEYS = ("axis", "devices", "fractions")
+_TIME_KEYS = ("axis", "devices", "chunks")
 _CAN_TAKE = ("cols or rows over two distinct devices of the plan, the first being the op's own, with "
              "fractions in (0, 1) summing to one")
 
@@ -45,8 +51,15 @@ def read_splits(r: FieldReader, value: Any) -> dict[str, Any]:
     out = {}
     for op, entry in r.mapping(value, "splits").items():
         path = _key("splits", op)
-        e = r.keys(entry, path, _KEYS, ("bytes",))
+        timed = isinstance(entry, Mapping) and entry.get("axis") == "time"
+        e = r.keys(entry, path, _TIME_KEYS if timed else _KEYS, ("bytes",))
         devices = [r.string(d, f"{path}.devices[{i}]") for i, d in enumerate(r.array(e["devices"], f"{path}.devices"))]
+        if timed:
+            out[op] = {"axis": "time", "devices": devices, "chunks": r.count(e["chunks"], f"{path}.chunks")}
+            if "bytes" in e:
+                out[op]["bytes"] = [r.count(b, f"{path}.bytes[{i}]")
+                                    for i, b in enumerate(r.array(e["bytes"], f"{path}.bytes"))]
+            continue
         fractions = []
         for i, f in enumerate(r.array(e["fractions"], f"{path}.fractions")):
             if isinstance(f, bool) or not isinstance(f, (int, float)):
@@ -70,6 +83,9 @@ def check_splits(plan: Any, r: FieldReader) -> None:
             r.fail(path, f"{what}: no op {op!r} in placement; a split names an op of the plan")
         if entry["axis"] not in AXES:
             r.fail(f"{path}.axis", f"{what}: unknown axis {entry['axis']!r}; an op can take {_CAN_TAKE}")
+        if entry["axis"] == "time":
+            _check_time_split(plan, r, op, entry)
+            continue
         devices, fractions = list(entry["devices"]), list(entry["fractions"])
         if len(devices) != 2 or len(set(devices)) != 2 or any(d not in names for d in devices):
             r.fail(f"{path}.devices", f"{what}: devices {devices} are not two distinct devices of the plan "
@@ -91,10 +107,43 @@ def check_splits(plan: Any, r: FieldReader) -> None:
             r.fail(path, f"{what}: splits are planned for inference, and this plan is a training plan")
 
 
-def split_of(entry: Mapping[str, Any]) -> Split:
-    """The :class:`~partitioner.solvers.splits.Split` an entry of the section stands for."""
+_CAN_TAKE_TIME = ("time splits of 2 or more chunks from the plan's host to the accelerator the op runs on "
+                  "(devices [accelerator, host])")
+
+
+def _check_time_split(plan: Any, r: FieldReader, op: str, entry: Mapping[str, Any]) -> None:
+    """What a time split must be whatever the model: an accelerator of the plan, then its host, the
+    op running on the first; 2 or more chunks; its bytes adding up to the op's; inference, not streamed."""
+    path = _key("splits", op)
+    what = f"op {op!r} split {_label(entry)}"
+    host = plan.devices.host_device().name
+    devices = list(entry["devices"])
+    if len(devices) != 2 or devices[1] != host or devices[0] == host or devices[0] not in plan.devices.names():
+        r.fail(f"{path}.devices", f"{what}: devices {devices} are not an accelerator of the plan and then its host "
+                                  f"{host!r}; an op can take {_CAN_TAKE_TIME}")
+    if isinstance(entry["chunks"], bool) or not isinstance(entry["chunks"], int) or entry["chunks"] < 2:
+        r.fail(f"{path}.chunks", f"{what}: {entry['chunks']!r} chunks; an op can take {_CAN_TAKE_TIME}")
+    if plan.placement[op] != devices[0]:
+        r.fail(f"{path}.devices", f"{what}: the op runs on {plan.placement[op]!r} in placement, but a time-split op "
+                                  f"runs on its first device, {devices[0]!r}")
+    total = plan.op_bytes.get(op, (0, None))[1]
+    if "bytes" in entry and total is not None and (len(entry["bytes"]) != 2 or sum(entry["bytes"]) != total):
+        r.fail(f"{path}.bytes", f"{what}: bytes {list(entry['bytes'])} (kept on the accelerator, held on the host) do "
+                                f"not add up to the op's {total:,} parameter bytes (model.op_bytes)")
+    if op in plan.weights:
+        r.fail(path, f"{what}: the plan also streams its weights whole; a time split streams them in chunks instead")
+    if plan.training:
+        r.fail(path, f"{what}: time splits are planned for inference, and this plan is a training plan")
+
+
+def split_of(entry: Mapping[str, Any]) -> Split | TimeSplit:
+    """The :class:`~partitioner.solvers.splits.Split` (or
+    :class:`~partitioner.solvers.chunked_streaming.TimeSplit`) an entry of the section stands for."""
+    from partitioner.solvers.chunked_streaming import TimeSplit
     from partitioner.solvers.splits import Split
 
+    if entry["axis"] == "time":
+        return TimeSplit("time", tuple(entry["devices"]), int(entry["chunks"]))
     return Split(entry["axis"], tuple(entry["devices"]), tuple(float(f) for f in entry["fractions"]))
 
 
@@ -113,6 +162,12 @@ def check_splits_against_graph(plan: Any, graph: OpGraph) -> None:
             raise PlanMismatch(f"{plan.source}: op {op!r} cannot take split {_label(entry)}: {why}; it can take "
                                f"no split (keep it whole: remove it from the splits section, or re-plan)")
         shape = graph.params[split_weight(node, graph.params)].shape
+        if entry["axis"] == "time":
+            if entry["chunks"] > shape[0]:
+                raise PlanMismatch(f"{plan.source}: op {op!r} cannot take split {_label(entry)}: its weight of shape "
+                                   f"{list(shape)} has {shape[0]} rows, fewer than {entry['chunks']} chunks; it can "
+                                   f"take time splits of 2 to {shape[0]} chunks")
+            continue
         length = shape[0] if entry["axis"] == "cols" else shape[1]
         if length < 2:
             raise PlanMismatch(f"{plan.source}: op {op!r} cannot take split {_label(entry)}: its weight of shape "
@@ -137,5 +192,8 @@ def refuse_splits(plan: Any, backend: str) -> None:
 
 
 def _label(entry: Mapping[str, Any]) -> str:
+    if entry.get("axis") == "time":
+        devices = list(entry.get("devices", [])) + ["?", "?"]
+        return f"time[{devices[0]}<-{devices[1]},{entry.get('chunks')}]"
     devices, fractions = entry.get("devices", []), entry.get("fractions", [])
     return f"{entry.get('axis')}[" + ",".join(f"{d}={f:g}" for d, f in zip(devices, fractions)) + "]"

@@ -31,6 +31,9 @@ whole op's on the faster device: each shard reads at least its share of the byte
 share of the flops). In the memory-aware program each split that fits alone is one more
 alternative of its op (``k``, beside the whole op on each device): its latency on the path, or each
 shard on its device, each shard's weight and working set on its device, its copies on the links.
+A time split (:mod:`partitioner.solvers.chunked_streaming`) is priced there the same way: its
+pipelined time is at least the whole op's on its home (each chunk does its share of the flops and
+reads at least its share of the bytes, launch included), so the physical bound stays one.
 """
 
 from __future__ import annotations
@@ -232,8 +235,7 @@ def _program(p: Problem, scale: float) -> Milp:
                  for n, per_d in s.items() for d, v in per_d.items() if label in p.hops(p.host, d)]
         for n, per_sp in k.items():  # a split's input out and its other shard's output back
             for sp, v in per_sp.items():
-                price = p.split_price[(n, sp)]
-                for src, dst, nbytes in ((sp.home, sp.other, price.copy_in), (sp.other, sp.home, price.copy_out)):
+                for src, dst, nbytes, _ in p.split_price[(n, sp)].copies:  # a time split: one per chunk
                     if label in p.hops(src, dst):
                         terms.append((scale * p.hop_s(nbytes, src, dst, label), v))
         for n in p.nodes:  # gradients out (streamed or offloaded), updated weights back (offloaded)

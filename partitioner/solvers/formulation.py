@@ -61,7 +61,11 @@ memory ``unit.memory`` per byte, chosen by ``ilp.py`` so that the numbers stay w
   home by the split's (latency: its path; throughput: each shard on its device), its parameters on
   its home by the home shard's and adds the other shard's parameters and working set to the other
   device's ``mem_cap``, and loads the links with its two copies. Row and column names carry the
-  split's label (``k[lm_head][cols[cuda:0=0.75,cpu=0.25]]``);
+  split's label (``k[lm_head][cols[cuda:0=0.75,cpu=0.25]]``). A time split
+  (:mod:`partitioner.solvers.chunked_streaming`, ``k[lm_head][time[cuda:0<-cpu,8]]``) is one more
+  such column: its pipelined chunks' time on its home, the bias resident there and the weight on
+  the host, its working set with its chunk buffers one more ``work`` item of the home's staircase,
+  and one copy per chunk on the link;
 
 With a ``cutoff`` (the objective of a known placement, seconds), an option that alone would add
 more than that to the objective (a node on a device, a copy over a route, a stream, a shared
@@ -372,8 +376,7 @@ class Formulation:
         terms: list[Term] = []
         for n, cols in self.kv.items():
             for sp, k in cols.items():
-                price = p.split_price[(n, sp)]
-                for src, dst, nbytes in ((sp.home, sp.other, price.copy_in), (sp.other, sp.home, price.copy_out)):
+                for src, dst, nbytes, _ in p.split_price[(n, sp)].copies:  # a time split: one per chunk
                     if label in p.hops(src, dst):
                         terms.append((mu * nbytes if budget else tu * p.hop_s(nbytes, src, dst, label), k))
         return terms
@@ -532,6 +535,9 @@ class Formulation:
             work = [(n, mu * p.work_mem_at[n][a], self.r(n, d, a)) for n in p.nodes for a in self.dtypes_on(n, d)]
             work += [(n, mu * p.split_price[(n, sp)].work_bytes[1], k)
                      for n, cols in self.kv.items() for sp, k in cols.items() if sp.other == d]
+            work += [(n, mu * p.split_price[(n, sp)].work_bytes[0], k)  # a time split's chunk buffers
+                     for n, cols in self.kv.items() for sp, k in cols.items()
+                     if sp.home == d and p.split_price[(n, sp)].work_bytes[0] > p.work_mem[n]]
             work = [(n, w, z) for n, w, z in work if w > 0]
             streamed = [(n, mu * p.stream_buffer_bytes(n, StreamMode.PREFETCH, d, a), q)
                         for n in self.sv if d in self.sv[n] for a, q in self.streams(n, d)]

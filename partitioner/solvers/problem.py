@@ -89,6 +89,8 @@ from partitioner.errors import HetpartError, UnsupportedOp
 from partitioner.solvers.packing_error import budget_violation
 from partitioner.ir import OpGraph
 from partitioner.solvers.pipeline import PipelineSpec, evaluate_pipeline
+from partitioner.solvers.chunked_streaming import AXIS as TIME_AXIS
+from partitioner.solvers.chunked_streaming import TimeSplit, price_time_split, time_split_choices
 from partitioner.solvers.splits import Split, SplitOptions, SplitPrice, price_split, split_choices, split_op
 from partitioner.solvers.train_state import (
     cost_training_state, grad_hop_s, grad_s, gradient_leaves, offloaded, saved_buffer_bytes, saved_hop_s, saved_issue_s,
@@ -156,7 +158,8 @@ class Placement:
     overlap: bool = True                       # training: host steps start as gradients arrive (False: after backward)
     streamed_state: frozenset[str] = frozenset()  # training: nodes whose optimizer state lives on the host and
                                                   # is streamed to their computing device for its step and back
-    split: Mapping[str, Split] = dataclasses.field(default_factory=dict)  # node -> its split (device[node] is its home)
+    split: Mapping[str, Split | TimeSplit] = dataclasses.field(default_factory=dict)  # node -> its split (device[node]
+                                                                                     # is its home)
     saved_on_host: frozenset[str] = frozenset()   # training: nodes whose saved activations the host holds (copied
                                                   # out in forward, back in backward)
 
@@ -286,8 +289,8 @@ class Problem:
 
     def _offer_splits(self) -> None:
         """``split_choices[node]``: the splits each node may take, and ``split_price[(node, split)]``."""
-        self.split_choices: dict[str, tuple[Split, ...]] = {}
-        self.split_price: dict[tuple[str, Split], SplitPrice] = {}
+        self.split_choices: dict[str, tuple[Split | TimeSplit, ...]] = {}
+        self.split_price: dict[tuple[str, Split | TimeSplit], SplitPrice] = {}
         opts = self.options.splits
         if opts is None:
             return
@@ -300,12 +303,19 @@ class Problem:
         if refused:
             raise HetpartError(f"splits are planned for inference with the latency or throughput objective, but "
                                f"the request has {refused[0]}; drop splits (CLI: --split), or plan without it")
+        timed = TIME_AXIS in opts.axes
+        if timed and not o.streaming:
+            raise HetpartError("time splits stream a linear's weight chunks from host memory, but the request has "
+                               "streaming=False (--no-streaming); allow streaming, or drop 'time' from the split axes")
         for n in self.nodes:
             choices = split_choices(self, n, opts)
-            if choices:
-                self.split_choices[n] = choices
-                for sp in choices:
-                    self.split_price[(n, sp)] = price_split(self, n, sp)
+            in_time = time_split_choices(self, n, opts.chunks) if timed else ()
+            for sp in choices:
+                self.split_price[(n, sp)] = price_split(self, n, sp)
+            for sp in in_time:
+                self.split_price[(n, sp)] = price_time_split(self, n, sp)
+            if choices or in_time:
+                self.split_choices[n] = choices + in_time
 
     def split_cost(self, node: str, split: Split) -> float:
         """What ``split`` of ``node`` adds to the objective at least (bounds, cutoffs): its latency
@@ -862,13 +872,18 @@ def evaluate(problem: Problem, placement: Placement) -> Evaluation:
                 link_load[label] += update_hop_s(p, t.tensor, t.dst, label)
             elif t.kind == "state":
                 link_load[label] += sum(p.hop_s(b, t.src, t.dst, label) for b in p.state_parts[t.tensor])
-            elif t.kind == "split":
-                link_load[label] += p.hop_s(t.bytes, t.src, t.dst, label)
+            elif t.kind == "split":  # each copy of the split as priced (a time split: one per chunk)
+                continue
             elif t.kind == "saved":
                 link_load[label] += saved_hop_s(p, t.tensor, dtype[t.tensor], t.src, t.dst, label)
             else:
                 factor = 2 if p.options.training else 1
                 link_load[label] += factor * p.hop_s(t.bytes, t.src, t.dst, label)
+    for n, sp in placement.split.items():
+        price = p.split_price.get((n, sp))
+        for src, dst, nbytes, _ in price.copies if price is not None else ():
+            for label in p.hops(src, dst):
+                link_load[label] += p.hop_s(nbytes, src, dst, label)
     violations += _state_violations(p, placement)
     busy = {d: 0.0 for d in p.device_names}
     opt = {d: 0.0 for d in p.device_names}
@@ -985,8 +1000,10 @@ def _transfers(p: Problem, placement: Placement) -> list[Transfer]:
         price = p.split_price.get((n, sp))
         if price is not None:  # named after the split linear (a coarse node's member)
             op = split_op(p, n).name
-            out.append(Transfer(op, sp.home, sp.other, price.copy_in, price.copy_in_s, "split"))
-            out.append(Transfer(op, sp.other, sp.home, price.copy_out, price.copy_out_s, "split"))
+            for src, dst, nbytes, seconds in (((sp.home, sp.other, price.copy_in, price.copy_in_s),)
+                                              if price.copy_in else ()) + ((sp.other, sp.home, price.copy_out,
+                                                                           price.copy_out_s),):
+                out.append(Transfer(op, src, dst, nbytes, seconds, "split"))
     for n, home in placement.streamed.items():
         if home != x[n] and p.param_bytes[n]:
             a = p.dtype_of(placement, n)  # the weights cross in the form the node computes with

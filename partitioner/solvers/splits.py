@@ -52,6 +52,8 @@ from partitioner.errors import HetpartError
 AXES: dict[str, str] = {
     "cols": "output features: weight rows split, the output shards concatenated",
     "rows": "reduction dimension: weight columns and the input split, the partial outputs summed",
+    "time": "in time: the weight's row chunks streamed from the host one after another through a few chunk "
+            "buffers on one accelerator (partitioner/solvers/chunked_streaming.py)",
 }
 #: Op kinds (aten base names) that take splits.
 SPLITTABLE_OPS = frozenset({"linear"})
@@ -63,11 +65,17 @@ class SplitOptions:
 
     fractions: tuple[float, ...] = (0.25, 0.5, 0.75)  # the home device's share, each in (0, 1)
     proportional: bool = True                         # also the share proportional to each device's rate
-    axes: tuple[str, ...] = ("cols", "rows")         # among AXES
+    axes: tuple[str, ...] = ("cols", "rows")         # among AXES ("time" opts in to time splits)
+    chunks: tuple[int, ...] = (2, 4, 8, 16, 32)       # time splits: the chunk counts offered, each >= 2
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fractions", tuple(float(f) for f in self.fractions))
         object.__setattr__(self, "axes", tuple(self.axes))
+        object.__setattr__(self, "chunks", tuple(self.chunks))
+        bad_chunks = [n for n in self.chunks if isinstance(n, bool) or not isinstance(n, int) or n < 2]
+        if bad_chunks or not self.chunks:
+            raise HetpartError(f"split chunks {list(self.chunks)}: each is a whole number of weight chunks a time "
+                               f"split streams, at least 2, e.g. (4, 8, 16)")
         bad = [f for f in self.fractions if not 0.0 < f < 1.0]
         if bad:
             raise HetpartError(f"split fractions {bad} are not in (0, 1): each is the home device's share of "
@@ -82,7 +90,8 @@ def resolve_splits(value: Any) -> SplitOptions | None:
 
     Takes None or False (off), True or ``"on"`` (the defaults), a :class:`SplitOptions`, a mapping
     of its fields (``{"fractions": [0.5], "axes": ["cols"]}``), or the CLI's text ``AXES[:F/F...]``
-    (``"cols"``, ``"cols,rows:0.25/0.5/0.75"``).
+    (``"cols"``, ``"cols,rows:0.25/0.5/0.75"``; ``"time"`` adds time splits, whose chunk counts a
+    ``/``-separated list of whole numbers names when ``time`` is the only axis: ``"time:8/16"``).
 
     Example:
         >>> resolve_splits("cols:0.5").fractions, resolve_splits("cols:0.5").axes
@@ -98,11 +107,18 @@ def resolve_splits(value: Any) -> SplitOptions | None:
         unknown = sorted(set(value) - {f.name for f in dataclasses.fields(SplitOptions)})
         if unknown:
             raise HetpartError(f"splits={dict(value)!r}: unknown key {unknown[0]!r}; the keys are fractions, "
-                               f"proportional and axes")
+                               f"proportional, axes and chunks")
         return SplitOptions(**value)
     if isinstance(value, str):
         axes_text, _, fractions_text = value.partition(":")
         axes = tuple(a.strip() for a in axes_text.split(",") if a.strip())
+        if axes == ("time",) and fractions_text:
+            try:
+                chunks = tuple(int(n) for n in fractions_text.split("/"))
+            except ValueError:
+                raise HetpartError(f"--split {value!r}: time splits take chunk counts, whole numbers separated by "
+                                   f"'/', e.g. time:8/16") from None
+            return SplitOptions(axes=axes, chunks=chunks)
         try:
             fractions = tuple(float(f) for f in fractions_text.split("/")) if fractions_text else None
         except ValueError:
@@ -149,6 +165,7 @@ class SplitPrice:
     copy_out: int                       # bytes copied other -> home
     copy_in_s: float
     copy_out_s: float
+    copies: tuple[tuple[str, str, int, float], ...] = ()  # every copy: (src, dst, bytes, seconds)
 
     @property
     def latency_s(self) -> float:
@@ -242,7 +259,9 @@ def price_split(problem: Any, node: str, split: Split) -> SplitPrice:
         shard_s=(shard_s[0], shard_s[1]), param_bytes=(shard_params[0], shard_params[1]),
         work_bytes=(home_work, shard_work[1]), copy_in=copy_in, copy_out=copy_out,
         copy_in_s=problem.transfer_s(copy_in, split.home, split.other),
-        copy_out_s=problem.transfer_s(copy_out, split.other, split.home))
+        copy_out_s=problem.transfer_s(copy_out, split.other, split.home),
+        copies=((split.home, split.other, copy_in, problem.transfer_s(copy_in, split.home, split.other)),
+                (split.other, split.home, copy_out, problem.transfer_s(copy_out, split.other, split.home))))
 
 
 def split_choices(problem: Any, node: str, options: SplitOptions) -> tuple[Split, ...]:
@@ -267,7 +286,7 @@ def split_choices(problem: Any, node: str, options: SplitOptions) -> tuple[Split
                 t_home, t_other = problem.compute[node][home], problem.compute[node][other]
                 if t_home + t_other > 0:
                     shares.append(round(t_other / (t_home + t_other), 2))
-            for axis in options.axes:
+            for axis in (a for a in options.axes if a in ("cols", "rows")):
                 length = weight.shape[0] if axis == "cols" else weight.shape[1]
                 if length < 2:
                     continue
