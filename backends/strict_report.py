@@ -197,8 +197,10 @@ def observed_transfers(plan: Any, copies: Iterable[Copy],
             members[key][c.tensor] += 1
             nbytes[key] += c.bytes
             continue
-        if c.kind == "split":  # a split op's input out, or its other shard's output back (backends/torch/splits.py)
-            key = (c.tensor, c.src, c.dst, "split")
+        if c.kind == "split":  # a split op's input out, or its other shard's output back (backends/torch/splits.py);
+            # a time-split op's chunk fetches ("<op>.chunk<i>", backends/torch/chunked.py): one transfer of the op
+            op_name, dot, index = c.tensor.rpartition(".chunk")
+            key = (op_name if dot and index.isdigit() else c.tensor, c.src, c.dst, "split")
         elif op is not None and c.kind == "weights":
             key = (op, c.src, c.dst, "weights")
         elif op is not None:

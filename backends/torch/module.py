@@ -55,6 +55,7 @@ from backends.torch.recompute import checkpoint_recomputed
 from backends.torch.replaced import remember
 from backends.torch.saved_on_host import hold_saved_on_host
 from backends.torch.sparse_grads import mark_sparse_gradients
+from backends.torch.chunked import chunk_linears, label_fetches
 from backends.torch.splits import split_linears
 from partitioner.plan.splits import refuse_splits
 from backends.torch.streaming import STREAMER_ATTR, WeightStreamer
@@ -177,8 +178,13 @@ def place_module(
     if move_state is not None:  # weights read from a checkpoint (or shared) are never cut into shards here
         refuse_splits(plan, "a module built from a checkpoint or sharing its weights")
     shard_nodes, shard_homes = split_linears(gm, plan, physical)
+    chunk_nodes, chunk_homes, chunk_fetches = chunk_linears(gm, plan, physical)
+    shard_nodes.update(chunk_nodes)
+    shard_homes.update(chunk_homes)
     home = _parameter_homes(gm, plan)
-    streamed = _streamed_attrs(gm, plan, home)
+    for target in chunk_homes:  # made on their devices already, like split shards
+        home.pop(target, None)
+    streamed = _streamed_attrs(gm, plan, home, chunk_fetches)
     if move_state is None:
         _move_state(gm, home, physical)
     else:
@@ -187,8 +193,9 @@ def place_module(
     home.update(shard_homes)
     _reorder(gm, plan.schedule)
     _settle_items(gm, placed, physical, set(tensors))
-    _insert_transfers(gm, {**placed, **shard_nodes}, home, streamed, physical, set(plan.weights), set(tensors),
-                      arrivals or {})
+    _insert_transfers(gm, {**placed, **shard_nodes}, home, streamed, physical, set(plan.weights) | set(chunk_nodes),
+                      set(tensors), arrivals or {})
+    label_fetches(gm)
     rebind_factory_devices(gm, placed, physical)
     gm.graph.lint()
     check_graph_targets(gm, "plan.emit")
@@ -354,10 +361,14 @@ def _move_state(gm: torch.fx.GraphModule, home: Mapping[str, str], physical: Map
         rebind_tensor(module, attr, moved[key])
 
 
-def _streamed_attrs(gm: torch.fx.GraphModule, plan: Any, home: Mapping[str, str]) -> list[tuple[str, str]]:
-    """(attribute target, logical device it is streamed to), in schedule order."""
+def _streamed_attrs(gm: torch.fx.GraphModule, plan: Any, home: Mapping[str, str],
+                    chunks: Mapping[str, list[tuple[str, str]]] | None = None) -> list[tuple[str, str]]:
+    """(attribute target, logical device it is streamed to), in schedule order; a time-split op's
+    chunks (``chunks``: op -> its chunks in order) in its place."""
     position = {op: i for i, op in enumerate(plan.schedule)}
-    out: list[tuple[int, str, str]] = []
+    out: list[tuple[int, int, str, str]] = [(position.get(op, 0), i, target, device)
+                                            for op, fetched in (chunks or {}).items()
+                                            for i, (target, device) in enumerate(fetched)]
     for target, users in _param_uses(gm).items():
         for u in users:
             if u.name in plan.weights and home.get(target) == plan.weights[u.name]:
@@ -365,9 +376,9 @@ def _streamed_attrs(gm: torch.fx.GraphModule, plan: Any, home: Mapping[str, str]
                     raise HetpartError(f"plan.emit cannot stream the weights of {u.name}, a module called whole "
                                        f"(symbolic_trace capture): re-plan with capture 'export' or without "
                                        f"streaming (--no-streaming)")
-                out.append((position.get(u.name, 0), target, plan.placement[u.name]))
+                out.append((position.get(u.name, 0), 0, target, plan.placement[u.name]))
                 break
-    return [(t, d) for _, t, d in sorted(out)]
+    return [(t, d) for _, _, t, d in sorted(out)]
 
 
 def _reorder(gm: torch.fx.GraphModule, schedule: tuple[str, ...]) -> None:

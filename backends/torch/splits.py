@@ -67,6 +67,8 @@ def split_linears(gm: torch.fx.GraphModule, plan: Any,
     placed: dict[str, str] = {}
     joined: dict[str, tuple[int | None, tuple[str, ...]]] = dict(getattr(gm, SPLIT_ATTR, {}))
     for op, entry in plan.splits.items():
+        if entry["axis"] == "time":  # in time, on one device: backends/torch/chunked.py
+            continue
         node = nodes.get(op)
         if node is None or node.op != "call_function" or node.target not in _LINEARS:
             raise PlanMismatch(f"plan.emit: op {op!r} is split {entry['axis']} in the plan, but the captured graph's "
