@@ -39,9 +39,14 @@ module timed alone at one thread and its actions timed during the run.
 
 Split rows (``--split``): issue 34's LM-head case, a Llama shape (hidden 4,096, one decoder layer,
 a 128,256 x 4,096 LM head: 2.1 GB in float32, untied) on ``h200-host`` with ``cuda:0`` capped at
-2 GB, a 512-token prompt, inference, latency and throughput: planned with every op whole and with ``splits=True``
-(linears split by columns or rows over cpu and cuda:0), predicted time, the head's placement and
-time, and memory per device (predictions of the cost model, not measurements).
+2 GB, a 512-token prompt, inference, latency and throughput: planned with every op whole, with ``splits=True``
+(linears split by columns or rows over cpu and cuda:0), with time splits only (``splits="time"``: a
+linear computed on cuda:0 from row chunks of its weight streamed from the host) and with both,
+predicted time, the head's placement and time, and memory per device (predictions of the cost
+model, not measurements). Issue 34's Mixtral case has no row: ``torch.export`` captures a layer's
+experts as ``transformers.grouped_mm_fallback`` custom ops reading the fused ``gate_up_proj``
+(``[8, 28672, 4096]``) and ``down_proj`` through ``aten.transpose`` views (which own the parameters),
+with the routing offsets from ``histc``/``cumsum`` as inputs: not a linear, and time splits chunk linears only.
 
 Precision rows (``--precision``): the seed case (emb-transformer ``base``, GPU capped to the
 embedding plus half the layers) and ``gpt:small`` on ``h200-host`` and ``cpu-gpu-npu`` (whose NPU
@@ -494,16 +499,21 @@ def split_rows(time_limit: float) -> None:
     header = ["case", "plan", "time", "vs whole", "lm_head (128,256 x 4,096)", "head time", "splits",
               "memory per device", "status"]
     rows, whole = [], {}
-    for objective, label in itertools.product(("latency", "throughput"), ("whole ops", "splits")):
-        splits = True if label == "splits" else None
+    settings = {"whole ops": None, "splits": True, "time split": "time", "splits + time": "cols,rows,time"}
+    for objective, label in itertools.product(("latency", "throughput"), settings):
+        splits = settings[label]
         out = partition_outcome(graph, devices="h200-host", memory={"cuda:0": "2GB"}, splits=splits,
                                 objective=objective, time_limit=time_limit)
         plan = out.plan
         total = plan.predicted["total_s"]
         whole.setdefault(objective, total)
         entry = plan.splits.get(head)
-        where = (f"{entry['axis']} " + " + ".join(f"{d} {f:g}" for d, f in zip(entry["devices"], entry["fractions"]))
-                 if entry else f"whole on {plan.placement[head]}")
+        if entry and entry["axis"] == "time":
+            where = f"time: {entry['chunks']} chunks {entry['devices'][1]}->{entry['devices'][0]}"
+        elif entry:
+            where = f"{entry['axis']} " + " + ".join(f"{d} {f:g}" for d, f in zip(entry["devices"], entry["fractions"]))
+        else:
+            where = f"whole on {plan.placement[head]}"
         others = [f"{op} {e['axis']}" for op, e in plan.splits.items() if op != head]
         rows.append([f"Llama LM head, fp32, cuda:0 2 GB, 512 tokens, {objective}", label, format_seconds(total),
                      f"{whole[objective] / total:.2f}x", where, format_seconds(plan.predicted["per_op_s"][head]),
@@ -512,6 +522,9 @@ def split_rows(time_limit: float) -> None:
                      f"{plan.solver.status} (gap {plan.solver.gap:.2%})" if plan.solver.gap is not None
                      else plan.solver.status])
     _print(header, rows)
+    print("(time split: the head computed on cuda:0 from row chunks of its weight streamed from the host, "
+          "partitioner/solvers/chunked_streaming.py; its time: the first chunk's copy, then the slower of the copies "
+          "and the computes, then the last compute)")
     print("(predicted on h200-host by the analytic cost model; a split head's time: latency, its input copy plus "
           "the longer of its home shard and its other shard with the copy back; throughput, its longer shard)")
 

@@ -40,10 +40,12 @@ still computes there. For ``y = x W^T + b`` with ``W`` of shape ``[out, in]`` pl
   refuses the other combinations by name.
 
 Chunk counts offered: ``SplitOptions.chunks`` (each at most the weight's rows), on every accelerator
-the op may run on, with the host holding the chunks. Only linears take a time split: a fused
-experts op of a mixture-of-experts layer (transformers' ``grouped_mm`` over one
-``[experts, out, in]`` parameter, whose weight the capture attributes to a ``transpose`` view) is a
-custom op whose chunking by expert would have to know its routing, so it stays whole.
+the op may run on, with the host holding the chunks; a pinned op keeps its pin (its home). Only
+linears take a time split. A fused experts op of a mixture-of-experts layer stays whole:
+``torch.export`` of transformers' Mixtral captures it as ``transformers.grouped_mm_fallback`` (a
+custom op) reading the fused ``[8, 28672, 4096]`` ``gate_up_proj`` through an ``aten.transpose``
+view that owns the parameter, with the routing's per-expert offsets as another input; chunking it
+by expert would mean rewriting that custom op per expert, which no generic rule here knows how to do.
 """
 
 from __future__ import annotations
