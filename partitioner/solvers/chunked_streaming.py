@@ -137,7 +137,6 @@ def pipeline_s(copies: Sequence[float], computes: Sequence[float], slots: int = 
 
 def price_time_split(problem: Any, node: str, split: TimeSplit) -> SplitPrice:
     """The price of ``split`` for ``node`` in ``problem`` (see the module docstring)."""
-    from partitioner.solvers.problem import StreamMode
     from partitioner.solvers.splits import split_op
 
     g = problem.original
@@ -158,7 +157,7 @@ def price_time_split(problem: Any, node: str, split: TimeSplit) -> SplitPrice:
         chunk = dataclasses.replace(op, flops=int(op.flops * share), param_bytes=w + b,
                                     bytes_read=x_bytes + w + b, bytes_written=int(y_bytes * share))
         computes.append(problem.costs.op_time(chunk, device).seconds)
-        copies.append(problem.stream_s(w, split.other, split.home, StreamMode.PREFETCH))
+        copies.append(problem.costs.transfer_time(w, split.other, split.home, problem.devices, pinned=True).seconds)
         chunk_bytes.append(w)
     seconds = pipeline_s(copies, computes)
     resident = op.param_bytes - weight.nbytes  # the bias and anything else the op owns stay on home
