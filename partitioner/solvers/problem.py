@@ -62,6 +62,10 @@ Semantics (documented once, here):
   memory, the input copied to the other device and its shard's output copied back (``"split"``
   transfers, on the links in every objective); with ``latency`` the op adds
   ``copy in + max(home shard, other shard + copy out)``, with ``throughput`` each device its shard.
+  A time split (axis ``time``, :mod:`partitioner.solvers.chunked_streaming`) computes the linear on
+  an accelerator from chunks of its weight held on the host and streamed in one after another: its
+  pipelined time on the accelerator, the weight in host memory, its chunk buffers in the working set,
+  one ``"split"`` transfer of the weight's bytes (each chunk's copy on the link).
 """
 
 from __future__ import annotations
@@ -1046,7 +1050,9 @@ def _split_violations(p: Problem, placement: Placement) -> list[str]:
             out.append(f"op {n} is split {sp.label} but placed on {placement.device[n]}: a split op's device is its "
                        f"home, {sp.home}")
         elif n in placement.streamed:
-            out.append(f"op {n} is split {sp.label} and streams its weights: a split op's shards stay resident")
+            why = "a time split streams them in chunks, not also whole" if sp.axis == TIME_AXIS \
+                else "a split op's shards stay resident"
+            out.append(f"op {n} is split {sp.label} and streams its weights: {why}")
     return out
 
 

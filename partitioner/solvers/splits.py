@@ -37,6 +37,10 @@ proportional to each device's priced rate for the whole op (``t(other) / (t(home
 rounded to two decimals), for every ordered pair of devices that can run the op. A pinned op, and a
 node of several ops kept together by coarsening (views folded into the linear aside), stays whole;
 with splits asked, the planner keeps every splittable linear out of coarse groups.
+
+A split in time (axis ``time``: one accelerator computing the linear from chunks of its weight
+streamed from the host) is :mod:`partitioner.solvers.chunked_streaming`'s; it is priced as a
+:class:`SplitPrice` too (every copy listed in ``copies``, which every reader of a price sums).
 """
 
 from __future__ import annotations

@@ -170,3 +170,23 @@ def test_plan_records_and_reads_back_the_time_split(tmp_path) -> None:  # noqa: 
     too_many.write_text(json.dumps(big))
     with pytest.raises(PlanMismatch, match=r"8192 rows, fewer than 9000 chunks; it can take time splits of 2 to 8192"):
         Plan.load(too_many).check_graph(from_module(module, inputs))
+
+
+def test_cli_split_time_is_recorded_and_a_bad_count_is_refused(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    from partitioner.cli import main
+
+    path = tmp_path / "time.json"
+    assert main(["plan", "gpt:small", "--split", "time:8/16", "--memory", "cuda:0=6MB", "-o", str(path)]) == 0
+    assert json.loads(path.read_text())["request"]["splits"] == "time:8/16"
+    capsys.readouterr()
+    assert main(["plan", "gpt:small", "--split", "time:eight", "-o", str(tmp_path / "bad.json")]) != 0
+    assert "time splits take chunk counts, whole numbers separated by '/', e.g. time:8/16" in capsys.readouterr().err
+
+
+def test_a_time_split_op_that_also_streams_whole_is_a_violation() -> None:
+    p = one_big_linear(chunks=(8,))
+    node = next(iter(p.split_choices))
+    sp = p.split_choices[node][0]
+    ev = evaluate(p, Placement({n: "cuda:0" for n in p.nodes}, streamed={node: "cpu"}, split={node: sp}))
+    assert f"op {node} is split {sp.label} and streams its weights: a time split streams them in chunks, not also " \
+           f"whole" in ev.violations
