@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
 import torch
 
 import models
@@ -55,8 +56,9 @@ def test_the_ilps_time_split_runs_and_equals_the_original(tmp_path) -> None:  # 
         torch.testing.assert_close(emitted(*inputs).cpu(), other(*inputs), rtol=1e-4, atol=1e-5)
 
 
-def test_gpt_small_with_its_linears_split_in_time_equals_the_original() -> None:
-    model, inputs = models.get("gpt", "small")
+def _hand_time_split_plan(model: torch.nn.Module, inputs: tuple) -> Plan:
+    """Every splittable linear split in time to ``cuda:0``, cycling through 2, 3, 5 and 7 chunks
+    (even and uneven); the rest on the host (evaluate, verify and the plan's checks all pass)."""
     graph = from_module(model, inputs)
     problem = Problem(graph, load_profile("h200-host"),
                       Options(splits=SplitOptions(axes=("time",), chunks=(2, 3, 5, 7))))
@@ -74,4 +76,32 @@ def test_gpt_small_with_its_linears_split_in_time_equals_the_original() -> None:
     verify_placement(problem, placement, ev)
     plan = Plan.from_solution(problem, Solution("by hand", placement, Status.HEURISTIC), ev)
     assert len(plan.splits) >= 4 and {e["chunks"] for e in plan.splits.values()} == {2, 3, 5, 7}
+    return plan
+
+
+def test_gpt_small_with_its_linears_split_in_time_equals_the_original() -> None:
+    model, inputs = models.get("gpt", "small")
+    _same_outputs(_hand_time_split_plan(model, inputs), model, inputs)
+
+
+def test_an_hf_llama_with_its_linears_split_in_time_equals_the_original() -> None:
+    """Linears without a bias (Llama's), the untied LM head among them."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      tie_word_embeddings=False)
+    torch.manual_seed(0)
+    lm = transformers.LlamaForCausalLM(config).eval()
+
+    class Logits(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lm = lm
+
+        def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+            return self.lm(input_ids=input_ids, use_cache=False).logits
+
+    model, inputs = Logits().eval(), (torch.randint(0, 256, (2, 16)),)
+    plan = _hand_time_split_plan(model, inputs)
+    assert any("lm_head" in plan.modules[op] for op in plan.splits)
     _same_outputs(plan, model, inputs)

@@ -190,3 +190,15 @@ def test_a_time_split_op_that_also_streams_whole_is_a_violation() -> None:
     ev = evaluate(p, Placement({n: "cuda:0" for n in p.nodes}, streamed={node: "cpu"}, split={node: sp}))
     assert f"op {node} is split {sp.label} and streams its weights: a time split streams them in chunks, not also " \
            f"whole" in ev.violations
+
+
+def test_a_pinned_linear_keeps_its_pin_as_its_time_splits_home() -> None:
+    module, inputs = norm_head()
+    graph = from_module(module, inputs)
+    profile = load_profile("h200-host").with_memory({"cuda:0": CAP})
+    options = Options(splits=SplitOptions(axes=("time",), chunks=(8,)))
+    on_gpu = Problem(graph, profile, options, pins={"linear": "cuda:0"})
+    assert [sp.label for sp in on_gpu.split_choices["linear"]] == ["time[cuda:0<-cpu,8]"]
+    sol = solve_ilp(on_gpu, gap=0.0)  # whole on the pinned GPU it does not fit: the time split does
+    assert sol.placement.split["linear"].label == "time[cuda:0<-cpu,8]" and evaluate(on_gpu, sol.placement).feasible
+    assert Problem(graph, profile, options, pins={"linear": "cpu"}).split_choices == {}
