@@ -241,7 +241,7 @@ def _evaluate(plan: Any, graph: OpGraph) -> Any:
     if split:  # offer exactly the recorded fractions and axes: a split the op cannot take is a violation
         options = dataclasses.replace(options, splits=SplitOptions(
             fractions=tuple(sorted({sp.fractions[0] for sp in split.values()})), proportional=False,
-            axes=tuple(sorted({sp.axis for sp in split.values()}))))
+            balanced=False, axes=tuple(sorted({sp.axis for sp in split.values()}))))
     problem = Problem(graph, plan.devices, options)
     ops = plan.precision.get("ops", {}) if plan.precision else {}
     packed = plan.precision.get("weights", {}) if plan.precision else {}
