@@ -39,14 +39,18 @@ module timed alone at one thread and its actions timed during the run.
 
 Split rows (``--split``): issue 34's LM-head case, a Llama shape (hidden 4,096, one decoder layer,
 a 128,256 x 4,096 LM head: 2.1 GB in float32, untied) on ``h200-host`` with ``cuda:0`` capped at
-2 GB, a 512-token prompt, inference, latency and throughput: planned with every op whole, with ``splits=True``
-(linears split by columns or rows over cpu and cuda:0), with time splits only (``splits="time"``: a
-linear computed on cuda:0 from row chunks of its weight streamed from the host) and with both,
-predicted time, the head's placement and time, and memory per device (predictions of the cost
-model, not measurements). Issue 34's Mixtral case has no row: ``torch.export`` captures a layer's
-experts as ``transformers.grouped_mm_fallback`` custom ops reading the fused ``gate_up_proj``
-(``[8, 28672, 4096]``) and ``down_proj`` through ``aten.transpose`` views (which own the parameters),
-with the routing offsets from ``histc``/``cumsum`` as inputs: not a linear, and time splits chunk linears only.
+2 GB, a 512-token prompt, inference, latency and throughput; and HeteGen's setting, the same shape
+with two layers and one token (a decode-shaped step, the model three times the GPU's 2 GB). Each is
+planned with every op whole, by the ``hetegen`` baseline (every linear split by columns between
+cuda:0 and the CPU at the share where both branches end together), with ``splits=True``
+(linears split by columns or rows over cpu and cuda:0, chosen by the ILP) and with time splits
+(``splits="time"``: a linear computed on cuda:0 from row chunks of its weight streamed from the
+host, alone and beside the two-device splits): predicted time, the head's placement and time, and
+memory per device (predictions of the cost model, not measurements). Issue 34's Mixtral case has no
+row: ``torch.export`` captures a layer's experts as ``transformers.grouped_mm_fallback`` custom ops
+reading the fused ``gate_up_proj`` (``[8, 28672, 4096]``) and ``down_proj`` through ``aten.transpose``
+views (which own the parameters), with the routing offsets from ``histc``/``cumsum`` as inputs: not a
+linear, and time splits chunk linears only.
 
 Precision rows (``--precision``): the seed case (emb-transformer ``base``, GPU capped to the
 embedding plus half the layers) and ``gpt:small`` on ``h200-host`` and ``cpu-gpu-npu`` (whose NPU
@@ -58,7 +62,6 @@ bits where (predictions of the cost model, not measurements).
 from __future__ import annotations
 
 import argparse
-import itertools
 import statistics
 import sys
 import tempfile
@@ -489,44 +492,64 @@ def _llama_head(layers: int = 1, tokens: int = 512) -> tuple[torch.nn.Module, tu
     return module, (torch.zeros(1, tokens, dtype=torch.long, device="meta"),)
 
 
+#: The split table's cases: label, model builder, cap on cuda:0, objectives.
+SPLIT_CASES = (
+    ("Llama LM head, fp32, cuda:0 2 GB, 512 tokens", lambda: _llama_head(), "2GB", ("latency", "throughput")),
+    ("HeteGen's setting: Llama shape, 2 layers, fp32, cuda:0 2 GB, 1 token", lambda: _llama_head(2, 1), "2GB",
+     ("latency",)),
+)
+
+
 def split_rows(time_limit: float) -> None:
-    """The split table (see the module docstring): every op whole against ``splits=True``."""
+    """The split table (see the module docstring): every op whole, HeteGen's rule, and ``splits=True``."""
     from cost_models.units import format_bytes
 
-    module, inputs = _llama_head()
-    graph = from_module(module, inputs, name="llama-head")
-    head = next(op.name for op in graph.ops.values() if op.module_path == "lm_head")
     header = ["case", "plan", "time", "vs whole", "lm_head (128,256 x 4,096)", "head time", "splits",
               "memory per device", "status"]
-    rows, whole = [], {}
-    settings = {"whole ops": None, "splits": True, "time split": "time", "splits + time": "cols,rows,time"}
-    for objective, label in itertools.product(("latency", "throughput"), settings):
-        splits = settings[label]
-        out = partition_outcome(graph, devices="h200-host", memory={"cuda:0": "2GB"}, splits=splits,
-                                objective=objective, time_limit=time_limit)
-        plan = out.plan
-        total = plan.predicted["total_s"]
-        whole.setdefault(objective, total)
-        entry = plan.splits.get(head)
-        if entry and entry["axis"] == "time":
-            where = f"time: {entry['chunks']} chunks {entry['devices'][1]}->{entry['devices'][0]}"
-        elif entry:
-            where = f"{entry['axis']} " + " + ".join(f"{d} {f:g}" for d, f in zip(entry["devices"], entry["fractions"]))
-        else:
-            where = f"whole on {plan.placement[head]}"
-        others = [f"{op} {e['axis']}" for op, e in plan.splits.items() if op != head]
-        rows.append([f"Llama LM head, fp32, cuda:0 2 GB, 512 tokens, {objective}", label, format_seconds(total),
-                     f"{whole[objective] / total:.2f}x", where, format_seconds(plan.predicted["per_op_s"][head]),
-                     f"{len(plan.splits)}" + (f" ({', '.join(others)})" if others else ""),
-                     ", ".join(f"{d} {format_bytes(m['used'])}" for d, m in plan.memory.items()),
-                     f"{plan.solver.status} (gap {plan.solver.gap:.2%})" if plan.solver.gap is not None
-                     else plan.solver.status])
+    rows = []
+    for case, build, cap, objectives in SPLIT_CASES:
+        module, inputs = build()
+        graph = from_module(module, inputs, name="llama-head")
+        head = next(op.name for op in graph.ops.values() if op.module_path == "lm_head")
+        for objective in objectives:
+            whole = partition_outcome(graph, devices="h200-host", memory={"cuda:0": cap}, objective=objective,
+                                      time_limit=time_limit)
+            split = partition_outcome(graph, devices="h200-host", memory={"cuda:0": cap}, splits=True,
+                                      objective=objective, time_limit=time_limit)
+            timed = {label: partition_outcome(graph, devices="h200-host", memory={"cuda:0": cap}, splits=axes,
+                                              objective=objective, time_limit=time_limit)
+                     for label, axes in (("time split", "time"), ("splits + time", "cols,rows,time"))}
+            base = whole.plan.predicted["total_s"]
+            hetegen_sol, hetegen_ev = split.baselines["hetegen"]
+            for label, out, placement, ev, plan in (
+                    ("whole ops", whole, whole.solution.placement, whole.evaluation, whole.plan),
+                    ("hetegen", split, hetegen_sol.placement, hetegen_ev, None),
+                    ("splits", split, split.solution.placement, split.evaluation, split.plan),
+                    *((lbl, o, o.solution.placement, o.evaluation, o.plan) for lbl, o in timed.items())):
+                node = next(n for n in out.problem.nodes if head in out.problem.members[n])
+                sp = placement.split.get(node)
+                head_s = (out.problem.split_cost(node, sp) if sp else
+                          out.problem.compute[node][placement.device[node]] if placement.device else 0.0)
+                if sp is not None and sp.axis == "time":
+                    where = f"time: {sp.chunks} chunks {sp.other}->{sp.home}"
+                elif sp is not None:
+                    where = f"{sp.axis} " + " + ".join(f"{d} {f:g}" for d, f in zip(sp.devices, sp.fractions))
+                else:
+                    where = f"whole on {placement.device.get(node, '?')}"
+                fits = "" if ev.feasible else "* "
+                status = ("heuristic" if plan is None else f"{plan.solver.status} (gap {plan.solver.gap:.2%})"
+                          if plan.solver.gap is not None else plan.solver.status)
+                rows.append([f"{case}, {objective}", label, fits + format_seconds(ev.total_s),
+                             f"{base / ev.total_s:.2f}x", where, format_seconds(head_s),
+                             str(len(placement.split)),
+                             ", ".join(f"{d} {format_bytes(m)}" for d, m in ev.memory.items()), status])
     _print(header, rows)
-    print("(time split: the head computed on cuda:0 from row chunks of its weight streamed from the host, "
-          "partitioner/solvers/chunked_streaming.py; its time: the first chunk's copy, then the slower of the copies "
-          "and the computes, then the last compute)")
-    print("(predicted on h200-host by the analytic cost model; a split head's time: latency, its input copy plus "
-          "the longer of its home shard and its other shard with the copy back; throughput, its longer shard)")
+    print("(predicted on h200-host by the analytic cost model; * = over a device's memory; a split head's time: "
+          "latency, its input copy plus the longer of its home shard and its other shard with the copy back; "
+          "throughput, its longer shard. hetegen: every linear split by columns between cuda:0 and the CPU at "
+          "the share where both branches end together, shards resident. time split: the head computed on cuda:0 "
+          "from row chunks of its weight streamed from the host (partitioner/solvers/chunked_streaming.py); its "
+          "time: the first chunk's copy, then the slower of the copies and the computes, then the last compute)")
 
 
 def _llama_8b(tokens: int = 1) -> tuple[torch.nn.Module, tuple]:

@@ -75,6 +75,7 @@ class Search:
     solver: Any = _field("auto", flag="--solver", doc=(
         "'auto' (HiGHS if installed, else CBC), 'highs', 'cbc', or a baseline ('greedy', 'sequential-fill', "
         "'heft', 'single:DEVICE'; pipelines: 'pipeline-dp' and the splits of partitioner.solvers.pipeline_baselines; "
+        "with splits: 'hetegen'; "
         "generation: 'llama.cpp --fit', 'llama.cpp -ot exps=CPU', 'greedy', 'one placement')"))
     time_limit: Any = _field(60.0, flag="--time-limit", doc=(
         "seconds for everything after capture (coarsening, baselines, the lower bound and the ILP); at the limit "
@@ -214,10 +215,10 @@ class PlanOptions:
         "weights for inference; latency and throughput objectives only"))
     splits: Any = _field(None, flag="--split", compile="the compile backend runs whole-op plans only", doc=(
         "inference: a linear may be split over two devices by output columns or by its reduction dimension, "
-        "chosen by the solver: True (offered fractions 0.25, 0.5, 0.75 and each pair's rate-proportional one, "
-        "both axes), 'cols:0.5' or {'fractions': [...], 'axes': ['cols']}; axis 'time' adds time splits (a linear "
-        "computed on one accelerator from its weight's row chunks streamed from the host: 'cols,time', 'time:8/16' "
-        "or {'axes': ['time'], 'chunks': [8, 16]}); None: every op whole"))
+        "chosen by the solver: True (offered fractions 0.25, 0.5, 0.75, each pair's rate-proportional one and the "
+        "one whose branches end together, both axes), 'cols:0.5' or {'fractions': [...], 'axes': ['cols']}; axis "
+        "'time' adds time splits (a linear computed on one accelerator from its weight's row chunks streamed from "
+        "the host: 'cols,time', 'time:8/16' or {'axes': ['time'], 'chunks': [8, 16]}); None: every op whole"))
     batch: Any = _field(None, flag="hetpart fit --micro-batch", compile="a compiled graph runs the batch it is given",
                         doc=("size the micro-batch from memory (training): 'auto' (the largest dividing the example "
                              "batch that fits) or a micro-batch; the plan records the accumulation steps"))

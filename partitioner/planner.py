@@ -29,7 +29,8 @@ from partitioner.options import META, MAX_TIME_LIMIT, Hardware, PlanOptions, Sou
 from partitioner.fallbacks import with_fallbacks
 from partitioner.plan import Plan
 from partitioner.plan.values import InputSpec
-from partitioner.solvers import BASELINE_NAMES, ONNX_BASELINE_NAMES, TRAINING_BASELINES, run_baseline
+from partitioner.solvers import (BASELINE_NAMES, ONNX_BASELINE_NAMES, SPLIT_BASELINE_NAMES, TRAINING_BASELINES,
+                                 run_baseline)
 from partitioner.solvers.problem import accelerator_devices
 from partitioner.solvers.splits import resolve_splits, split_weight
 from partitioner.solvers.train_state import tidy
@@ -435,7 +436,9 @@ def _baseline_names(problem: Problem) -> list[str]:
         return [f"single:{d}" for d in problem.device_names] + list(PIPELINE_BASELINES)
     onnx = ONNX_BASELINE_NAMES if is_onnx_graph(problem.original) else ()
     offload = TRAINING_BASELINES if problem.train_state and accelerator_devices(problem.devices) else ()
-    return [f"single:{d}" for d in problem.device_names] + list(BASELINE_NAMES) + list(onnx) + list(offload)
+    split = SPLIT_BASELINE_NAMES if problem.split_choices and accelerator_devices(problem.devices) else ()
+    return ([f"single:{d}" for d in problem.device_names] + list(BASELINE_NAMES) + list(onnx) + list(offload)
+            + list(split))
 
 
 #: Baselines of tools users run today, which update embedding tables densely: priced on a problem
@@ -495,7 +498,10 @@ def _solve(
         if not ev.feasible:
             raise InfeasiblePlacement(f"the {solver} baseline does not fit: {'; '.join(ev.violations[:3])}")
         return sol, ev, None
-    if solver.startswith("single:") or solver in BASELINE_NAMES + ONNX_BASELINE_NAMES:
+    if solver in SPLIT_BASELINE_NAMES and not problem.split_choices:
+        raise SolverUnavailable(f"baseline {solver!r} splits linears, and this plan offers no split: add "
+                                f"splits=True (CLI: --split), on a profile with an accelerator")
+    if solver.startswith("single:") or solver in BASELINE_NAMES + ONNX_BASELINE_NAMES + SPLIT_BASELINE_NAMES:
         raise SolverUnavailable(f"baseline {solver!r} is not available for this profile: "
                                 f"use one of {', '.join(baselines)}")
     _check_ilp_size(problem)

@@ -83,9 +83,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     pl.add_argument("--split", dest="splits", nargs="?", const="on", default=None, metavar="AXES[:F/F...]",
                     help="inference: let the solver split linears over two devices, by output columns (cols) and/or "
                          "the reduction dimension (rows), at these home shares, e.g. cols:0.25/0.5/0.75 (default: "
-                         "both axes, 0.25/0.5/0.75 and the rate-proportional share); 'time' adds time splits "
-                         "(a linear's weight streamed to one accelerator in row chunks, e.g. cols,time or "
-                         "time:8/16 for those chunk counts)")
+                         "both axes, 0.25/0.5/0.75, the rate-proportional share and the balanced one); 'time' adds "
+                         "time splits (a linear's weight streamed to one accelerator in row chunks, e.g. cols,time "
+                         "or time:8/16 for those chunk counts)")
     gen = pl.add_argument_group("generation (a prefill and a decode step with a KV cache, one plan)")
     gen.add_argument("--generate", action="store_true",
                      help="plan generation: the prefill at --prompt-tokens and the decode step, solved together")

@@ -243,7 +243,7 @@ def _evaluate(plan: Any, graph: OpGraph) -> Any:
         chunks = tuple(sorted({sp.chunks for sp in split.values() if sp.axis == "time"}))
         options = dataclasses.replace(options, splits=SplitOptions(
             **({"fractions": fractions} if fractions else {}), **({"chunks": chunks} if chunks else {}),
-            proportional=False, axes=tuple(sorted({sp.axis for sp in split.values()}))))
+            proportional=False, balanced=False, axes=tuple(sorted({sp.axis for sp in split.values()}))))
     problem = Problem(graph, plan.devices, options)
     ops = plan.precision.get("ops", {}) if plan.precision else {}
     packed = plan.precision.get("weights", {}) if plan.precision else {}

@@ -32,9 +32,12 @@ weight bytes on device ``d``, its input read whole for ``cols`` and in part for 
   precision, no pipeline stages, not ``makespan``); :class:`~partitioner.solvers.problem.Problem`
   refuses the other combinations by name.
 
-Fractions offered: ``SplitOptions.fractions`` (home's share), and with ``proportional`` the share
+Fractions offered: ``SplitOptions.fractions`` (home's share), with ``proportional`` the share
 proportional to each device's priced rate for the whole op (``t(other) / (t(home) + t(other))``,
-rounded to two decimals), for every ordered pair of devices that can run the op. A pinned op, and a
+rounded to two decimals), and with ``balanced`` the share at which the home shard ends when the other
+shard and its copy back do (:func:`balanced_share`: HeteGen's rule ``T_gpu = T_cpu + T_comm``, found
+on the prices themselves, so fixed per-op costs and the copies count), for every ordered pair of
+devices that can run the op and each axis. A pinned op, and a
 node of several ops kept together by coarsening (views folded into the linear aside), stays whole;
 with splits asked, the planner keeps every splittable linear out of coarse groups.
 
@@ -69,6 +72,7 @@ class SplitOptions:
 
     fractions: tuple[float, ...] = (0.25, 0.5, 0.75)  # the home device's share, each in (0, 1)
     proportional: bool = True                         # also the share proportional to each device's rate
+    balanced: bool = True                             # also the share whose two branches end together
     axes: tuple[str, ...] = ("cols", "rows")         # among AXES ("time" opts in to time splits)
     chunks: tuple[int, ...] = (2, 4, 8, 16, 32)       # time splits: the chunk counts offered, each >= 2
 
@@ -111,7 +115,7 @@ def resolve_splits(value: Any) -> SplitOptions | None:
         unknown = sorted(set(value) - {f.name for f in dataclasses.fields(SplitOptions)})
         if unknown:
             raise HetpartError(f"splits={dict(value)!r}: unknown key {unknown[0]!r}; the keys are fractions, "
-                               f"proportional, axes and chunks")
+                               f"proportional, balanced, axes and chunks")
         return SplitOptions(**value)
     if isinstance(value, str):
         axes_text, _, fractions_text = value.partition(":")
@@ -294,9 +298,37 @@ def split_choices(problem: Any, node: str, options: SplitOptions) -> tuple[Split
                 length = weight.shape[0] if axis == "cols" else weight.shape[1]
                 if length < 2:
                     continue
-                for f in dict.fromkeys(s for s in shares if 0.0 < s < 1.0):
+                balanced = [balanced_share(problem, node, (home, other), axis)] if options.balanced else []
+                for f in dict.fromkeys(s for s in shares + balanced if 0.0 < s < 1.0):
                     out.append(Split(axis, (home, other), (f, round(1.0 - f, 10))))
     return tuple(dict.fromkeys(out))
+
+
+def balanced_share(problem: Any, node: str, devices: tuple[str, str], axis: str) -> float:
+    """Home's share (two decimals, in [0.01, 0.99]) at which, split along ``axis`` over ``devices``,
+    the home shard takes as long as the other shard plus its copy back: the share that minimises the
+    split's latency ``copy in + max(home, other + copy back)`` up to rounding (each side is monotone
+    in the share). Found by bisection on :func:`price_split` itself.
+
+    Example:
+        >>> balanced_share(problem, "linear", ("cuda:0", "cpu"), "cols")   # doctest: +SKIP
+        0.97
+    """
+    def home_ahead(f: float) -> bool:  # the home shard is still the longer branch at share f
+        price = price_split(problem, node, Split(axis, devices, (f, round(1.0 - f, 10))))
+        return price.shard_s[0] >= price.shard_s[1] + price.copy_out_s
+
+    low, high = 1, 99  # in hundredths: home_ahead(low / 100) may already hold, home_ahead(high / 100) may not
+    if home_ahead(low / 100):
+        return low / 100
+    if not home_ahead(high / 100):
+        return high / 100
+    while high - low > 1:  # invariant: not home_ahead(low), home_ahead(high)
+        mid = (low + high) // 2
+        low, high = (low, mid) if home_ahead(mid / 100) else (mid, high)
+    best = min((low, high), key=lambda h: price_split(
+        problem, node, Split(axis, devices, (h / 100, round(1.0 - h / 100, 10)))).latency_s)
+    return best / 100
 
 
 def split_op(problem: Any, node: str) -> Any:

@@ -7,8 +7,9 @@ the bytes resident per device equal the plan's transfers (the ``split`` copies i
 shard bytes; ``state_dict`` keeps the original's keys and values.
 
 The plans: ``gpt:small`` with every block linear split by hand (both axes, both directions, several
-fractions, through :meth:`Plan.from_solution` on the problem's own evaluation), a plan the ILP
-chose splits in under a tight cap, and an HF Llama from a small ``transformers`` config.
+fractions, through :meth:`Plan.from_solution` on the problem's own evaluation), the seed model
+(emb-transformer) split alike, a plan the ILP chose splits in under a tight cap, the ``hetegen``
+baseline's plan, and an HF Llama from a small ``transformers`` config.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def _hand_split_plan(module: torch.nn.Module, inputs: tuple, profile: str = "h20
     graph = from_module(module, inputs)
     devices = load_profile(profile)
     problem = Problem(graph, devices, Options(streaming=False, splits=SplitOptions(fractions=(0.25, 0.5, 0.75),
-                                                                                     proportional=False)))
+                                                                                     proportional=False, balanced=False)))
     host = problem.host
     device = {n: host for n in problem.nodes}
     split = {}
@@ -142,6 +143,24 @@ def test_an_hf_llama_with_split_linears_equals_the_original() -> None:
     plan = _hand_split_plan(wrapped, (ids,))
     assert any(op for op in plan.splits if "lm_head" in plan.modules[op])
     _check(plan, wrapped, (ids,))
+
+
+def test_the_seed_model_with_its_linears_split_equals_the_original() -> None:
+    """The seed case (emb-transformer: an embedding table, attention blocks, a head) at its tiny size."""
+    model, inputs = models.get("emb-transformer", "tiny")
+    plan = _hand_split_plan(model, inputs)
+    assert {e["axis"] for e in plan.splits.values()} == {"cols", "rows"}
+    _check(plan, model, inputs)
+
+
+def test_the_hetegen_baseline_plan_runs_and_equals_the_original(gpt_small) -> None:
+    """HeteGen's placement (every linear split by columns between cuda:0 and the CPU at the balanced
+    share) emitted and run under strict devices."""
+    model, inputs = gpt_small
+    plan = partition(model, inputs, "h200-host", splits=True, solver="hetegen", time_limit=20)
+    assert plan.solver.name == "hetegen" and len(plan.splits) >= 4
+    assert {(e["axis"], tuple(e["devices"])) for e in plan.splits.values()} == {("cols", ("cuda:0", "cpu"))}
+    _check(plan, model, inputs)
 
 
 def test_a_hand_edited_split_is_refused_naming_the_op_and_what_it_can_take(gpt_small, tmp_path) -> None:

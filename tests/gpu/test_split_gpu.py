@@ -29,7 +29,7 @@ def test_a_split_head_runs_on_the_cpu_and_the_gpu(axis: str, home: str) -> None:
     inputs = (torch.randn(16, 4096),)
     graph = from_module(model, inputs)
     problem = Problem(graph, load_profile("h200-host"), Options(streaming=False, splits=SplitOptions(
-        fractions=(0.75,), proportional=False, axes=(axis,))))
+        fractions=(0.75,), proportional=False, balanced=False, axes=(axis,))))
     node = next(iter(problem.split_choices))
     other = "cpu" if home == "cuda:0" else "cuda:0"
     sp = Split(axis, (home, other), (0.75, 0.25))

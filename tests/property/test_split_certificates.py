@@ -50,7 +50,7 @@ def split_instances(draw: st.DrawFn) -> tuple[Problem, dict]:
         cap = largest // 2 + 2 * working
         profile = profile.with_memory({d.name: min(cap, d.memory) for d in profile.devices if d.name != "cpu"})
     fractions = draw(st.sampled_from(((0.5,), (0.25, 0.75))))
-    splits = SplitOptions(fractions=fractions, proportional=draw(st.booleans()),
+    splits = SplitOptions(fractions=fractions, proportional=draw(st.booleans()), balanced=draw(st.booleans()),
                           axes=draw(st.sampled_from((("cols",), ("rows",), ("cols", "rows")))))
     streaming = draw(st.booleans())
     problem = Problem(graph, profile, Options(objective=objective, streaming=streaming, splits=splits))

@@ -37,7 +37,7 @@ def test_shard_sizes_round_the_home_share_and_keep_one_each() -> None:
 
 
 def test_a_linear_is_offered_each_pair_axis_and_fraction() -> None:
-    p = _linear_problem(fractions=(0.25, 0.75), proportional=False)
+    p = _linear_problem(fractions=(0.25, 0.75), proportional=False, balanced=False)
     (node,) = p.split_choices
     labels = {s.label for s in p.split_choices[node]}
     assert len(labels) == 2 * 2 * 2  # (cpu, cuda:0) both ways x cols, rows x two fractions
@@ -46,7 +46,7 @@ def test_a_linear_is_offered_each_pair_axis_and_fraction() -> None:
 
 def test_split_prices_by_hand() -> None:
     """Weight [8, 4] and bias [8] in float32, input [2, 4]: every byte of the price counted by hand."""
-    p = _linear_problem(fractions=(0.75, 0.5), proportional=False)
+    p = _linear_problem(fractions=(0.75, 0.5), proportional=False, balanced=False)
     (node,) = p.split_choices
     cols = p.split_price[(node, Split("cols", ("cpu", "cuda:0"), (0.75, 0.25)))]
     assert cols.param_bytes == (6 * 4 * 4 + 6 * 4, 2 * 4 * 4 + 2 * 4)  # rows of W and of b
@@ -61,7 +61,7 @@ def test_split_prices_by_hand() -> None:
 
 @pytest.mark.parametrize("objective", [Objective.LATENCY, Objective.THROUGHPUT])
 def test_evaluate_prices_a_split_and_the_ilp_agrees(objective: Objective) -> None:
-    p = _linear_problem(objective, fractions=(0.5,), proportional=False)
+    p = _linear_problem(objective, fractions=(0.5,), proportional=False, balanced=False)
     (node,) = p.split_choices
     sp = Split("cols", ("cpu", "cuda:0"), (0.5, 0.5))
     price = p.split_price[(node, sp)]
@@ -128,7 +128,7 @@ def test_a_device_map_cannot_say_a_split_and_is_refused() -> None:
     from partitioner import Plan
     from partitioner.solvers.problem import Solution, Status
 
-    p = _linear_problem(fractions=(0.5,), proportional=False)
+    p = _linear_problem(fractions=(0.5,), proportional=False, balanced=False)
     (node,) = p.split_choices
     sp = p.split_choices[node][0]
     plan = Plan.from_solution(p, Solution("by hand", Placement({node: sp.home}, split={node: sp}), Status.HEURISTIC))
@@ -149,3 +149,61 @@ def test_with_splits_each_splittable_linear_stays_out_of_coarse_groups() -> None
     offered = {m for n in split.problem.split_choices for m in split.problem.members[n]}
     assert linears <= offered
     assert not whole.problem.split_choices and not whole.plan.splits
+
+
+def _wide_problem(memory: str | None = None, **splits: object) -> Problem:
+    """A 4,096 -> 4,096 linear on 8 tokens, h200-host (the GPU shard far faster than the CPU's)."""
+    torch.manual_seed(0)
+    graph = from_module(torch.nn.Linear(4096, 4096).eval(), (torch.randn(8, 4096),))
+    profile = load_profile("h200-host")
+    if memory is not None:
+        profile = profile.with_memory({"cuda:0": memory})
+    return Problem(graph, profile, Options(streaming=False, splits=SplitOptions(**splits)))
+
+
+@pytest.mark.parametrize("axis", ["cols", "rows"])
+def test_the_balanced_share_ends_both_branches_together_and_minimises_latency(axis: str) -> None:
+    """At the balanced share the home shard and the other shard plus its copy back end within one
+    hundredth of a share of each other, and no other share in hundredths has a shorter latency."""
+    from partitioner.solvers.splits import balanced_share, price_split
+
+    p = _wide_problem(fractions=(0.5,), proportional=False, axes=(axis,))
+    (node,) = p.split_choices
+    share = balanced_share(p, node, ("cuda:0", "cpu"), axis)
+    assert 0.5 < share < 1.0  # the GPU takes most of it
+    offered = {sp.fractions[0] for sp in p.split_choices[node] if sp.devices == ("cuda:0", "cpu")}
+    assert offered == {0.5, share}
+
+    def price(h: int):
+        return price_split(p, node, Split(axis, ("cuda:0", "cpu"), (h / 100, round(1 - h / 100, 10))))
+
+    at = price(round(share * 100))
+    assert min(price(h).latency_s for h in range(1, 100)) == pytest.approx(at.latency_s)
+    before, after = price(round(share * 100) - 1), price(round(share * 100) + 1)
+    assert before.shard_s[0] < before.shard_s[1] + before.copy_out_s or after.shard_s[0] >= after.shard_s[1] + after.copy_out_s
+
+
+def test_the_hetegen_baseline_splits_every_linear_at_the_balanced_share_and_the_plan_beats_it() -> None:
+    from partitioner.solvers import run_baseline
+    from partitioner.solvers.splits import balanced_share
+
+    p = _wide_problem()
+    sol = run_baseline("hetegen", p)
+    (node,) = p.split_choices
+    sp = sol.placement.split[node]
+    assert sp.axis == "cols" and sp.devices == ("cuda:0", "cpu")
+    assert sp.fractions[0] == balanced_share(p, node, ("cuda:0", "cpu"), "cols")
+    ev = evaluate(p, sol.placement)
+    assert ev.feasible
+    ilp = solve_ilp(p, gap=0.0, time_limit=30)
+    assert evaluate(p, ilp.placement).total_s <= ev.total_s * (1 + 1e-9)
+
+
+def test_hetegen_is_listed_in_plans_that_offer_splits_and_refused_by_name_in_those_that_do_not() -> None:
+    module, inputs = models.get("mlp", "small")
+    plan = partition(module, inputs, "h200-host", memory={"cuda:0": "8MB"}, splits=True, time_limit=20)
+    assert "hetegen" in plan.baselines
+    hetegen = plan.baselines["hetegen"]
+    assert hetegen.total_s is not None and (not hetegen.feasible or plan.predicted["total_s"] <= hetegen.total_s * (1 + 1e-9))
+    with pytest.raises(HetpartError, match="'hetegen' splits linears, and this plan offers no split: add splits=True"):
+        partition(module, inputs, "h200-host", solver="hetegen", time_limit=20)
