@@ -1,0 +1,98 @@
+"""Plans with split linears run across ranks on torch.distributed.tensor: real torchrun processes, gloo.
+
+Two ranks (the plan's ``cpu`` and ``cuda:0``, both bound to this machine's CPU), every splittable
+linear of the model split evenly (by output columns and by the reduction dimension, homes on both
+devices): the ranks' outputs, loss and gradients (a sharded weight's gathered with
+``full_tensor()``, under the model's parameter name) equal one single-process step of the model
+(``torch.testing.assert_close``, and the check's report). Models: ``gpt:small`` and an HF Llama
+from a small ``transformers`` config. A launch with another number of processes than the mesh's is
+refused by every rank before anything runs, naming both numbers and the command to run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import models
+from backends.tensor_parallel import RunOptions, check_results, reference_step, run_ranks
+from backends.tensor_parallel.runtime import ERROR_PREFIX
+from backends.pipeline.check import read_results
+from partitioner import Plan
+from tests.e2e.split_plans import split_plan
+
+HERE = Path(__file__).resolve().parent
+CPU_RANKS = {"cuda:0": "cpu"}
+
+
+def _run_and_compare(plan: Plan, model: torch.nn.Module, inputs: tuple, spec: str, sharded: set[str],
+                     tmp_path: Path) -> None:
+    options = RunOptions(training=True, device_map=CPU_RANKS, results=str(tmp_path), timeout_s=120)
+    run = run_ranks(plan, spec, options, timeout_s=300)
+    assert run.returncode == 0, run.output[-3000:]
+    records = read_results(tmp_path, 2)
+    ref_outs, ref_loss, ref_grads = reference_step(model, inputs, options)
+    names = {name for name, _ in model.named_parameters()}
+    for record in records:
+        assert set(record["sharded"]) == sharded, record["sharded"]
+        for got, want in zip(record["outputs"], ref_outs, strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(record["loss"], ref_loss, rtol=1e-4, atol=1e-6)
+        assert set(record["grads"]) == {n for n, g in ref_grads.items() if g is not None}
+        assert set(record["grads"]) <= names
+        for name, grad in record["grads"].items():
+            assert grad.shape == ref_grads[name].shape, name  # gathered to the full tensor
+            torch.testing.assert_close(grad, ref_grads[name], rtol=1e-4, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+    report = check_results(plan, model, inputs, options, tmp_path)
+    assert report.passed, report.to_text()
+
+
+@pytest.fixture(scope="module")
+def gpt_small(tmp_path_factory: pytest.TempPathFactory) -> tuple[Plan, torch.nn.Module, tuple]:
+    """gpt:small with its 24 block linears split in halves over cpu and cuda:0."""
+    model, inputs = models.get("gpt", "small")
+    plan = split_plan(model, inputs, tmp_path_factory.mktemp("plans") / "gpt.json", model_name="gpt:small")
+    return plan, model, inputs
+
+
+@pytest.mark.slow
+def test_gpt_small_on_two_tensor_parallel_ranks_equals_the_model(gpt_small, tmp_path: Path) -> None:
+    plan, model, inputs = gpt_small
+    assert {e["axis"] for e in plan.splits.values()} == {"cols", "rows"}
+    assert {e["devices"][0] for e in plan.splits.values()} == {"cpu", "cuda:0"}
+    assert len(plan.splits) == 24
+    blocks = {f"blocks.{i}.{m}" for i in range(4) for m in ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj",
+                                                              "mlp.ff1", "mlp.ff2")}
+    _run_and_compare(plan, model, inputs, "gpt:small", blocks, tmp_path)
+
+
+@pytest.mark.slow
+def test_an_hf_llama_on_two_tensor_parallel_ranks_equals_the_model(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    from tests.e2e.tensor_parallel_models import llama
+
+    model, inputs = llama()
+    plan = split_plan(model, inputs, tmp_path / "llama.json")
+    linears = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+               "mlp.up_proj", "mlp.down_proj")
+    modules = {f"lm.model.layers.0.{m}" for m in linears} | {"lm.lm_head"}
+    assert len(plan.splits) == 8 and {e["axis"] for e in plan.splits.values()} == {"cols", "rows"}
+    _run_and_compare(plan, model, inputs, f"{HERE / 'tensor_parallel_models.py'}:llama", modules, tmp_path)
+
+
+@pytest.mark.slow
+def test_a_launch_of_another_size_than_the_mesh_is_refused_before_anything_runs(gpt_small, tmp_path: Path) -> None:
+    plan = gpt_small[0]
+    before = Path(plan.source).read_bytes()
+    options = RunOptions(training=True, device_map=CPU_RANKS, results=str(tmp_path), timeout_s=60)
+    run = run_ranks(plan, "gpt:small", options, world_size=1, timeout_s=120)
+    assert run.returncode != 0
+    errors = [line for line in run.output.splitlines() if line.startswith(ERROR_PREFIX)]
+    assert len(errors) == 1, run.output[-3000:]  # refused at once, not waiting for a peer
+    assert "over 2 devices (cpu, cuda:0)" in errors[0] and "a device mesh of 2 ranks" in errors[0]
+    assert "started 1 process (WORLD_SIZE=1)" in errors[0] and "nothing was run" in errors[0]
+    assert "--nproc-per-node 2 -m backends.tensor_parallel" in errors[0]
+    assert not any(tmp_path.iterdir())  # no rank wrote results
+    assert Path(plan.source).read_bytes() == before
