@@ -4,8 +4,8 @@ Two ranks (the plan's ``cpu`` and ``cuda:0``, both bound to this machine's CPU),
 linear of the model split evenly (by output columns and by the reduction dimension, homes on both
 devices): the ranks' outputs, loss and gradients (a sharded weight's gathered with
 ``full_tensor()``, under the model's parameter name) equal one single-process step of the model
-(``torch.testing.assert_close``, and the check's report). Models: ``gpt:small`` and an HF Llama
-from a small ``transformers`` config. A launch with another number of processes than the mesh's is
+(``torch.testing.assert_close`` and the check's report for ``gpt:small``; ``check_ranks``, which
+starts the ranks itself, for an HF Llama from a small ``transformers`` config). A launch with another number of processes than the mesh's is
 refused by every rank before anything runs, naming both numbers and the command to run.
 """
 
@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import models
-from backends.tensor_parallel import RunOptions, check_results, reference_step, run_ranks
+from backends.tensor_parallel import RunOptions, check_ranks, check_results, layout_of, reference_step, run_ranks
 from backends.tensor_parallel.runtime import ERROR_PREFIX
 from backends.pipeline.check import read_results
 from partitioner import Plan
@@ -79,7 +79,13 @@ def test_an_hf_llama_on_two_tensor_parallel_ranks_equals_the_model(tmp_path: Pat
                "mlp.up_proj", "mlp.down_proj")
     modules = {f"lm.model.layers.0.{m}" for m in linears} | {"lm.lm_head"}
     assert len(plan.splits) == 8 and {e["axis"] for e in plan.splits.values()} == {"cols", "rows"}
-    _run_and_compare(plan, model, inputs, f"{HERE / 'tensor_parallel_models.py'}:llama", modules, tmp_path)
+    assert {s.module for s in layout_of(plan, model, inputs).linears} == modules
+    report = check_ranks(plan, model, inputs, model_spec=f"{HERE / 'tensor_parallel_models.py'}:llama",
+                         options=RunOptions(training=True, device_map=CPU_RANKS, timeout_s=120), run_timeout_s=300)
+    assert report.passed, report.to_text()
+    names = [n for n, p in model.named_parameters()]
+    assert [e.name for e in report.grads] == [f"rank {r} {n}" for r in (0, 1) for n in names]
+    assert report.loss is not None and len(report.outputs) == 2
 
 
 @pytest.mark.slow
