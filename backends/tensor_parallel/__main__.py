@@ -3,7 +3,8 @@
 In: a plan file with a ``splits`` section, the model (``--model``: a zoo name or
 ``path/to/file.py:factory``; default: the plan's model name) and the options of
 :class:`~backends.tensor_parallel.runtime.RunOptions`; torchrun's environment. Out: this rank's
-step (see :mod:`backends.tensor_parallel.runtime`); exit status 0, or 2 with a one-line error
+step (see :mod:`backends.tensor_parallel.runtime`; a plan with pipeline stages runs as stages x
+tensor-parallel groups, :mod:`backends.tensor_parallel.grid`); exit status 0, or 2 with a one-line error
 ``hetpart tensor-parallel rank R: error: ...``.
 """
 
@@ -50,7 +51,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         options = RunOptions(training=args.training, loss=args.loss,
                              device_map=pairs(args.bind, "--bind", "cuda:0=cpu"), timeout_s=args.timeout,
                              results=args.results, seed=args.seed)
-        run_rank(plan, loaded.module, loaded.example_inputs, options)
+        if plan.pipeline:  # pipeline stages x tensor-parallel groups
+            from backends.tensor_parallel.grid import run_grid_rank
+
+            run_grid_rank(plan, loaded.module, loaded.example_inputs, options)
+        else:
+            run_rank(plan, loaded.module, loaded.example_inputs, options)
     except HetpartError as exc:
         print(f"{ERROR_PREFIX} {os.environ.get('RANK', '?')}: error: {exc}", file=sys.stderr)
         return 2

@@ -4,8 +4,11 @@ In: the plan, the model, its inputs, the :class:`~backends.tensor_parallel.runti
 ranks ran with and the folder they wrote ``rank<R>.pt`` to. Out: a
 :class:`~backends.compare.CheckReport`: every rank's outputs against the model's; in training also
 every rank's loss and every parameter's gradient (a sharded weight's gathered to its full tensor,
-under the model's name) against one single-process step with the same loss and target. Each tensor
-is held to its dtype's tolerance (:func:`~backends.compare.compare`). Nothing prints.
+under the model's name) against one single-process step with the same loss and target. A plan with
+pipeline stages (:mod:`backends.tensor_parallel.grid`) is compared with the pipeline's single-process
+step (the same micro-batching): the last stage's ranks' outputs and loss, every rank's gradients,
+and every gradient held by some rank. Each tensor is held to its dtype's tolerance
+(:func:`~backends.compare.compare`). Nothing prints.
 """
 
 from __future__ import annotations
@@ -24,10 +27,13 @@ from torch.utils import _pytree as pytree
 
 from backends.compare import MISSING, CheckReport, compare
 from backends.pipeline.check import read_results
+from backends.pipeline.check import reference_step as pipeline_reference
 from backends.pipeline.launch import rank_errors
 from backends.pipeline.loss import first_output, loss_function, make_target
+from backends.pipeline.runtime import RunOptions as PipelineOptions
 from backends.pipeline.runtime import physical_device
-from backends.tensor_parallel.launch import run_ranks
+from backends.tensor_parallel.grid import TP, grid_of
+from backends.tensor_parallel.launch import run_ranks, world_size_of
 from backends.tensor_parallel.layout import mesh_devices
 from backends.tensor_parallel.runtime import ERROR_PREFIX, RunOptions
 from partitioner.errors import HetpartError, PipelineRunError
@@ -57,37 +63,57 @@ def reference_step(model: torch.nn.Module, inputs: Sequence[Any],
 
 def check_results(plan: Any, model: torch.nn.Module, inputs: Sequence[Any], options: RunOptions,
                   results: str | Path) -> CheckReport:
-    """Compare what every rank wrote to ``results`` with :func:`reference_step`.
+    """Compare what every rank wrote to ``results`` with the single-process step: :func:`reference_step`,
+    or for a plan with pipeline stages the pipeline's (:func:`backends.pipeline.check.reference_step`:
+    the batch cut into the plan's micro-batches, the mean of their losses), whose outputs and
+    losses the last stage's ranks hold and whose gradients are spread over the stages.
 
     Raises:
         PipelineRunError: a rank's file is missing (that rank did not finish).
     """
-    devices = mesh_devices(plan)
-    records = read_results(results, len(devices))
+    world = world_size_of(plan)
+    records = read_results(results, world)
     start = time.perf_counter()
-    ref_outs, ref_loss, ref_grads = reference_step(model, inputs, options)
+    if plan.pipeline:
+        pipe = PipelineOptions(training=options.training, loss=options.loss, seed=options.seed)
+        named, ref_loss, ref_grads = pipeline_reference(model, inputs, plan.pipeline["micro_batches"], pipe)
+        ref_outs = list(named.values())
+    else:
+        ref_outs, ref_loss, ref_grads = reference_step(model, inputs, options)
     reference_s = time.perf_counter() - start
     outputs, grads, losses = [], [], []
     for record in records:
-        tag = f"rank {record['rank']} " if len(records) > 1 else ""
-        got = record.get("outputs", [])
-        outputs += [compare(f"{tag}output[{i}]", got[i] if i < len(got) else MISSING, ref)
-                    for i, ref in enumerate(ref_outs)]
+        tag = f"rank {record['rank']} "
+        if "outputs" in record:  # every rank of a tensor-parallel group; the last stage's of a grid
+            got = record["outputs"]
+            outputs += [compare(f"{tag}output[{i}]", got[i] if i < len(got) else MISSING, ref)
+                        for i, ref in enumerate(ref_outs)]
+            if options.training:
+                loss = record["loss"] if "loss" in record else \
+                    torch.tensor(statistics.fmean(record["losses"]), dtype=ref_loss.dtype)
+                losses.append(compare(f"{tag}loss", loss, ref_loss, summed=True))
         if options.training:
-            losses.append(compare(f"{tag}loss", record.get("loss"), ref_loss, summed=True))
             ours = record.get("grads", {})
-            grads += [compare(f"{tag}{name}", ours.get(name, MISSING), ref, summed=True)
-                      for name, ref in ref_grads.items() if ref is not None or name in ours]
+            grads += [compare(f"{tag}{name}", g, ref_grads.get(name), summed=True) for name, g in ours.items()]
+    if options.training:  # a gradient no rank holds
+        held = {name for record in records for name in record.get("grads", {})}
+        grads += [compare(name, MISSING, ref, summed=True) for name, ref in ref_grads.items()
+                  if ref is not None and name not in held]
     loss = max(losses, key=lambda e: (not e.passed, e.max_abs)) if losses else None
     errors = [*outputs, *losses, *grads]
-    binding = {d: str(physical_device(d, options.device_map)) for d in devices}
-    sharded = records[0].get("sharded", [])
+    sharded = sorted({m for record in records for m in record.get("sharded", [])})
+    if plan.pipeline:
+        binding = {d: str(physical_device(d, options.device_map)) for g in grid_of(plan) for d in g}
+        what = (f"{len(grid_of(plan))} pipeline stages x {TP} tensor-parallel ranks ({plan.pipeline['schedule']}, "
+                f"{plan.pipeline['micro_batches']} micro-batches, {len(sharded)} linears sharded)")
+    else:
+        binding = {d: str(physical_device(d, options.device_map)) for d in mesh_devices(plan)}
+        what = f"tensor-parallel group of {world} ranks ({len(sharded)} linears sharded)"
     return CheckReport(
         model_name=plan.model_name, binding=binding, training=options.training, repeat=1,
         outputs=tuple(outputs), loss=loss, grads=tuple(grads), original_s=reference_s,
         emitted_s=max(statistics.median(r["step_s"]) for r in records), passed=all(e.passed for e in errors),
-        emitted=f"tensor-parallel group of {len(devices)} ranks ({len(sharded)} linears sharded)",
-        loss_name=options.loss,
+        emitted=what, loss_name=options.loss,
     )
 
 

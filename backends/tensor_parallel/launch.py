@@ -4,7 +4,7 @@ In: a plan with splits (and its file path), the model spec and :class:`~backends
 Out: :func:`rank_arguments` (what follows ``-m backends.tensor_parallel``) and :func:`run_ranks`,
 every rank on this machine under one ``torchrun --standalone`` (the pipeline backend's
 :func:`~backends.pipeline.launch.run_local`: a free port, signals forwarded, a timeout), one rank
-per device of the plan's splits unless ``world_size`` says otherwise (the ranks then refuse to
+per device of the plan's splits (stages x 2 for a plan with pipeline stages) unless ``world_size`` says otherwise (the ranks then refuse to
 start, naming both numbers).
 """
 
@@ -14,10 +14,22 @@ from pathlib import Path
 from typing import Any
 
 from backends.pipeline.launch import LocalRun, run_local
+from backends.tensor_parallel.grid import TP, grid_of
 from backends.tensor_parallel.layout import mesh_devices
 from backends.tensor_parallel.runtime import RANK_MODULE, RunOptions
 
-__all__ = ["rank_arguments", "run_ranks"]
+__all__ = ["rank_arguments", "run_ranks", "world_size_of"]
+
+
+def world_size_of(plan: Any) -> int:
+    """How many ranks ``plan`` runs on: one per device of its splits, or, with pipeline stages,
+    stages x 2 (:func:`~backends.tensor_parallel.grid.grid_of`).
+
+    Example:
+        >>> world_size_of(plan)          # doctest: +SKIP
+        2
+    """
+    return len(grid_of(plan)) * TP if plan.pipeline else len(mesh_devices(plan))
 
 
 def rank_arguments(plan_path: str | Path, model: str, options: RunOptions) -> list[str]:
@@ -54,6 +66,6 @@ def run_ranks(plan: Any, model: str, options: RunOptions, *, world_size: int | N
         >>> run.returncode                                                                  # doctest: +SKIP
         0
     """
-    world = len(mesh_devices(plan)) if world_size is None else world_size
+    world = world_size_of(plan) if world_size is None else world_size
     return run_local(plan, rank_arguments(plan.source, model, options), timeout_s=timeout_s, echo=echo,
                      world_size=world, rank_module=RANK_MODULE)

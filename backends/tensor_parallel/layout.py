@@ -48,7 +48,7 @@ import torch.fx
 from partitioner.errors import HetpartError, PlanMismatch
 from partitioner.solvers.splits import shard_sizes
 
-__all__ = ["Layout", "SplitLinear", "layout_of", "mesh_devices", "dtensor_sizes"]
+__all__ = ["Layout", "SplitLinear", "dtensor_sizes", "layout_of", "mesh_devices", "split_linears"]
 
 _FIX = ('re-plan with even fractions (splits={"fractions": [0.5]}, CLI --split cols:0.5/rows:0.5) or set this '
         "op's fractions to [0.5, 0.5] in the plan file; or run the plan in one process (plan.emit), which "
@@ -140,16 +140,33 @@ def layout_of(plan: Any, model: torch.nn.Module, inputs: Sequence[Any] | None = 
     Raises:
         PlanMismatch: a split the tensor-parallel styles cannot run exactly (named, with the fix).
     """
+    devices = mesh_devices(plan)
+    return Layout(devices, split_linears(plan, model, inputs, {op: devices for op in plan.splits}))
+
+
+def split_linears(plan: Any, model: torch.nn.Module, inputs: Sequence[Any] | None,
+                  groups: Mapping[str, Sequence[str]], *,
+                  captured: torch.fx.GraphModule | None = None) -> tuple[SplitLinear, ...]:
+    """The split ops ``groups`` names as ``model``'s ``nn.Linear`` modules, each sharded over the
+    devices ``groups`` gives it (its tensor-parallel group, in rank order), checked as
+    :func:`layout_of` says. ``captured``: the model's graph as the plan captured it, with the
+    parameter names (default: captured here from ``inputs``).
+
+    Raises:
+        PlanMismatch: a split the tensor-parallel styles cannot run exactly (named, with the fix).
+    """
     from backends.torch.module import capture_for, unlifted_module
 
-    devices = mesh_devices(plan)
-    gm = unlifted_module(capture_for(plan, model, tuple(inputs) if inputs is not None else None))
+    if captured is None:
+        captured = unlifted_module(capture_for(plan, model, tuple(inputs) if inputs is not None else None))
+    gm = captured
     nodes = {n.name: n for n in gm.graph.nodes}
     names: dict[int, list[str]] = {}
     for name, p in model.named_parameters(remove_duplicate=False):
         names.setdefault(id(p), []).append(name)
     linears = []
-    for op, entry in plan.splits.items():
+    for op, group in groups.items():
+        entry, devices = plan.splits[op], tuple(group)
         module, weight = _linear_module(plan, op, entry, nodes.get(op), model, names)
         axis, fractions = entry["axis"], tuple(float(f) for f in entry["fractions"])
         length = weight.shape[0] if axis == "cols" else weight.shape[1]
@@ -166,7 +183,7 @@ def layout_of(plan: Any, model: torch.nn.Module, inputs: Sequence[Any] | None = 
                 f"{', '.join(map(str, range(len(devices))))}) and its collectives gather by those sizes, so this "
                 f"split cannot run across ranks: {_FIX}")
         linears.append(SplitLinear(op, module, axis, (entry["devices"][0], entry["devices"][1]), fractions, sizes))
-    return Layout(devices, tuple(linears))
+    return tuple(linears)
 
 
 def _linear_module(plan: Any, op: str, entry: Mapping[str, Any], node: torch.fx.Node | None, model: torch.nn.Module,
