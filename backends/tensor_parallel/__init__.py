@@ -17,10 +17,13 @@ module        what it does
               mesh's devices; what cannot run exactly (uneven fractions, shared weights) refused
 ``runtime``   :func:`run_rank`: one rank: the launch checked against the mesh, process group,
               ``parallelize_module``, one step, gradients gathered (``full_tensor``)
+``grid``      :func:`run_grid_rank`: a plan with pipeline stages as stages x 2 ranks on a 2-D mesh
+              (``pp`` x ``tp``): each stage's split linears sharded over its two ranks
 ``__main__``  ``python -m backends.tensor_parallel plan.json``: the program torchrun starts
 ``launch``    :func:`run_ranks`: every rank here under ``torchrun --standalone``
+              (``hetpart launch PLAN --run`` for a plan with splits)
 ``check``     :func:`check_ranks`: every rank's outputs, loss and gathered gradients against the
-              single-process model
+              single-process model (for a grid, the pipeline's, with the same micro-batching)
 ============  ===================================================================================
 
 Example:
@@ -34,9 +37,11 @@ Example:
 from __future__ import annotations
 
 from backends.tensor_parallel.check import check_ranks, check_results, reference_step
-from backends.tensor_parallel.launch import rank_arguments, run_ranks
+from backends.tensor_parallel.grid import grid_of, run_grid_rank
+from backends.tensor_parallel.launch import rank_arguments, run_ranks, world_size_of
 from backends.tensor_parallel.layout import Layout, SplitLinear, dtensor_sizes, layout_of, mesh_devices
 from backends.tensor_parallel.runtime import RunOptions, rank_environment, run_rank
 
-__all__ = ["Layout", "RunOptions", "SplitLinear", "check_ranks", "check_results", "dtensor_sizes", "layout_of",
-           "mesh_devices", "rank_arguments", "rank_environment", "reference_step", "run_rank", "run_ranks"]
+__all__ = ["Layout", "RunOptions", "SplitLinear", "check_ranks", "check_results", "dtensor_sizes", "grid_of",
+           "layout_of", "mesh_devices", "rank_arguments", "rank_environment", "reference_step", "run_grid_rank",
+           "run_rank", "run_ranks", "world_size_of"]

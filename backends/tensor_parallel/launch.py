@@ -4,7 +4,8 @@ In: a plan with splits (and its file path), the model spec and :class:`~backends
 Out: :func:`rank_arguments` (what follows ``-m backends.tensor_parallel``) and :func:`run_ranks`,
 every rank on this machine under one ``torchrun --standalone`` (the pipeline backend's
 :func:`~backends.pipeline.launch.run_local`: a free port, signals forwarded, a timeout), one rank
-per device of the plan's splits (stages x 2 for a plan with pipeline stages) unless ``world_size`` says otherwise (the ranks then refuse to
+per device of the plan's splits (stages x 2 for a plan with pipeline stages) unless ``world_size``
+says otherwise (the ranks then refuse to
 start, naming both numbers).
 """
 

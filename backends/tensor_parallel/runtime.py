@@ -68,7 +68,7 @@ class RunOptions:
 def launch_hint(plan: Any, world: int) -> str:
     """The command that starts ``world`` tensor-parallel ranks of ``plan`` on this machine."""
     return (f"torchrun --standalone --nproc-per-node {world} -m {RANK_MODULE} {plan.source} "
-            f"(or `hetpart launch {plan.source} --tensor-parallel --run`)")
+            f"(or `hetpart launch {plan.source} --run`)")
 
 
 def rank_environment(plan: Any, devices: Sequence[str]) -> tuple[int, int]:
@@ -177,7 +177,15 @@ def _step(model: torch.nn.Module, args: tuple, options: RunOptions) -> dict[str,
 
 
 def _leaves(out: Any) -> list[torch.Tensor]:
-    return [x.detach().cpu() for x in pytree.tree_leaves(out) if isinstance(x, torch.Tensor)]
+    """The output's tensors, on the host; an all-gather or all-reduce still in flight (a style's
+    output is an ``AsyncCollectiveTensor``) is waited for first."""
+    return [_waited(x).detach().cpu() for x in pytree.tree_leaves(out) if isinstance(x, torch.Tensor)]
+
+
+def _waited(x: torch.Tensor) -> torch.Tensor:
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+
+    return x.wait() if isinstance(x, AsyncCollectiveTensor) else x
 
 
 def _first_line(exc: BaseException) -> str:

@@ -1,6 +1,7 @@
 """Model factories the tensor-parallel ranks rebuild (``path/to/tensor_parallel_models.py:factory``): each
 returns ``(module, example_inputs)`` with the same weights in every process (a fixed seed).
 
+* :func:`mlp`: two linears (8 -> 16 -> 6) with a ReLU between, batch 4;
 * :func:`llama`: an HF ``LlamaForCausalLM`` from a small ``transformers`` config (random weights,
   nothing downloaded), called with ``input_ids`` and returning its logits.
 """
@@ -32,3 +33,10 @@ def llama() -> tuple[torch.nn.Module, tuple[torch.Tensor]]:
     torch.manual_seed(0)
     model = Logits(transformers.LlamaForCausalLM(config)).eval()
     return model, (torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(1)),)
+
+
+def mlp() -> tuple[torch.nn.Module, tuple[torch.Tensor]]:
+    """``Linear(8, 16)``, ReLU, ``Linear(16, 6)`` and a batch of 4."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 6)).eval()
+    return model, (torch.randn(4, 8),)

@@ -5,8 +5,9 @@ linear of the model split evenly (by output columns and by the reduction dimensi
 devices): the ranks' outputs, loss and gradients (a sharded weight's gathered with
 ``full_tensor()``, under the model's parameter name) equal one single-process step of the model
 (``torch.testing.assert_close`` and the check's report for ``gpt:small``; ``check_ranks``, which
-starts the ranks itself, for an HF Llama from a small ``transformers`` config). A launch with another number of processes than the mesh's is
-refused by every rank before anything runs, naming both numbers and the command to run.
+starts the ranks itself, for an HF Llama from a small ``transformers`` config). A launch with
+another number of processes than the mesh's is refused before anything runs, naming both numbers
+and the command to run. ``hetpart launch`` prints, runs and checks a plan with splits.
 """
 
 from __future__ import annotations
@@ -102,3 +103,24 @@ def test_a_launch_of_another_size_than_the_mesh_is_refused_before_anything_runs(
     assert "--nproc-per-node 2 -m backends.tensor_parallel" in errors[0]
     assert not any(tmp_path.iterdir())  # no rank wrote results
     assert Path(plan.source).read_bytes() == before
+
+
+@pytest.mark.slow
+def test_hetpart_launch_runs_and_checks_a_plan_with_splits(tmp_path: Path, capsys) -> None:
+    from partitioner.cli import main as cli_main
+    from tests.e2e.tensor_parallel_models import mlp
+
+    model, inputs = mlp()
+    spec = f"{HERE / 'tensor_parallel_models.py'}:mlp"
+    plan = split_plan(model, inputs, tmp_path / "mlp.json", model_name=spec)
+    assert cli_main(["launch", plan.source]) == 0
+    printed = capsys.readouterr().out
+    assert "2 split linears over 2 tensor-parallel ranks" in printed
+    assert "torchrun --standalone --nproc-per-node 2 -m backends.tensor_parallel" in printed
+    assert cli_main(["launch", plan.source, "--run", "--check", "--training", "--steps", "2"]) == 2
+    assert "drop --steps" in capsys.readouterr().err
+    assert cli_main(["launch", plan.source, "--run", "--check", "--training", "--bind", "cuda:0=cpu",
+                     "--timeout", "60"]) == 0
+    out = capsys.readouterr().out
+    assert "ran 1 step on 2 local ranks" in out and "tensor-parallel group of 2 ranks (2 linears sharded)" in out
+    assert "rank 1 0.weight" in out and "rank 0 loss" in out

@@ -115,3 +115,57 @@ def test_rank_arguments() -> None:
     assert rank_arguments("p.json", "gpt:small", options) == [
         "p.json", "--model", "gpt:small", "--training", "--loss", "cross-entropy", "--bind", "cuda:0=cpu",
         "--timeout", "60", "--seed", "3"]
+
+
+@pytest.fixture(scope="module")
+def pipeline_plan_json(tmp_path_factory) -> dict:
+    """gpt:tiny's 2-stage pipeline plan on 4x-cpu-host (host0, host1), as its file holds it."""
+    import json
+
+    import models
+    from partitioner import partition
+
+    module, inputs = models.get("gpt", "tiny")
+    plan = partition(module, inputs, "4x-cpu-host", objective="throughput", stages=2, micro_batches=2,
+                     schedule="gpipe", solver="pipeline-dp", model_name="gpt:tiny")
+    path = tmp_path_factory.mktemp("plans") / "pipeline.json"
+    plan.save(path)
+    return json.loads(path.read_text())
+
+
+def _grid(data: dict, path: Path, others: dict[str, str]):
+    import json
+
+    from partitioner import Plan
+
+    data = dict(data, splits={op: {"axis": "cols", "devices": [data["placement"][op], other], "fractions": [0.5, 0.5]}
+                              for op, other in others.items()})
+    path.write_text(json.dumps(data))
+    return Plan.load(path)
+
+
+def test_the_grid_is_each_stage_and_its_splits_other_device(pipeline_plan_json, tmp_path: Path, monkeypatch) -> None:
+    from backends.tensor_parallel.grid import _grid_environment, grid_of
+    from backends.tensor_parallel.launch import world_size_of
+
+    plan = _grid(pipeline_plan_json, tmp_path / "g.json", {"linear": "host2/cpu", "linear_5": "host3/cpu"})
+    assert grid_of(plan) == (("host0/cpu", "host2/cpu"), ("host1/cpu", "host3/cpu")) and world_size_of(plan) == 4
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(PipelineRunError) as info:
+        _grid_environment(plan, 2)
+    assert "2 pipeline stages whose linears split over 2 devices each: a device mesh of 2 x 2 = 4 ranks" \
+        in str(info.value)
+    assert "started 2 processes (WORLD_SIZE=2); nothing was run" in str(info.value)
+    assert "--nproc-per-node 4 -m backends.tensor_parallel" in str(info.value)
+    only_first = _grid(pipeline_plan_json, tmp_path / "h.json", {"linear": "host2/cpu"})
+    assert grid_of(only_first) == (("host0/cpu", "host2/cpu"), ("host1/cpu", "host1/cpu"))  # a replica
+
+
+def test_a_stage_splitting_over_two_other_devices_is_refused(pipeline_plan_json, tmp_path: Path) -> None:
+    from backends.tensor_parallel.grid import grid_of
+
+    plan = _grid(pipeline_plan_json, tmp_path / "g.json", {"linear": "host2/cpu", "linear_1": "host3/cpu"})
+    with pytest.raises(PlanMismatch, match=r"stage 0 \(host0/cpu\) splits ops over 2 other devices \(linear over "
+                                           r"host2/cpu, linear_1 over host3/cpu\): a stage's tensor-parallel group"):
+        grid_of(plan)
