@@ -40,7 +40,7 @@ from backends.pipeline.loss import first_output, loss_function, make_target
 from backends.pipeline.runtime import physical_device, tied_groups
 from backends.pipeline.stages import StageGraphs, parameter_names
 from backends.tensor_parallel.layout import SplitLinear, split_linears
-from backends.tensor_parallel.runtime import RANK_MODULE, RunOptions, launch_hint
+from backends.tensor_parallel.runtime import RunOptions, launch_hint
 from partitioner.errors import HetpartError, PipelineRunError, PlanMismatch
 from partitioner.micro_batches import micro_batch_inputs
 
@@ -89,9 +89,8 @@ def linear_calls(gm: torch.fx.GraphModule, linears: Sequence[SplitLinear]) -> to
         node = nodes.get(s.op)
         if node is None:
             continue
-        weight = gm.get_submodule(s.module).get_parameter("weight")
-        holder = gm.get_submodule(s.module)
-        bias = getattr(holder, "bias", None)
+        holder = gm.get_submodule(s.module)  # the GraphModule's copy of the model's path: weight and bias
+        weight, bias = holder.get_parameter("weight"), getattr(holder, "bias", None)
         linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
         linear.weight = weight
         if bias is not None:

@@ -45,7 +45,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from partitioner.errors import HetpartError, PlanMismatch
+from partitioner.errors import PlanMismatch
 from partitioner.solvers.splits import shard_sizes
 
 __all__ = ["Layout", "SplitLinear", "dtensor_sizes", "layout_of", "mesh_devices", "split_linears"]

@@ -6,7 +6,7 @@ both axes) over its stage's device and a device of its own (host2 for stage 0, h
 each stage's split linears are sharded over its two ranks. The ranks' outputs, loss and gradients
 (sharded weights gathered, under the model's names; the tied weight summed over its stages) equal
 the single-process model under the same micro-batching (``torch.testing.assert_close`` and the
-check's report); ``hetpart launch --run --check`` runs the same plan from the command line.
+check's report); ``hetpart launch`` prints the 4-rank command of the same plan.
 """
 
 from __future__ import annotations
@@ -74,3 +74,12 @@ def test_two_stages_by_two_tensor_parallel_ranks_equal_the_model(gpt_tiny_grid, 
     assert "tok_emb.weight" in records[0]["grads"] and "tok_emb.weight" in records[3]["grads"]  # tied: both stages
     report = check_results(plan, model, inputs, options, tmp_path)
     assert report.passed, report.to_text()
+    assert "2 pipeline stages x 2 tensor-parallel ranks (gpipe, 2 micro-batches, 12 linears sharded)" in report.to_text()
+
+
+def test_hetpart_launch_prints_the_grid_command(gpt_tiny_grid, capsys) -> None:
+    plan = gpt_tiny_grid[0]
+    assert cli_main(["launch", plan.source]) == 0
+    out = capsys.readouterr().out
+    assert "12 split linears over 4 tensor-parallel ranks (2 pipeline stages x 2)" in out
+    assert f"torchrun --standalone --nproc-per-node 4 -m backends.tensor_parallel {plan.source} --model gpt:tiny" in out
