@@ -21,6 +21,7 @@ import models
 from backends.tensor_parallel import RunOptions, check_ranks, check_results, layout_of, reference_step, run_ranks
 from backends.tensor_parallel.runtime import ERROR_PREFIX
 from backends.pipeline.check import read_results
+from backends.pipeline.launch import rank_errors
 from partitioner import Plan
 from tests.e2e.split_plans import split_plan
 
@@ -101,6 +102,7 @@ def test_a_launch_of_another_size_than_the_mesh_is_refused_before_anything_runs(
     assert "over 2 devices (cpu, cuda:0)" in errors[0] and "a device mesh of 2 ranks" in errors[0]
     assert "started 1 process (WORLD_SIZE=1)" in errors[0] and "nothing was run" in errors[0]
     assert "--nproc-per-node 2 -m backends.tensor_parallel" in errors[0]
+    assert rank_errors(run.output, ERROR_PREFIX) == errors[0].strip()  # what check_ranks and the CLI report
     assert not any(tmp_path.iterdir())  # no rank wrote results
     assert Path(plan.source).read_bytes() == before
 
