@@ -25,8 +25,9 @@ What is refused (:class:`~partitioner.errors.PlanMismatch`, naming the op and th
 * a split op that is not the one call of an ``nn.Linear`` that owns its weight (a functional
   linear, a linear called twice, a weight tied to another module): the styles shard modules;
 * fractions other than the even blocks ``torch.distributed.tensor`` shards into (``Shard(d)``
-  cuts like ``torch.chunk``): its collectives pad and unpad by those sizes, so an uneven cut would
-  be gathered wrong. Re-plan with ``splits={"fractions": [0.5]}`` (CLI ``--split cols:0.5``), or
+  cuts like ``torch.chunk``): its collectives pad and unpad by those sizes, so an uneven cut cannot
+  be gathered (tried on torch 2.13 with gloo: ``DTensor.from_local`` of a 12/4 row split with the
+  global shape and stride given, a linear, then ``full_tensor()``, aborts a rank). Re-plan with ``splits={"fractions": [0.5]}`` (CLI ``--split cols:0.5``), or
   run the plan in one process (``plan.emit``), which takes any fractions;
 * splits over different sets of devices (one tensor-parallel group runs them all).
 
