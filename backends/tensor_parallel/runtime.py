@@ -102,7 +102,9 @@ def rank_environment(plan: Any, devices: Sequence[str]) -> tuple[int, int]:
 
 def run_rank(plan: Any, model: torch.nn.Module, inputs: Sequence[Any], options: RunOptions) -> dict[str, Any]:
     """Run this process's rank for one step; returns (and with ``results`` writes) its outputs and,
-    in training, its loss and gathered gradients.
+    in training, its loss and gathered gradients. ``model`` is moved and sharded in place (each
+    rank builds its own); a plan with pipeline stages runs through
+    :func:`~backends.tensor_parallel.grid.run_grid_rank`.
 
     Raises:
         PipelineRunError: the launch does not match the plan's mesh, or the step failed (a peer
@@ -116,6 +118,10 @@ def run_rank(plan: Any, model: torch.nn.Module, inputs: Sequence[Any], options: 
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import parallelize_module
 
+    if plan.pipeline:
+        raise HetpartError(f"{plan.source} has pipeline stages: its ranks are stages x tensor-parallel ranks; run "
+                           f"them with backends.tensor_parallel.grid.run_grid_rank (python -m backends.tensor_parallel "
+                           f"does)")
     devices = mesh_devices(plan)
     rank, world = rank_environment(plan, devices)  # before anything starts
     physical = [physical_device(d, options.device_map) for d in devices]

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from backends.tensor_parallel import dtensor_sizes, layout_of, mesh_devices, rank_arguments, rank_environment
-from backends.tensor_parallel.runtime import RunOptions
-from partitioner.errors import PipelineRunError, PlanMismatch
+from backends.tensor_parallel.runtime import RunOptions, run_rank
+from partitioner.errors import HetpartError, PipelineRunError, PlanMismatch
 from tests.e2e.split_plans import split_plan
 
 
@@ -158,6 +158,8 @@ def test_the_grid_is_each_stage_and_its_splits_other_device(pipeline_plan_json, 
         in str(info.value)
     assert "started 2 processes (WORLD_SIZE=2); nothing was run" in str(info.value)
     assert "--nproc-per-node 4 -m backends.tensor_parallel" in str(info.value)
+    with pytest.raises(HetpartError, match="has pipeline stages: its ranks are stages x tensor-parallel ranks"):
+        run_rank(plan, torch.nn.Linear(2, 2), (), RunOptions())
     only_first = _grid(pipeline_plan_json, tmp_path / "h.json", {"linear": "host2/cpu"})
     assert grid_of(only_first) == (("host0/cpu", "host2/cpu"), ("host1/cpu", "host1/cpu"))  # a replica
 
