@@ -146,8 +146,12 @@ class LaunchInterrupted(KeyboardInterrupt):
 
 
 def run_local(plan: Any, rank_args: Sequence[str], *, timeout_s: float = 600.0, echo: bool = False,
-              grace_s: float = STOP_GRACE_S) -> LocalRun:
+              grace_s: float = STOP_GRACE_S, world_size: int | None = None,
+              rank_module: str = RANK_MODULE) -> LocalRun:
     """Run every rank on this machine: ``torchrun --standalone --nproc-per-node WORLD``.
+
+    ``WORLD`` is ``world_size``, by default the pipeline plan's; each rank runs
+    ``python -m rank_module`` (default the pipeline's rank program) with ``rank_args``.
 
     torchrun runs in a session of its own and each rank in another (torchrun's doing), so a
     Ctrl-C at the terminal reaches only this process: a SIGINT or SIGTERM while the run is on is
@@ -163,9 +167,9 @@ def run_local(plan: Any, rank_args: Sequence[str], *, timeout_s: float = 600.0, 
         >>> run.returncode                                                                  # doctest: +SKIP
         0
     """
-    world = plan.pipeline["world_size"]
+    world = plan.pipeline["world_size"] if world_size is None else world_size
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-            "--nproc-per-node", str(world), "--monitor-interval", "0.5", "-m", RANK_MODULE, *rank_args]
+            "--nproc-per-node", str(world), "--monitor-interval", "0.5", "-m", rank_module, *rank_args]
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default too; said here to keep its warning quiet
     root = str(Path(__file__).resolve().parents[2])
@@ -297,18 +301,19 @@ def _collect(proc: subprocess.Popen, lines: list[str], echo: bool, quiet: thread
             sys.stdout.flush()
 
 
-def rank_errors(output: str) -> str:
+def rank_errors(output: str, program: str = "hetpart pipeline rank") -> str:
     """What went wrong in a failed run, from its output: the rank torchrun saw stop first, when it
     stopped without a hetpart error of its own (it failed to start, or was killed), then the ranks'
-    one-line errors; else the output's last lines.
+    one-line errors (lines holding ``program``, the prefix a rank program writes its error with);
+    else the output's last lines.
 
     Example:
         >>> rank_errors("hetpart pipeline rank 0: error: rank 0 (stage 0 on host0/cpu -> cpu): ...")
         'hetpart pipeline rank 0: error: rank 0 (stage 0 on host0/cpu -> cpu): ...'
     """
-    errors = list(dict.fromkeys(line.strip() for line in output.splitlines() if "hetpart pipeline rank" in line))
+    errors = list(dict.fromkeys(line.strip() for line in output.splitlines() if program in line))
     first = _root_cause(output)
-    if first is not None and not any(e.startswith(f"hetpart pipeline rank {first[0]}:") for e in errors):
+    if first is not None and not any(e.startswith(f"{program} {first[0]}:") for e in errors):
         rank, status = first
         how = (f"was killed by {_signal_name(-status)}" if status < 0 else f"exited with status {status}")
         errors.insert(0, f"rank {rank} stopped first: it {how} before it reported an error (it failed to start, "

@@ -1,5 +1,9 @@
 """``hetpart launch``: the torchrun commands that run a pipeline plan, or a local run of every rank.
 
+A plan with splits runs as tensor-parallel ranks (``backends.tensor_parallel``: one per device of its
+splits, or pipeline stages x 2), all on this machine: without ``--run`` the one ``torchrun`` command
+is printed; ``--run`` and ``--check`` as for pipelines (one step; ``--schedule`` and ``--steps`` refused).
+
 Without ``--run`` it prints one ``torchrun`` command per host (``--nnodes``, ``--nproc-per-node``,
 ``--node-rank``, the rendezvous at host0). With ``--run`` it starts every rank on this machine
 (``torchrun --standalone``) and prints their step times against the plan's prediction; ``--check``
@@ -23,7 +27,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     """Add the subcommand to ``hetpart``'s parser."""
     la = sub.add_parser("launch", parents=[common],
                         help="print the torchrun commands of a pipeline plan, or run every rank here (--run)")
-    la.add_argument("plan", metavar="PLAN.json", help="a pipeline plan (hetpart plan ... --objective throughput)")
+    la.add_argument("plan", metavar="PLAN.json", help="a pipeline plan (hetpart plan ... --objective throughput), "
+                                                      "or a plan with splits (tensor-parallel ranks)")
     la.add_argument("--model", help="the model the ranks build: zoo name or path/to/file.py:factory "
                                     "(default: the plan's model name)")
     la.add_argument("--run", action="store_true", help="run every rank on this machine (torchrun --standalone)")
@@ -55,6 +60,8 @@ def _cmd_launch(args: argparse.Namespace) -> int:
 
     check_master_addr(args.master_addr)  # before any work: the printed commands would carry it
     plan = Plan.load(args.plan)
+    if plan.splits:  # split linears: tensor-parallel ranks (with stages: stages x tensor-parallel groups)
+        return _launch_tensor_parallel(args, plan)
     if not plan.pipeline:
         raise HetpartError(f"{args.plan} is not a pipeline plan (no pipeline section): plan one with "
                            f"`hetpart plan MODEL --devices 4x-cpu-host --objective throughput`")
@@ -99,3 +106,61 @@ def _cmd_launch(args: argparse.Namespace) -> int:
         print(report.to_text())
         return 0 if report.passed else 1
 
+
+
+def _launch_tensor_parallel(args: argparse.Namespace, plan: object) -> int:
+    """A plan with splits: its tensor-parallel ranks (``backends.tensor_parallel``), all on this machine."""
+    from backends.binding import present
+    from backends.pipeline.launch import LaunchInterrupted, rank_errors, shell_line
+    from backends.tensor_parallel.check import check_results
+    from backends.tensor_parallel.launch import rank_arguments, run_ranks, world_size_of
+    from backends.tensor_parallel.runtime import ERROR_PREFIX, RANK_MODULE, RunOptions
+    from backends.pipeline.runtime import physical_device
+    from cost_models.units import format_seconds
+    from partitioner.errors import HetpartError, PipelineRunError
+
+    fixed = [flag for flag, given in (("--schedule", args.schedule), ("--steps", args.steps != 1)) if given]
+    if fixed:
+        raise HetpartError(f"{args.plan} splits linears: its tensor-parallel ranks run one step with the plan's "
+                           f"schedule; drop {' and '.join(fixed)}")
+    if args.check and not args.run:
+        raise HetpartError("--check compares a local run with the model: add --run")
+    binding = pairs(args.bind, "--bind", "cuda:0=cpu")
+    world = world_size_of(plan)
+    devices = sorted({d for e in plan.splits.values() for d in e["devices"]}
+                     | {st["device"] for st in (plan.pipeline or {}).get("stages", [])})
+    model = args.model or plan.model_name
+    with tempfile.TemporaryDirectory(prefix="hetpart-launch-") as results:
+        options = RunOptions(training=args.training, loss=args.loss, device_map=binding, timeout_s=args.timeout,
+                             results=results if args.run else None)
+        argv = ["torchrun", "--standalone", "--nproc-per-node", str(world), "-m", RANK_MODULE,
+                *rank_arguments(args.plan, model, options)]
+        if not args.run:
+            print(f"# {len(plan.splits)} split linears over {world} tensor-parallel ranks"
+                  f"{' (' + str(world // 2) + ' pipeline stages x 2)' if plan.pipeline else ''}, all on this machine "
+                  f"(launches over several hosts are not built for tensor-parallel plans):")
+            print(shell_line(argv))
+            return 0
+        absent = [d for d in devices if not present(str(physical_device(d, binding)))]
+        if absent:
+            raise HetpartError(f"the plan's ranks use {', '.join(absent)}, not present on this machine; bind them to "
+                               f"present devices, e.g. " + " ".join(f"--bind {d}=cpu" for d in absent))
+        print(f"running {world} ranks here: {shell_line(argv)}")
+        try:
+            run = run_ranks(plan, model, options, timeout_s=args.timeout * 3 + 120, echo=True)
+        except LaunchInterrupted as stopped:
+            print(f"hetpart: {stopped.line()}", file=sys.stderr)
+            return stopped.status
+        if run.returncode != 0:
+            raise PipelineRunError(f"the tensor-parallel run failed (exit status {run.returncode}): "
+                                   f"{rank_errors(run.output, ERROR_PREFIX)}")
+        if not args.check:
+            print(f"ran 1 step on {world} local ranks")
+            return 0
+        from partitioner.model_source import load_model
+
+        loaded = load_model(model)
+        report = check_results(plan, loaded.module, loaded.example_inputs, options, results)
+        print(f"ran 1 step on {world} local ranks: {format_seconds(report.emitted_s)} (slowest rank)")
+        print(report.to_text())
+        return 0 if report.passed else 1

@@ -1,0 +1,56 @@
+"""Plans with linears split by hand, for the tensor-parallel tests (valid plans, saved and loaded).
+
+:func:`split_plan` offers the splits of ``fractions`` on ``profile``, lets ``choose`` pick one (or
+none) for each splittable linear, leaves the rest on the host, checks the placement (``evaluate``,
+``verify_placement``, the plan's own checks on save and load) and returns the loaded plan.
+:func:`alternating` splits every one in halves, cycling through both axes and both homes.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from partitioner import Plan, from_module, load_profile
+from partitioner.solvers.problem import Options, Placement, Problem, Solution, Status, evaluate
+from partitioner.solvers.splits import Split, SplitOptions
+from partitioner.verify import verify_placement
+
+Chooser = Callable[[str, Sequence[Split], str], "Split | None"]  # (node, its choices, the host) -> a split or none
+
+
+def alternating() -> Chooser:
+    """Every linear split in halves: cols at home on the host, rows away, cols away, rows at home, ..."""
+    kinds = itertools.cycle([("cols", False), ("rows", True), ("cols", True), ("rows", False)])
+
+    def choose(_node: str, choices: Sequence[Split], host: str) -> Split:
+        axis, away = next(kinds)
+        return next(s for s in choices if s.axis == axis and s.fractions[0] == 0.5 and (s.home != host) == away)
+
+    return choose
+
+
+def split_plan(module: torch.nn.Module, inputs: tuple, path: Path, choose: Chooser | None = None, *,
+               profile: str = "h200-host", fractions: tuple[float, ...] = (0.5,), **plan_keywords: Any) -> Plan:
+    """A plan of ``module`` with the splits ``choose`` picks (default :func:`alternating`), saved to
+    ``path`` and loaded from it."""
+    choose = choose or alternating()
+    problem = Problem(from_module(module, inputs), load_profile(profile),
+                      Options(streaming=False, splits=SplitOptions(fractions=fractions, proportional=False)))
+    host = problem.host
+    device = {n: host for n in problem.nodes}
+    split = {}
+    for n, choices in problem.split_choices.items():
+        sp = choose(n, choices, host)
+        if sp is not None:
+            split[n], device[n] = sp, sp.home
+    placement = Placement(device, split=split)
+    ev = evaluate(problem, placement)
+    assert ev.feasible, ev.violations
+    verify_placement(problem, placement, ev)
+    Plan.from_solution(problem, Solution("by hand", placement, Status.HEURISTIC), ev, **plan_keywords).save(path)
+    return Plan.load(path)

@@ -1,0 +1,128 @@
+"""Plans with split linears run across ranks on torch.distributed.tensor: real torchrun processes, gloo.
+
+Two ranks (the plan's ``cpu`` and ``cuda:0``, both bound to this machine's CPU), every splittable
+linear of the model split evenly (by output columns and by the reduction dimension, homes on both
+devices): the ranks' outputs, loss and gradients (a sharded weight's gathered with
+``full_tensor()``, under the model's parameter name) equal one single-process step of the model
+(``torch.testing.assert_close`` and the check's report for ``gpt:small``; ``check_ranks``, which
+starts the ranks itself, for an HF Llama from a small ``transformers`` config). A launch with
+another number of processes than the mesh's is refused before anything runs, naming both numbers
+and the command to run. ``hetpart launch`` prints, runs and checks a plan with splits.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import models
+from backends.tensor_parallel import RunOptions, check_ranks, check_results, layout_of, reference_step, run_ranks
+from backends.tensor_parallel.runtime import ERROR_PREFIX
+from backends.pipeline.check import read_results
+from backends.pipeline.launch import rank_errors
+from partitioner import Plan
+from tests.e2e.split_plans import split_plan
+
+HERE = Path(__file__).resolve().parent
+CPU_RANKS = {"cuda:0": "cpu"}
+
+
+def _run_and_compare(plan: Plan, model: torch.nn.Module, inputs: tuple, spec: str, sharded: set[str],
+                     tmp_path: Path) -> None:
+    options = RunOptions(training=True, device_map=CPU_RANKS, results=str(tmp_path), timeout_s=120)
+    run = run_ranks(plan, spec, options, timeout_s=300)
+    assert run.returncode == 0, run.output[-3000:]
+    records = read_results(tmp_path, 2)
+    ref_outs, ref_loss, ref_grads = reference_step(model, inputs, options)
+    names = {name for name, _ in model.named_parameters()}
+    for record in records:
+        assert set(record["sharded"]) == sharded, record["sharded"]
+        for got, want in zip(record["outputs"], ref_outs, strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(record["loss"], ref_loss, rtol=1e-4, atol=1e-6)
+        assert set(record["grads"]) == {n for n, g in ref_grads.items() if g is not None}
+        assert set(record["grads"]) <= names
+        for name, grad in record["grads"].items():
+            assert grad.shape == ref_grads[name].shape, name  # gathered to the full tensor
+            torch.testing.assert_close(grad, ref_grads[name], rtol=1e-4, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+    report = check_results(plan, model, inputs, options, tmp_path)
+    assert report.passed, report.to_text()
+
+
+@pytest.fixture(scope="module")
+def gpt_small(tmp_path_factory: pytest.TempPathFactory) -> tuple[Plan, torch.nn.Module, tuple]:
+    """gpt:small with its 24 block linears split in halves over cpu and cuda:0."""
+    model, inputs = models.get("gpt", "small")
+    plan = split_plan(model, inputs, tmp_path_factory.mktemp("plans") / "gpt.json", model_name="gpt:small")
+    return plan, model, inputs
+
+
+@pytest.mark.slow
+def test_gpt_small_on_two_tensor_parallel_ranks_equals_the_model(gpt_small, tmp_path: Path) -> None:
+    plan, model, inputs = gpt_small
+    assert {e["axis"] for e in plan.splits.values()} == {"cols", "rows"}
+    assert {e["devices"][0] for e in plan.splits.values()} == {"cpu", "cuda:0"}
+    assert len(plan.splits) == 24
+    blocks = {f"blocks.{i}.{m}" for i in range(4) for m in ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj",
+                                                              "mlp.ff1", "mlp.ff2")}
+    _run_and_compare(plan, model, inputs, "gpt:small", blocks, tmp_path)
+
+
+@pytest.mark.slow
+def test_an_hf_llama_on_two_tensor_parallel_ranks_equals_the_model(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    from tests.e2e.tensor_parallel_models import llama
+
+    model, inputs = llama()
+    plan = split_plan(model, inputs, tmp_path / "llama.json")
+    linears = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+               "mlp.up_proj", "mlp.down_proj")
+    modules = {f"lm.model.layers.0.{m}" for m in linears} | {"lm.lm_head"}
+    assert len(plan.splits) == 8 and {e["axis"] for e in plan.splits.values()} == {"cols", "rows"}
+    assert {s.module for s in layout_of(plan, model, inputs).linears} == modules
+    report = check_ranks(plan, model, inputs, model_spec=f"{HERE / 'tensor_parallel_models.py'}:llama",
+                         options=RunOptions(training=True, device_map=CPU_RANKS, timeout_s=120), run_timeout_s=300)
+    assert report.passed, report.to_text()
+    names = [n for n, p in model.named_parameters()]
+    assert [e.name for e in report.grads] == [f"rank {r} {n}" for r in (0, 1) for n in names]
+    assert report.loss is not None and len(report.outputs) == 2
+
+
+@pytest.mark.slow
+def test_a_launch_of_another_size_than_the_mesh_is_refused_before_anything_runs(gpt_small, tmp_path: Path) -> None:
+    plan = gpt_small[0]
+    before = Path(plan.source).read_bytes()
+    options = RunOptions(training=True, device_map=CPU_RANKS, results=str(tmp_path), timeout_s=60)
+    run = run_ranks(plan, "gpt:small", options, world_size=1, timeout_s=120)
+    assert run.returncode != 0
+    errors = [line for line in run.output.splitlines() if line.startswith(ERROR_PREFIX)]
+    assert len(errors) == 1, run.output[-3000:]  # refused at once, not waiting for a peer
+    assert "over 2 devices (cpu, cuda:0)" in errors[0] and "a device mesh of 2 ranks" in errors[0]
+    assert "started 1 process (WORLD_SIZE=1)" in errors[0] and "nothing was run" in errors[0]
+    assert "--nproc-per-node 2 -m backends.tensor_parallel" in errors[0]
+    assert rank_errors(run.output, ERROR_PREFIX) == errors[0].strip()  # what check_ranks and the CLI report
+    assert not any(tmp_path.iterdir())  # no rank wrote results
+    assert Path(plan.source).read_bytes() == before
+
+
+@pytest.mark.slow
+def test_hetpart_launch_runs_and_checks_a_plan_with_splits(tmp_path: Path, capsys) -> None:
+    from partitioner.cli import main as cli_main
+    from tests.e2e.tensor_parallel_models import mlp
+
+    model, inputs = mlp()
+    spec = f"{HERE / 'tensor_parallel_models.py'}:mlp"
+    plan = split_plan(model, inputs, tmp_path / "mlp.json", model_name=spec)
+    assert cli_main(["launch", plan.source]) == 0
+    printed = capsys.readouterr().out
+    assert "2 split linears over 2 tensor-parallel ranks" in printed
+    assert "torchrun --standalone --nproc-per-node 2 -m backends.tensor_parallel" in printed
+    assert cli_main(["launch", plan.source, "--run", "--check", "--training", "--steps", "2"]) == 2
+    assert "drop --steps" in capsys.readouterr().err
+    assert cli_main(["launch", plan.source, "--run", "--check", "--training", "--bind", "cuda:0=cpu",
+                     "--timeout", "60"]) == 0
+    out = capsys.readouterr().out
+    assert "ran 1 step on 2 local ranks" in out and "tensor-parallel group of 2 ranks (2 linears sharded)" in out
+    assert "rank 1 0.weight" in out and "rank 0 loss" in out

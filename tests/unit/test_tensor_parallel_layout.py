@@ -1,0 +1,173 @@
+"""What the tensor-parallel ranks take from a plan, and what they refuse, without starting a process.
+
+The layout (each split op as its ``nn.Linear`` and style, the mesh's devices), torch.distributed.tensor's
+even blocks, and the refusals: uneven fractions, a shared weight, splits over different devices, a
+launch whose world size is not the mesh's (each naming the op or both numbers, and the fix).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from backends.tensor_parallel import dtensor_sizes, layout_of, mesh_devices, rank_arguments, rank_environment
+from backends.tensor_parallel.runtime import RunOptions, run_rank
+from partitioner.errors import HetpartError, PipelineRunError, PlanMismatch
+from tests.e2e.split_plans import split_plan
+
+
+def _mlp() -> tuple[torch.nn.Module, tuple[torch.Tensor]]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 6)).eval()
+    return model, (torch.randn(4, 8),)
+
+
+def _first(axis: str, fraction: float, away: bool = False):
+    def choose(_node, choices, host):
+        return next(s for s in choices if s.axis == axis and s.fractions[0] == fraction and (s.home != host) == away)
+    return choose
+
+
+def test_dtensor_blocks_are_torch_chunks() -> None:
+    assert dtensor_sizes(10, 2) == (5, 5) and dtensor_sizes(7, 2) == (4, 3) and dtensor_sizes(2, 4) == (1, 1, 0, 0)
+
+
+def test_the_layout_names_each_split_linear_and_its_style(tmp_path: Path) -> None:
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    model, inputs = _mlp()
+    plan = split_plan(model, inputs, tmp_path / "p.json")
+    layout = layout_of(plan, model, inputs)
+    assert layout.devices == ("cpu", "cuda:0") == mesh_devices(plan) and layout.world_size == 2
+    assert [(s.module, s.axis, s.sizes) for s in layout.linears] == [("0", "cols", (8, 8)), ("2", "rows", (8, 8))]
+    styles = layout.plan()
+    assert isinstance(styles["0"], ColwiseParallel) and isinstance(styles["2"], RowwiseParallel)
+    assert set(layout.plan("model.")) == {"model.0", "model.2"}
+
+
+def test_uneven_fractions_are_refused_with_the_op_and_the_fix(tmp_path: Path) -> None:
+    model, inputs = _mlp()
+    plan = split_plan(model, inputs, tmp_path / "p.json", _first("cols", 0.75), fractions=(0.75,))
+    with pytest.raises(PlanMismatch) as info:
+        layout_of(plan, model, inputs)
+    text = str(info.value)
+    assert "op 'linear' (0, weight (16, 8)) is split cols with fractions [0.75, 0.25]" in text
+    assert "12 on cpu, 4 on cuda:0 of its 16 rows" in text and "even blocks (8, 8" in text
+    assert '"fractions": [0.5]' in text and "plan.emit" in text
+
+
+class _Functional(torch.nn.Module):
+    """A linear written as ``F.linear`` on a parameter of its own (no ``nn.Linear`` to shard)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(16, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(x, self.w).relu()
+
+
+def test_a_linear_that_is_not_an_nn_linear_is_refused(tmp_path: Path) -> None:
+    model, inputs = _Functional(), (torch.randn(4, 8),)
+    plan = split_plan(model, inputs, tmp_path / "p.json", _first("cols", 0.5))
+    assert list(plan.splits) == ["linear"]
+    with pytest.raises(PlanMismatch, match=r"op 'linear' \(split cols over \['cpu', 'cuda:0'\]\) reads 'w', not the "
+                                           r"weight of an nn.Linear: .*ColwiseParallel.*plan.emit"):
+        layout_of(plan, model, inputs)
+
+
+def test_splits_over_different_devices_are_refused(tmp_path: Path) -> None:
+    model, inputs = _mlp()
+    others = iter(["cuda:0", "npu:0"])
+
+    def choose(_node, choices, host):
+        other = next(others)
+        return next(s for s in choices if s.axis == "cols" and s.fractions[0] == 0.5 and s.devices == (host, other))
+
+    plan = split_plan(model, inputs, tmp_path / "p.json", choose, profile="cpu-gpu-npu")
+    with pytest.raises(PlanMismatch, match=r"'linear_1' is split over \['cpu', 'npu:0'\] but 'linear' over "
+                                           r"\['cpu', 'cuda:0'\]: one tensor-parallel group"):
+        mesh_devices(plan)
+
+
+def test_a_launch_that_does_not_match_the_mesh_is_refused(tmp_path: Path, monkeypatch) -> None:
+    model, inputs = _mlp()
+    plan = split_plan(model, inputs, tmp_path / "p.json")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(PipelineRunError) as info:
+        rank_environment(plan, mesh_devices(plan))
+    text = str(info.value)
+    assert "over 2 devices (cpu, cuda:0): a device mesh of 2 ranks" in text
+    assert "started 3 processes (WORLD_SIZE=3); nothing was run" in text
+    assert f"torchrun --standalone --nproc-per-node 2 -m backends.tensor_parallel {plan.source}" in text
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert rank_environment(plan, mesh_devices(plan)) == (0, 2)
+    monkeypatch.delenv("RANK")
+    with pytest.raises(PipelineRunError, match="RANK is not set: run the ranks with torchrun"):
+        rank_environment(plan, mesh_devices(plan))
+
+
+def test_rank_arguments() -> None:
+    options = RunOptions(training=True, loss="cross-entropy", device_map={"cuda:0": "cpu"}, timeout_s=60, seed=3)
+    assert rank_arguments("p.json", "gpt:small", options) == [
+        "p.json", "--model", "gpt:small", "--training", "--loss", "cross-entropy", "--bind", "cuda:0=cpu",
+        "--timeout", "60", "--seed", "3"]
+
+
+@pytest.fixture(scope="module")
+def pipeline_plan_json(tmp_path_factory) -> dict:
+    """gpt:tiny's 2-stage pipeline plan on 4x-cpu-host (host0, host1), as its file holds it."""
+    import json
+
+    import models
+    from partitioner import partition
+
+    module, inputs = models.get("gpt", "tiny")
+    plan = partition(module, inputs, "4x-cpu-host", objective="throughput", stages=2, micro_batches=2,
+                     schedule="gpipe", solver="pipeline-dp", model_name="gpt:tiny")
+    path = tmp_path_factory.mktemp("plans") / "pipeline.json"
+    plan.save(path)
+    return json.loads(path.read_text())
+
+
+def _grid(data: dict, path: Path, others: dict[str, str]):
+    import json
+
+    from partitioner import Plan
+
+    data = dict(data, splits={op: {"axis": "cols", "devices": [data["placement"][op], other], "fractions": [0.5, 0.5]}
+                              for op, other in others.items()})
+    path.write_text(json.dumps(data))
+    return Plan.load(path)
+
+
+def test_the_grid_is_each_stage_and_its_splits_other_device(pipeline_plan_json, tmp_path: Path, monkeypatch) -> None:
+    from backends.tensor_parallel.grid import _grid_environment, grid_of
+    from backends.tensor_parallel.launch import world_size_of
+
+    plan = _grid(pipeline_plan_json, tmp_path / "g.json", {"linear": "host2/cpu", "linear_5": "host3/cpu"})
+    assert grid_of(plan) == (("host0/cpu", "host2/cpu"), ("host1/cpu", "host3/cpu")) and world_size_of(plan) == 4
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(PipelineRunError) as info:
+        _grid_environment(plan, 2)
+    assert "2 pipeline stages whose linears split over 2 devices each: a device mesh of 2 x 2 = 4 ranks" \
+        in str(info.value)
+    assert "started 2 processes (WORLD_SIZE=2); nothing was run" in str(info.value)
+    assert "--nproc-per-node 4 -m backends.tensor_parallel" in str(info.value)
+    with pytest.raises(HetpartError, match="has pipeline stages: its ranks are stages x tensor-parallel ranks"):
+        run_rank(plan, torch.nn.Linear(2, 2), (), RunOptions())
+    only_first = _grid(pipeline_plan_json, tmp_path / "h.json", {"linear": "host2/cpu"})
+    assert grid_of(only_first) == (("host0/cpu", "host2/cpu"), ("host1/cpu", "host1/cpu"))  # a replica
+
+
+def test_a_stage_splitting_over_two_other_devices_is_refused(pipeline_plan_json, tmp_path: Path) -> None:
+    from backends.tensor_parallel.grid import grid_of
+
+    plan = _grid(pipeline_plan_json, tmp_path / "g.json", {"linear": "host2/cpu", "linear_1": "host3/cpu"})
+    with pytest.raises(PlanMismatch, match=r"stage 0 \(host0/cpu\) splits ops over 2 other devices \(linear over "
+                                           r"host2/cpu, linear_1 over host3/cpu\): a stage's tensor-parallel group"):
+        grid_of(plan)
