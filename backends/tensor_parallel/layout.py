@@ -29,7 +29,8 @@ What is refused (:class:`~partitioner.errors.PlanMismatch`, naming the op and th
   be gathered (tried on torch 2.13 with gloo: ``DTensor.from_local`` of a 12/4 row split with the
   global shape and stride given, a linear, then ``full_tensor()``, aborts a rank). Re-plan with ``splits={"fractions": [0.5]}`` (CLI ``--split cols:0.5``), or
   run the plan in one process (``plan.emit``), which takes any fractions;
-* splits over different sets of devices (one tensor-parallel group runs them all).
+* splits over different sets of devices (one tensor-parallel group runs them all);
+* time splits (``axis: time``: one device streams the weight in chunks), which run in one process.
 
 Example:
     >>> layout = layout_of(plan, model, inputs)                          # doctest: +SKIP
@@ -108,6 +109,12 @@ def mesh_devices(plan: Any) -> tuple[str, ...]:
     if not splits:
         raise PlanMismatch(f"{plan.source} has no splits section: tensor-parallel ranks run a plan's split linears; "
                            f"plan with splits (partition(..., splits=True), CLI --split)")
+    timed = [op for op, e in splits.items() if e["axis"] == "time"]
+    if timed:
+        raise PlanMismatch(f"{plan.source} splits op {timed[0]!r} in time (its weight streamed to one device in chunks, "
+                           f"partitioner/solvers/chunked_streaming.py): tensor-parallel ranks run splits over devices "
+                           f"only; run the plan in one process (plan.emit), or re-plan without time splits "
+                           f"(--split cols,rows)")
     sets = {op: frozenset(e["devices"]) for op, e in splits.items()}
     first_op, first = next(iter(sets.items()))
     for op, devices in sets.items():

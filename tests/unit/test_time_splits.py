@@ -202,3 +202,13 @@ def test_a_pinned_linear_keeps_its_pin_as_its_time_splits_home() -> None:
     sol = solve_ilp(on_gpu, gap=0.0)  # whole on the pinned GPU it does not fit: the time split does
     assert sol.placement.split["linear"].label == "time[cuda:0<-cpu,8]" and evaluate(on_gpu, sol.placement).feasible
     assert Problem(graph, profile, options, pins={"linear": "cpu"}).split_choices == {}
+
+
+def test_tensor_parallel_ranks_refuse_a_time_split_by_name() -> None:
+    from backends.tensor_parallel import mesh_devices
+
+    plan, _, _ = _plan()
+    op = next(iter(plan.splits))
+    with pytest.raises(PlanMismatch, match=rf"splits op '{op}' in time .*run the plan in one process \(plan.emit\), "
+                                           r"or re-plan without time splits \(--split cols,rows\)"):
+        mesh_devices(plan)
