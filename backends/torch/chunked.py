@@ -33,7 +33,7 @@ import torch
 import torch.fx
 
 from backends.torch.attributes import attribute
-from backends.torch.splits import SPLIT_ATTR, shard_site
+from backends.torch.splits import SPLIT_ATTR, replace_with_pieces, shard_site
 from partitioner.errors import PlanMismatch
 from partitioner.solvers.chunked_streaming import chunk_sizes
 
@@ -129,17 +129,5 @@ def _cut(gm: torch.fx.GraphModule, target: str, tensor: torch.Tensor, sizes: tup
          joined: dict) -> tuple[str, ...]:
     """Put ``tensor``'s row chunks (``sizes`` along dim 0) on ``device`` as new parameters beside it,
     remove it, and remember how to join them."""
-    owner, _, name = target.rpartition(".")
-    module = gm.get_submodule(owner) if owner else gm
-    names = []
-    for i, piece in enumerate(torch.split(tensor, list(sizes), dim=0)):
-        local = f"{name}_chunk{i}"
-        value = piece.detach().to(device).clone()
-        if isinstance(tensor, torch.nn.Parameter):
-            module.register_parameter(local, torch.nn.Parameter(value, requires_grad=tensor.requires_grad))
-        else:
-            module.register_buffer(local, value)
-        names.append(f"{owner}.{local}" if owner else local)
-    delattr(module, name)
-    joined[target] = (0, tuple(names))
-    return tuple(names)
+    pieces = list(torch.split(tensor, list(sizes), dim=0))
+    return replace_with_pieces(gm, target, tensor, pieces, (device,) * len(pieces), "chunk", 0, joined)

@@ -36,7 +36,7 @@ from backends.torch.attributes import attribute
 from partitioner.errors import PlanMismatch
 from partitioner.solvers.splits import shard_sizes
 
-__all__ = ["SPLIT_ATTR", "joined_gradients", "planned_shards", "shard_site", "split_linears"]
+__all__ = ["SPLIT_ATTR", "joined_gradients", "planned_shards", "replace_with_pieces", "shard_site", "split_linears"]
 
 #: module attribute: original tensor name -> (axis dim or None for a whole tensor, (shard names...))
 SPLIT_ATTR = "_hetpart_splits"
@@ -160,12 +160,21 @@ def _replace(gm: torch.fx.GraphModule, target: str, tensor: torch.Tensor, dim: i
              devices: tuple[torch.device, ...], joined: dict) -> tuple[str, ...]:
     """Put ``tensor``'s shards (cut at ``k`` along ``dim``; None: whole) on ``devices`` as new
     parameters beside it, remove it, and remember how to join them."""
+    pieces = [tensor] if dim is None else list(torch.split(tensor, [k, tensor.shape[dim] - k], dim=dim))
+    return replace_with_pieces(gm, target, tensor, pieces, devices, "split", dim, joined)
+
+
+def replace_with_pieces(gm: torch.fx.GraphModule, target: str, tensor: torch.Tensor, pieces: list[torch.Tensor],
+                        devices: tuple[torch.device, ...], word: str, dim: int | None, joined: dict) -> tuple[str, ...]:
+    """Register each of ``pieces`` (cut from ``tensor``, a parameter or buffer at ``target``) on its
+    device beside it as ``<name>_<word><i>`` (a parameter when ``tensor`` is one, with its
+    ``requires_grad``), remove ``tensor``, and record in ``joined`` the dim they join along and their
+    names (:data:`SPLIT_ATTR`). Returns the new attributes' names."""
     owner, _, name = target.rpartition(".")
     module = gm.get_submodule(owner) if owner else gm
-    pieces = [tensor] if dim is None else list(torch.split(tensor, [k, tensor.shape[dim] - k], dim=dim))
     names = []
     for i, (piece, device) in enumerate(zip(pieces, devices)):
-        local = f"{name}_split{i}"
+        local = f"{name}_{word}{i}"
         value = piece.detach().to(device).clone()
         if isinstance(tensor, torch.nn.Parameter):
             module.register_parameter(local, torch.nn.Parameter(value, requires_grad=tensor.requires_grad))
