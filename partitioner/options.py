@@ -214,9 +214,11 @@ class PlanOptions:
         "softmax, norms, reductions and losses stay float32; {'weights': 'int8'} (or int4, fp8, auto) packs linear "
         "weights for inference; latency and throughput objectives only"))
     splits: Any = _field(None, flag="--split", compile="the compile backend runs whole-op plans only", doc=(
-        "inference: a linear may be split over two devices by output columns or by its reduction dimension, "
+        "inference: a linear may be split over devices by output columns or by its reduction dimension, "
         "chosen by the solver: True (offered fractions 0.25, 0.5, 0.75, each pair's rate-proportional one and the "
-        "one whose branches end together, both axes), 'cols:0.5' or {'fractions': [...], 'axes': ['cols']}; axis "
+        "one whose branches end together, both axes; and degrees 4 and 8 where a host has that many like devices, "
+        "in even shares), 'cols:0.5', 'cols,rows@8' (degrees after '@') or {'fractions': [...], 'axes': ['cols'], "
+        "'degrees': [2, 8]}; axis "
         "'time' adds time splits (a linear computed on one accelerator from its weight's row chunks streamed from "
         "the host: 'cols,time', 'time:8/16' or {'axes': ['time'], 'chunks': [8, 16]}); None: every op whole"))
     batch: Any = _field(None, flag="hetpart fit --micro-batch", compile="a compiled graph runs the batch it is given",

@@ -73,7 +73,8 @@ def verify_placement(problem: Problem, placement: Placement, evaluation: Evaluat
 
 def _check_splits(problem: Problem, placement: Placement, evaluation: Evaluation) -> list[str]:
     """A split node runs on its home, is offered that split, streams nothing, and copies its input
-    to the other device and the other shard's output back (one ``split`` transfer each way)."""
+    to each other device and each other shard's output back (one ``split`` transfer per device and
+    direction; a time split: its chunks' copies from the host in one)."""
     out = []
     made = [(t.tensor, t.src, t.dst) for t in evaluation.transfers if t.kind == "split"]
     for n, sp in placement.split.items():
@@ -83,8 +84,9 @@ def _check_splits(problem: Problem, placement: Placement, evaluation: Evaluation
         if placement.device[n] != sp.home or n in placement.streamed:
             out.append(f"{n} is split {sp.label} but runs on {placement.device[n]} or streams its weights")
         op = next(m for m in problem.members[n] if not problem.original.ops[m].is_view)
-        pairs = ((sp.other, sp.home),) if sp.axis == "time" else ((sp.home, sp.other), (sp.other, sp.home))
-        for pair in pairs:  # a time split: its chunks' copies in one transfer, nothing back
+        pairs = [(src, dst) for src, dst, nbytes, _ in problem.split_price[(n, sp)].copies if nbytes]
+        pairs = list(dict.fromkeys(pairs))
+        for pair in pairs:
             if sum(made.count((name, *pair)) for name in {n, op}) != 1:
                 out.append(f"{n} is split {sp.label} but its copy {pair[0]} -> {pair[1]} is not made exactly once")
     return out

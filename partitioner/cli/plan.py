@@ -80,10 +80,12 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     pl.add_argument("--precision", metavar="auto|DEVICE=DTYPE,...",
                     help="compute in 16 bits: auto (the solver chooses per op among the dtypes each device runs "
                          "well) or per device, e.g. cuda:0=bf16,cpu=fp32 (softmax, norms, losses stay fp32)")
-    pl.add_argument("--split", dest="splits", nargs="?", const="on", default=None, metavar="AXES[:F/F...]",
-                    help="inference: let the solver split linears over two devices, by output columns (cols) and/or "
+    pl.add_argument("--split", dest="splits", nargs="?", const="on", default=None, metavar="AXES[:F/F...][@D/D...]",
+                    help="inference: let the solver split linears over devices, by output columns (cols) and/or "
                          "the reduction dimension (rows), at these home shares, e.g. cols:0.25/0.5/0.75 (default: "
-                         "both axes, 0.25/0.5/0.75, the rate-proportional share and the balanced one); 'time' adds "
+                         "both axes, 0.25/0.5/0.75, the rate-proportional share and the balanced one); '@' names the "
+                         "degrees, how many devices a split spans (default 2/4/8: pairs at those shares, and 4 or 8 "
+                         "like devices in even shares, e.g. cols,rows@8 for Megatron-style degree 8); 'time' adds "
                          "time splits (a linear's weight streamed to one accelerator in row chunks, e.g. cols,time "
                          "or time:8/16 for those chunk counts)")
     gen = pl.add_argument_group("generation (a prefill and a decode step with a KV cache, one plan)")

@@ -222,7 +222,7 @@ def _evaluate(plan: Any, graph: OpGraph) -> Any:
     from partitioner.solvers.pipeline import PipelineSpec
     from partitioner.plan.splits import split_of
     from partitioner.solvers.problem import Objective, Options, Placement, Problem, StreamMode, evaluate
-    from partitioner.solvers.splits import SplitOptions
+    from partitioner.solvers.splits import SplitOptions, even_shares
 
     section = plan.pipeline
     spec = PipelineSpec(section["micro_batches"], section["schedule"]) if section else None
@@ -239,11 +239,16 @@ def _evaluate(plan: Any, graph: OpGraph) -> Any:
                       save_on_host=bool(state.get("saved_on_host")) if state else False)
     split = {op: split_of(entry) for op, entry in plan.splits.items()}
     if split:  # offer exactly the recorded fractions and axes: a split the op cannot take is a violation
-        fractions = tuple(sorted({sp.fractions[0] for sp in split.values() if sp.axis != "time"}))
+        fractions = tuple(sorted({sp.fractions[0] for sp in split.values() if sp.axis != "time"
+                                  and len(sp.devices) == 2}))
         chunks = tuple(sorted({sp.chunks for sp in split.values() if sp.axis == "time"}))
+        degrees = tuple(sorted({len(sp.devices) for sp in split.values() if sp.axis != "time"}))
+        uneven = any(sp.fractions != even_shares(len(sp.devices)) for sp in split.values()
+                     if sp.axis != "time" and len(sp.devices) > 2)  # rate-proportional: offered with proportional
         options = dataclasses.replace(options, splits=SplitOptions(
             **({"fractions": fractions} if fractions else {}), **({"chunks": chunks} if chunks else {}),
-            proportional=False, balanced=False, axes=tuple(sorted({sp.axis for sp in split.values()}))))
+            **({"degrees": degrees} if degrees else {}), proportional=uneven, balanced=False,
+            axes=tuple(sorted({sp.axis for sp in split.values()}))))
     problem = Problem(graph, plan.devices, options)
     ops = plan.precision.get("ops", {}) if plan.precision else {}
     packed = plan.precision.get("weights", {}) if plan.precision else {}

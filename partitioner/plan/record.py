@@ -346,7 +346,7 @@ class Plan:
 
         Raises:
             PlanMismatch: a module's own ops disagree (the plan is not module-aligned).
-            HetpartError: the plan splits ops over two devices, which a device_map cannot say.
+            HetpartError: the plan splits ops over devices, which a device_map cannot say.
 
         Example:
             >>> plan.to_device_map()                          # doctest: +SKIP

@@ -1,15 +1,16 @@
-"""The plan's ``splits`` section: each linear split over two devices, and the checks it must pass.
+"""The plan's ``splits`` section: each linear split over devices, and the checks it must pass.
 
 In: a solve's placement (:func:`splits_record`), or a plan file's section (:func:`read_splits`).
-Out: ``{op: {"axis": "cols" | "rows", "devices": [home, other], "fractions": [f, 1 - f], "bytes": [b_home,
-b_other]}}`` (``bytes``: each shard's parameter bytes, adding up to the op's); the op
+Out: ``{op: {"axis": "cols" | "rows", "devices": [home, d1, ...], "fractions": [f0, f1, ...], "bytes": [b_home,
+b1, ...]}}`` (two or more devices, one fraction and one ``bytes`` entry each; ``bytes``: each shard's
+parameter bytes, adding up to the op's; plans written with two devices read the same); the op
 runs on ``devices[0]`` in ``placement`` (its home, where its input arrives and its output is
 rejoined). A time split (:mod:`partitioner.solvers.chunked_streaming`) is ``{"axis": "time",
 "devices": [accelerator, host], "chunks": n, "bytes": [b_accelerator, b_host]}``: the op computes on
 the accelerator from ``n`` row chunks of its weight held on the host (``bytes``: the bias kept on the
 accelerator, the weight on the host). :func:`check_splits` runs when a plan is built or loaded:
-fractions in (0, 1) summing to one (a time split: a whole number of chunks, at least 2, an
-accelerator then the plan's host), two distinct devices of the plan, a known axis, the home being
+fractions in (0, 1) summing to one, one per device (a time split: a whole number of chunks, at least
+2, an accelerator then the plan's host), two or more distinct devices of the plan, a known axis, the home being
 the op's device, no streaming, inference. :func:`check_splits_against_graph` runs with the graph (``plan.check_graph``, emission):
 the op takes splits (an aten linear with its own 2-D weight) along that axis. Every refusal names
 the op, the split and the splits it can take.
@@ -34,8 +35,8 @@ __all__ = ["check_splits", "check_splits_against_graph", "read_splits", "refuse_
 
 _KEYS = ("axis", "devices", "fractions")
 _TIME_KEYS = ("axis", "devices", "chunks")
-_CAN_TAKE = ("cols or rows over two distinct devices of the plan, the first being the op's own, with "
-             "fractions in (0, 1) summing to one")
+_CAN_TAKE = ("cols or rows over two or more distinct devices of the plan, the first being the op's own, with "
+             "one fraction per device, each in (0, 1), summing to one")
 
 
 def splits_record(problem: Problem, placement: Placement) -> dict[str, Any]:
@@ -47,7 +48,7 @@ def splits_record(problem: Problem, placement: Placement) -> dict[str, Any]:
 
 
 def read_splits(r: FieldReader, value: Any) -> dict[str, Any]:
-    """The section's types: op -> {axis: str, devices: [str, str], fractions: [number, number]}."""
+    """The section's types: op -> {axis: str, devices: [str, ...], fractions: [number, ...]}."""
     out = {}
     for op, entry in r.mapping(value, "splits").items():
         path = _key("splits", op)
@@ -87,18 +88,22 @@ def check_splits(plan: Any, r: FieldReader) -> None:
             _check_time_split(plan, r, op, entry)
             continue
         devices, fractions = list(entry["devices"]), list(entry["fractions"])
-        if len(devices) != 2 or len(set(devices)) != 2 or any(d not in names for d in devices):
-            r.fail(f"{path}.devices", f"{what}: devices {devices} are not two distinct devices of the plan "
+        if len(devices) < 2 or len(set(devices)) != len(devices) or any(d not in names for d in devices):
+            r.fail(f"{path}.devices", f"{what}: devices {devices} are not two or more distinct devices of the plan "
                                       f"({', '.join(names)}); an op can take {_CAN_TAKE}")
-        if len(fractions) != 2 or not all(0.0 < f < 1.0 for f in fractions) \
-                or not math.isclose(sum(fractions), 1.0, abs_tol=1e-9):
-            r.fail(f"{path}.fractions", f"{what}: fractions {fractions} do not sum to one (each in (0, 1)); "
-                                        f"an op can take {_CAN_TAKE}")
+        if len(fractions) != len(devices):
+            r.fail(f"{path}.fractions", f"{what}: {len(fractions)} fractions for {len(devices)} devices; give one "
+                                        f"fraction per device (an op can take {_CAN_TAKE})")
+        if not all(0.0 < f < 1.0 for f in fractions) or not math.isclose(sum(fractions), 1.0, abs_tol=1e-6):
+            r.fail(f"{path}.fractions", f"{what}: fractions {fractions} sum to {sum(fractions):g}, not one (each in "
+                                        f"(0, 1)); set them to shares of the op that sum to one, or re-plan (an op "
+                                        f"can take {_CAN_TAKE})")
         if plan.placement[op] != devices[0]:
             r.fail(f"{path}.devices", f"{what}: the op runs on {plan.placement[op]!r} in placement, but a split op "
                                       f"runs on its first device, {devices[0]!r}")
         total = plan.op_bytes.get(op, (0, None))[1]
-        if "bytes" in entry and total is not None and (len(entry["bytes"]) != 2 or sum(entry["bytes"]) != total):
+        if "bytes" in entry and total is not None and (len(entry["bytes"]) != len(devices)
+                                                       or sum(entry["bytes"]) != total):
             r.fail(f"{path}.bytes", f"{what}: shard bytes {list(entry['bytes'])} do not add up to the op's "
                                     f"{total:,} parameter bytes (model.op_bytes)")
         if op in plan.weights:
@@ -149,7 +154,7 @@ def split_of(entry: Mapping[str, Any]) -> Split | TimeSplit:
 
 def check_splits_against_graph(plan: Any, graph: OpGraph) -> None:
     """Each split op takes that split on ``graph``: an aten linear with its own 2-D weight, whose
-    split dimension has room for two shards; else :class:`PlanMismatch` naming the op, the split
+    split dimension has room for one shard per device; else :class:`PlanMismatch` naming the op, the split
     and the splits it can take."""
     from partitioner.solvers.splits import split_weight, why_not_splittable
 
@@ -168,11 +173,12 @@ def check_splits_against_graph(plan: Any, graph: OpGraph) -> None:
                                    f"{list(shape)} has {shape[0]} rows, fewer than {entry['chunks']} chunks; it can "
                                    f"take time splits of 2 to {shape[0]} chunks")
             continue
-        length = shape[0] if entry["axis"] == "cols" else shape[1]
-        if length < 2:
+        length, n = (shape[0] if entry["axis"] == "cols" else shape[1]), len(entry["devices"])
+        if length < n:
             raise PlanMismatch(f"{plan.source}: op {op!r} cannot take split {_label(entry)}: its weight of shape "
                                f"{list(shape)} has {length} {'output feature' if entry['axis'] == 'cols' else 'input'}"
-                               f"; it can take {'rows' if entry['axis'] == 'cols' else 'cols'} splits only")
+                               f"{'s' if length != 1 else ''}, fewer than its {n} devices; split it over at most "
+                               f"{length} devices, or along the other axis")
 
 
 def refuse_splits(plan: Any, backend: str) -> None:
@@ -186,7 +192,8 @@ def refuse_splits(plan: Any, backend: str) -> None:
 
     if plan.splits:
         ops = ", ".join(repr(op) for op in list(plan.splits)[:3]) + (" ..." if len(plan.splits) > 3 else "")
-        raise HetpartError(f"{plan.source} splits {len(plan.splits)} linears over two devices ({ops}), but {backend} "
+        over = "two devices" if all(len(e["devices"]) == 2 for e in plan.splits.values()) else "several devices"
+        raise HetpartError(f"{plan.source} splits {len(plan.splits)} linears over {over} ({ops}), but {backend} "
                            f"runs every op whole: run it with plan.emit(model) (CLI: hetpart check / hetpart run), "
                            f"or re-plan without --split")
 

@@ -175,8 +175,8 @@ def _program(p: Problem, scale: float) -> Milp:
             if p.options.objective is Objective.LATENCY:
                 time_terms[sp.home].append((scale * price.latency_s, v))
             else:
-                time_terms[sp.home].append((scale * price.shard_s[0], v))
-                time_terms[sp.other].append((scale * price.shard_s[1], v))
+                for d, seconds in zip(sp.devices, price.shard_s):
+                    time_terms[d].append((scale * seconds, v))
     spec = p.options.pipeline
     in_flight = 1 if spec is None else spec.micro_batches if spec.schedule is Schedule.GPIPE else 1
     for d in p.device_names:

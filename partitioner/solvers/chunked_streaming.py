@@ -90,6 +90,11 @@ class TimeSplit:
         return self.devices[1]
 
     @property
+    def others(self) -> tuple[str, ...]:
+        """The host, whose memory holds the weight (the split's devices beside home)."""
+        return self.devices[1:]
+
+    @property
     def fractions(self) -> tuple[float, float]:
         """Home's and the host's share of the op's compute: all of it on home."""
         return (1.0, 0.0)
@@ -163,8 +168,8 @@ def price_time_split(problem: Any, node: str, split: TimeSplit) -> SplitPrice:
     resident = op.param_bytes - weight.nbytes  # the bias and anything else the op owns stay on home
     work = x_bytes + 2 * y_bytes + SLOTS * max(chunk_bytes)
     return SplitPrice(
-        shard_s=(seconds, 0.0), param_bytes=(resident, weight.nbytes), work_bytes=(work, 0),
-        copy_in=0, copy_out=weight.nbytes, copy_in_s=0.0, copy_out_s=sum(copies),
+        devices=split.devices, shard_s=(seconds, 0.0), param_bytes=(resident, weight.nbytes), work_bytes=(work, 0),
+        latency_s=max(seconds, sum(copies)),
         copies=tuple((split.other, split.home, b, c) for b, c in zip(chunk_bytes, copies)))
 
 

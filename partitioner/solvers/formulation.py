@@ -59,8 +59,8 @@ memory ``unit.memory`` per byte, chosen by ``ilp.py`` so that the numbers stay w
   split so; ``split_home[v,split]``: ``k <= x[v,home]`` (``x`` then means "``v``'s home is ``d``");
   ``split_or_stream[v]``: ``sum k + sum s <= 1``. Each ``k`` replaces the whole op's compute on its
   home by the split's (latency: its path; throughput: each shard on its device), its parameters on
-  its home by the home shard's and adds the other shard's parameters and working set to the other
-  device's ``mem_cap``, and loads the links with its two copies. Row and column names carry the
+  its home by the home shard's and adds each other shard's parameters and working set to that
+  device's ``mem_cap``, and loads the links with its copies. Row and column names carry the
   split's label (``k[lm_head][cols[cuda:0=0.75,cpu=0.25]]``). A time split
   (:mod:`partitioner.solvers.chunked_streaming`, ``k[lm_head][time[cuda:0<-cpu,8]]``) is one more
   such column: its pipelined chunks' time on its home, the bias resident there and the weight on
@@ -142,7 +142,7 @@ class Formulation:
         self._memory()
         self._link_budgets()
         self._stages()
-        # a split names two devices: renaming devices (symmetry) or moving streams (stream order) would
+        # a split names its devices: renaming devices (symmetry) or moving streams (stream order) would
         # have to move splits too, so neither kind of ordering row is written where splits are offered
         ordered = symmetry and not problem.split_choices
         self.symmetric_pairs = interchangeable_devices(problem) if ordered else []
@@ -341,7 +341,7 @@ class Formulation:
     def split_terms(self, device: str | None = None) -> list[Term]:
         """What the chosen splits change in the time rows: with ``latency`` (``device`` None) each
         split's path in place of its whole op's compute on its home; per device (throughput) each
-        shard in place of the whole op on the home and beside it on the other device."""
+        shard in place of the whole op on the home and beside it on each other device."""
         p, tu = self.p, self.units.time
         terms: list[Term] = []
         for n, cols in self.kv.items():
@@ -352,13 +352,13 @@ class Formulation:
                     terms.append((tu * (price.latency_s - whole), k))
                 elif device == sp.home:
                     terms.append((tu * (price.shard_s[0] - whole), k))
-                elif device == sp.other:
-                    terms.append((tu * price.shard_s[1], k))
+                elif device in sp.others:
+                    terms.append((tu * price.shard_s[sp.devices.index(device)], k))
         return terms
 
     def split_memory_terms(self, device: str) -> list[Term]:
         """Parameter bytes the chosen splits move on ``device``: the home shard in place of the whole
-        weight, the other shard added."""
+        weight, each other shard added."""
         p, mu = self.p, self.units.memory
         terms: list[Term] = []
         for n, cols in self.kv.items():
@@ -366,12 +366,12 @@ class Formulation:
                 price = p.split_price[(n, sp)]
                 if device == sp.home:
                     terms.append((mu * (price.param_bytes[0] - p.param_mem[n]), k))
-                elif device == sp.other:
-                    terms.append((mu * price.param_bytes[1], k))
+                elif device in sp.others:
+                    terms.append((mu * price.param_bytes[sp.devices.index(device)], k))
         return terms
 
     def split_link_terms(self, label: str, budget: bool) -> list[Term]:
-        """Each chosen split's two copies on link ``label`` (seconds, or bytes for a budget)."""
+        """Each chosen split's copies on link ``label`` (seconds, or bytes for a budget)."""
         p, tu, mu = self.p, self.units.time, self.units.memory
         terms: list[Term] = []
         for n, cols in self.kv.items():
@@ -533,8 +533,8 @@ class Formulation:
                 terms += self.ts.memory_terms(n, d)
             terms += self.split_memory_terms(d)
             work = [(n, mu * p.work_mem_at[n][a], self.r(n, d, a)) for n in p.nodes for a in self.dtypes_on(n, d)]
-            work += [(n, mu * p.split_price[(n, sp)].work_bytes[1], k)
-                     for n, cols in self.kv.items() for sp, k in cols.items() if sp.other == d]
+            work += [(n, mu * p.split_price[(n, sp)].work_bytes[sp.devices.index(d)], k)
+                     for n, cols in self.kv.items() for sp, k in cols.items() if d in sp.others]
             work += [(n, mu * p.split_price[(n, sp)].work_bytes[0], k)  # a time split's chunk buffers
                      for n, cols in self.kv.items() for sp, k in cols.items()
                      if sp.home == d and p.split_price[(n, sp)].work_bytes[0] > p.work_mem[n]]

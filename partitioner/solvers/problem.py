@@ -57,11 +57,12 @@ Semantics (documented once, here):
   reading op, so a coarse node costs what its members do on the original graph), and a 16-bit
   graph output is cast back to float32 where it is produced;
 * splits (``Options.splits``, :mod:`partitioner.solvers.splits`): a linear may be split over two
-  devices (``Placement.split``; its node's device is the split's home, where its input arrives and
-  its output is rejoined): each shard's compute on its device, each shard's weight in its device's
-  memory, the input copied to the other device and its shard's output copied back (``"split"``
-  transfers, on the links in every objective); with ``latency`` the op adds
-  ``copy in + max(home shard, other shard + copy out)``, with ``throughput`` each device its shard.
+  or more devices (``Placement.split``; its node's device is the split's home, where its input
+  arrives and its output is rejoined): each shard's compute on its device, each shard's weight in
+  its device's memory, the input copied to each other device and its shard's output copied back
+  (``"split"`` transfers, on the links in every objective); with ``latency`` the op adds its path
+  (:func:`~partitioner.solvers.splits.split_path_s`; two devices: ``copy in + max(home shard,
+  other shard + copy out)``), with ``throughput`` each device its shard.
   A time split (axis ``time``, :mod:`partitioner.solvers.chunked_streaming`) computes the linear on
   an accelerator from chunks of its weight held on the host and streamed in one after another: its
   pipelined time on the accelerator, the weight in host memory, its chunk buffers in the working set,
@@ -139,7 +140,7 @@ class Options:
     placed_optimizer: bool = True              # training: hetpart's placed optimizer runs the step (state may
                                                # leave its weights, host steps beside backward); False: each
                                                # step after backward where its weights live
-    splits: SplitOptions | None = None         # inference: may a linear be split over two devices (None: never)
+    splits: SplitOptions | None = None         # inference: may a linear be split over devices (None: never)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -328,7 +329,7 @@ class Problem:
         return price.latency_s if self.options.objective is Objective.LATENCY else price.critical_s
 
     def split_fits(self, node: str, split: Split) -> bool:
-        """Whether ``split`` of ``node`` alone fits on both its devices."""
+        """Whether ``split`` of ``node`` alone fits on each of its devices."""
         price = self.split_price[(node, split)]
         return all(price.param_bytes[i] + price.work_bytes[i] <= self.capacity[d]
                    for i, d in enumerate(split.devices))
@@ -896,8 +897,8 @@ def evaluate(problem: Problem, placement: Placement) -> Evaluation:
         sp = placement.split.get(n)
         if sp is not None and (n, sp) in p.split_price:
             price = p.split_price[(n, sp)]
-            busy[sp.home] += price.shard_s[0]
-            busy[sp.other] += price.shard_s[1]
+            for d, seconds in zip(sp.devices, price.shard_s):
+                busy[d] += seconds
             split_extra += price.latency_s - sum(price.shard_s)
             continue
         busy[x[n]] += p.compute_in[n].get(x[n], {}).get(dtype[n], float("inf")) + casts[n]
@@ -1004,9 +1005,7 @@ def _transfers(p: Problem, placement: Placement) -> list[Transfer]:
         price = p.split_price.get((n, sp))
         if price is not None:  # named after the split linear (a coarse node's member)
             op = split_op(p, n).name
-            for src, dst, nbytes, seconds in (((sp.home, sp.other, price.copy_in, price.copy_in_s),)
-                                              if price.copy_in else ()) + ((sp.other, sp.home, price.copy_out,
-                                                                           price.copy_out_s),):
+            for src, dst, nbytes, seconds in split_transfers(sp, price):
                 out.append(Transfer(op, src, dst, nbytes, seconds, "split"))
     for n, home in placement.streamed.items():
         if home != x[n] and p.param_bytes[n]:
@@ -1035,6 +1034,17 @@ def _transfers(p: Problem, placement: Placement) -> list[Transfer]:
                 out.append(Transfer(n, x[n], p.host, nbytes, saved_s(p, n, adtype[n], x[n], p.host), "saved"))
                 out.append(Transfer(n, p.host, x[n], nbytes, saved_s(p, n, adtype[n], p.host, x[n]), "saved"))
     return out
+
+
+def split_transfers(split: Split | TimeSplit, price: SplitPrice) -> list[tuple[str, str, int, float]]:
+    """A split's ``"split"`` transfers, one per ordered pair of its devices with copies between them
+    (a time split's chunk copies in one): ``(src, dst, bytes, seconds)``, copies out of home first."""
+    out: dict[tuple[str, str], tuple[int, float]] = {}
+    for src, dst, nbytes, seconds in price.copies:
+        if nbytes:
+            b, s = out.get((src, dst), (0, 0.0))
+            out[(src, dst)] = (b + nbytes, s + seconds)
+    return [(src, dst, b, s) for (src, dst), (b, s) in out.items()]
 
 
 def _split_violations(p: Problem, placement: Placement) -> list[str]:

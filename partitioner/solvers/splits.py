@@ -1,4 +1,4 @@
-"""Split choices: one linear's weight cut over two devices, and what such a cut costs.
+"""Split choices: one linear's weight cut over two or more devices, and what such a cut costs.
 
 In: an op of the original graph (an aten ``linear`` whose own 2-D weight no other op reads), the
 problem's devices and cost model, and :class:`SplitOptions`. Out: the :class:`Split` choices the op
@@ -6,38 +6,49 @@ may take (:func:`split_choices`) and each one's :class:`SplitPrice`, which
 :func:`~partitioner.solvers.problem.evaluate`, the ILP, the bounds and the oracle all read.
 
 A split is a kind of placement (``DESIGN.md``, "Splits are a kind of placement"). Its semantics,
-for a linear ``y = x W^T + b`` with ``W`` of shape ``[out, in]`` placed with ``devices = (home,
-other)`` and ``fractions = (f, 1 - f)``:
+for a linear ``y = x W^T + b`` with ``W`` of shape ``[out, in]`` placed with ``devices = (d_0 = home,
+d_1, ..., d_{n-1})`` and ``fractions = (f_0, ..., f_{n-1})`` summing to one, each device keeping a
+block of :func:`shard_sizes` in device order:
 
-* ``cols`` (output features): ``home`` keeps the first ``round(f * out)`` rows of ``W`` (and of
-  ``b``), ``other`` the rest. The input ``x`` (on ``home``, where the node's inputs arrive as for
-  any op) is copied to ``other``; each device computes its shard of ``y``; ``other``'s shard is
-  copied back and the two are concatenated on ``home``, where the node's consumers read ``y``;
-* ``rows`` (the reduction dimension): ``home`` keeps the first ``round(f * in)`` columns of ``W``
-  and the whole bias, ``other`` the rest; only ``x[..., k:]`` is copied to ``other``; ``other``'s
-  partial product (the whole output's bytes) is copied back and summed on ``home``.
+* ``cols`` (output features): ``d_i`` keeps its block of the rows of ``W`` (and of ``b``). The
+  input ``x`` (on ``home``, where the node's inputs arrive as for any op) is copied whole to each
+  other device; each device computes its shard of ``y``; each other shard is copied back and the
+  shards are concatenated on ``home``, where the node's consumers read ``y``;
+* ``rows`` (the reduction dimension): ``d_i`` keeps its block of the columns of ``W``, ``home`` the
+  whole bias; only ``d_i``'s slice of ``x[..., :]`` is copied to it; each other device's partial
+  product (the whole output's bytes) is copied back and the partials are summed on ``home``.
 
 Prices (``t(d, g)``: the cost model's time of the op scaled to a share ``g`` of its flops and
-weight bytes on device ``d``, its input read whole for ``cols`` and in part for ``rows``):
+weight bytes on device ``d``, its input read whole for ``cols`` and in part for ``rows``; ``t_i =
+t(d_i, f_i)``; ``in_i``, ``out_i``: the copy home -> ``d_i`` and back, each the transfer time of
+its bytes over the route):
 
-* latency: ``copy(home -> other) + max(t(home, f), t(other, 1 - f) + copy(other -> home))``: the
-  home shard is issued first (asynchronous on an accelerator) and runs beside the copy, the other
-  shard and its copy back (the concatenation or sum on ``home`` is a copy of the output the
+* latency (:func:`split_path_s`): the copies out run in device order, each starting when every
+  link on its route (``problem.hops`` labels) is free, so copies on distinct links overlap and
+  copies sharing one wait for each other: ``A_i = max(0, free links) + in_i``, ``sent = max_i A_i``.
+  ``home``'s shard starts at ``sent`` (it is issued after the copies; asynchronous on an
+  accelerator) and ends at ``sent + t_0``; ``d_i``'s shard ends at ``A_i + t_i``, then its copy
+  back runs, in device order, when its links are free: ``B_i = max(A_i + t_i, free links) +
+  out_i``. The op adds ``max(sent + t_0, max_i B_i)`` (computed as ``sent + max(t_0, max_i (B_i -
+  sent))``). With two devices that is ``in_1 + max(t_0, t_1 + out_1)``: the home shard beside the
+  other shard and its copy back (the concatenation or sum on ``home`` is a copy of the output the
   size of the op's own write, left out as it is for a ``cat`` beside a matmul);
-* throughput: ``home`` is busy ``t(home, f)``, ``other`` ``t(other, 1 - f)``; both copies load
-  their links, in every objective;
+* throughput: each device is busy its ``t_i``; every copy loads its links, in every objective;
 * memory: each device holds its shard of the weight (``home`` the bias too for ``rows``); ``home``
-  the op's whole working set, ``other`` its shard's (its input copy and its output shard);
+  the op's whole working set, each other device its shard's (its input copy and its output shard);
 * a split op's weights are never streamed. Splits are priced for inference (no training, no
   precision, no pipeline stages, not ``makespan``); :class:`~partitioner.solvers.problem.Problem`
   refuses the other combinations by name.
 
-Fractions offered: ``SplitOptions.fractions`` (home's share), with ``proportional`` the share
-proportional to each device's priced rate for the whole op (``t(other) / (t(home) + t(other))``,
-rounded to two decimals), and with ``balanced`` the share at which the home shard ends when the other
-shard and its copy back do (:func:`balanced_share`: HeteGen's rule ``T_gpu = T_cpu + T_comm``, found
-on the prices themselves, so fixed per-op costs and the copies count), for every ordered pair of
-devices that can run the op and each axis. A pinned op, and a
+Choices offered (:func:`split_choices`), per degree of ``SplitOptions.degrees`` (how many devices
+a split spans): degree 2, for every ordered pair of devices that can run the op and each axis, the
+home shares ``SplitOptions.fractions``, with ``proportional`` the share proportional to each
+device's priced rate for the whole op (``t(other) / (t(home) + t(other))``, rounded to two
+decimals), and with ``balanced`` the share at which the home shard ends when the other shard and
+its copy back do (:func:`balanced_share`: HeteGen's rule ``T_gpu = T_cpu + T_comm``, found on the
+prices themselves, so fixed per-op costs and the copies count); degree ``k > 2``, per home, one
+group of ``k`` devices (home's like peers, else the next devices of any kind) in even shares (and
+rate-proportional ones for a mixed group). A pinned op, and a
 node of several ops kept together by coarsening (views folded into the linear aside), stays whole;
 with splits asked, the planner keeps every splittable linear out of coarse groups.
 
@@ -75,11 +86,17 @@ class SplitOptions:
     balanced: bool = True                             # also the share whose two branches end together
     axes: tuple[str, ...] = ("cols", "rows")         # among AXES ("time" opts in to time splits)
     chunks: tuple[int, ...] = (2, 4, 8, 16, 32)       # time splits: the chunk counts offered, each >= 2
+    degrees: tuple[int, ...] = (2, 4, 8)              # how many devices a split may span, each >= 2 (see split_choices)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fractions", tuple(float(f) for f in self.fractions))
         object.__setattr__(self, "axes", tuple(self.axes))
         object.__setattr__(self, "chunks", tuple(self.chunks))
+        object.__setattr__(self, "degrees", tuple(self.degrees))
+        bad_degrees = [n for n in self.degrees if isinstance(n, bool) or not isinstance(n, int) or n < 2]
+        if bad_degrees or not self.degrees:
+            raise HetpartError(f"split degrees {list(self.degrees)}: each is a whole number of devices a split spans, "
+                               f"at least 2, e.g. (2, 4, 8) (CLI: --split cols,rows@2/4/8)")
         bad_chunks = [n for n in self.chunks if isinstance(n, bool) or not isinstance(n, int) or n < 2]
         if bad_chunks or not self.chunks:
             raise HetpartError(f"split chunks {list(self.chunks)}: each is a whole number of weight chunks a time "
@@ -97,13 +114,16 @@ def resolve_splits(value: Any) -> SplitOptions | None:
     """The ``splits`` option as :class:`SplitOptions` (None: no splits).
 
     Takes None or False (off), True or ``"on"`` (the defaults), a :class:`SplitOptions`, a mapping
-    of its fields (``{"fractions": [0.5], "axes": ["cols"]}``), or the CLI's text ``AXES[:F/F...]``
-    (``"cols"``, ``"cols,rows:0.25/0.5/0.75"``; ``"time"`` adds time splits, whose chunk counts a
+    of its fields (``{"fractions": [0.5], "axes": ["cols"], "degrees": [2, 8]}``), or the CLI's text
+    ``AXES[:F/F...][@D/D...]`` (``"cols"``, ``"cols,rows:0.25/0.5/0.75"``, ``"cols,rows@2/8"``: the
+    degrees, how many devices a split may span; ``"time"`` adds time splits, whose chunk counts a
     ``/``-separated list of whole numbers names when ``time`` is the only axis: ``"time:8/16"``).
 
     Example:
         >>> resolve_splits("cols:0.5").fractions, resolve_splits("cols:0.5").axes
         ((0.5,), ('cols',))
+        >>> resolve_splits("cols,rows@8").degrees
+        (8,)
     """
     if value is None or value is False or value == "off":
         return None
@@ -115,10 +135,18 @@ def resolve_splits(value: Any) -> SplitOptions | None:
         unknown = sorted(set(value) - {f.name for f in dataclasses.fields(SplitOptions)})
         if unknown:
             raise HetpartError(f"splits={dict(value)!r}: unknown key {unknown[0]!r}; the keys are fractions, "
-                               f"proportional, balanced, axes and chunks")
+                               f"proportional, balanced, axes, chunks and degrees")
         return SplitOptions(**value)
     if isinstance(value, str):
-        axes_text, _, fractions_text = value.partition(":")
+        text, at, degrees_text = value.partition("@")
+        degrees: dict[str, tuple[int, ...]] = {}
+        if at:
+            try:
+                degrees = {"degrees": tuple(int(n) for n in degrees_text.split("/"))}
+            except ValueError:
+                raise HetpartError(f"--split {value!r}: degrees (after '@') are whole numbers of devices separated "
+                                   f"by '/', e.g. cols,rows@2/4/8") from None
+        axes_text, _, fractions_text = text.partition(":")
         axes = tuple(a.strip() for a in axes_text.split(",") if a.strip())
         if axes == ("time",) and fractions_text:
             try:
@@ -126,32 +154,41 @@ def resolve_splits(value: Any) -> SplitOptions | None:
             except ValueError:
                 raise HetpartError(f"--split {value!r}: time splits take chunk counts, whole numbers separated by "
                                    f"'/', e.g. time:8/16") from None
-            return SplitOptions(axes=axes, chunks=chunks)
+            return SplitOptions(axes=axes, chunks=chunks, **degrees)
         try:
             fractions = tuple(float(f) for f in fractions_text.split("/")) if fractions_text else None
         except ValueError:
             raise HetpartError(f"--split {value!r}: fractions are numbers separated by '/', e.g. "
                                f"cols,rows:0.25/0.5/0.75") from None
-        return SplitOptions(**({"fractions": fractions} if fractions else {}), axes=axes or ("cols", "rows"))
-    raise HetpartError(f"splits={value!r}: expected True, 'on', 'AXES[:F/F...]' (e.g. 'cols:0.25/0.5/0.75') or "
-                       f"{{'fractions': [...], 'axes': [...]}}")
+        return SplitOptions(**({"fractions": fractions} if fractions else {}), axes=axes or ("cols", "rows"),
+                            **degrees)
+    raise HetpartError(f"splits={value!r}: expected True, 'on', 'AXES[:F/F...][@D/D...]' (e.g. 'cols:0.25/0.5/0.75', "
+                       f"'cols,rows@2/8') or {{'fractions': [...], 'axes': [...], 'degrees': [...]}}")
 
 
 @dataclasses.dataclass(frozen=True, order=True)
 class Split:
-    """One op split over two devices: ``devices[0]`` (home) reads its input and rejoins its output."""
+    """One op split over ``n >= 2`` distinct devices: ``devices[0]`` (home) reads its input and
+    rejoins its output; ``fractions[i]`` is ``devices[i]``'s share (they sum to one)."""
 
     axis: str
-    devices: tuple[str, str]
-    fractions: tuple[float, float]
+    devices: tuple[str, ...]
+    fractions: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.devices) < 2 or len(set(self.devices)) != len(self.devices) \
+                or len(self.fractions) != len(self.devices):
+            raise HetpartError(f"split {self.axis} over {list(self.devices)} with fractions {list(self.fractions)}: a "
+                               f"split spans two or more distinct devices, one fraction each")
 
     @property
     def home(self) -> str:
         return self.devices[0]
 
     @property
-    def other(self) -> str:
-        return self.devices[1]
+    def others(self) -> tuple[str, ...]:
+        """The devices beside home, in order."""
+        return self.devices[1:]
 
     @property
     def label(self) -> str:
@@ -164,21 +201,32 @@ class Split:
 
 @dataclasses.dataclass(frozen=True)
 class SplitPrice:
-    """What one split costs (see the module docstring)."""
+    """What one split costs (see the module docstring); tuples per device, in the split's order."""
 
-    shard_s: tuple[float, float]        # each shard's compute time on its device
-    param_bytes: tuple[int, int]        # each device's bytes of the op's parameters
-    work_bytes: tuple[int, int]         # each device's working set
-    copy_in: int                        # bytes copied home -> other
-    copy_out: int                       # bytes copied other -> home
-    copy_in_s: float
-    copy_out_s: float
+    devices: tuple[str, ...]            # the split's devices, home first
+    shard_s: tuple[float, ...]          # each shard's compute time on its device
+    param_bytes: tuple[int, ...]        # each device's bytes of the op's parameters
+    work_bytes: tuple[int, ...]         # each device's working set
+    latency_s: float                    # seconds the split op adds to one sample's sequential path
     copies: tuple[tuple[str, str, int, float], ...] = ()  # every copy: (src, dst, bytes, seconds)
 
     @property
-    def latency_s(self) -> float:
-        """Seconds the split op adds to one sample's sequential path."""
-        return self.copy_in_s + max(self.shard_s[0], self.shard_s[1] + self.copy_out_s)
+    def copy_in(self) -> int:
+        """Bytes copied out of home (to the other devices)."""
+        return sum(b for src, _, b, _ in self.copies if src == self.devices[0])
+
+    @property
+    def copy_out(self) -> int:
+        """Bytes copied back to home."""
+        return sum(b for _, dst, b, _ in self.copies if dst == self.devices[0])
+
+    @property
+    def copy_in_s(self) -> float:
+        return sum(s for src, _, _, s in self.copies if src == self.devices[0])
+
+    @property
+    def copy_out_s(self) -> float:
+        return sum(s for _, dst, _, s in self.copies if dst == self.devices[0])
 
     @property
     def critical_s(self) -> float:
@@ -208,23 +256,59 @@ def why_not_splittable(op: Any, params: Mapping[str, Any]) -> str | None:
     return "its 2-D weight is read by another op too (tied), or it owns none"
 
 
-def shard_sizes(length: int, fractions: Sequence[float]) -> tuple[int, int]:
-    """Rows (``cols``) or columns (``rows``) of the weight each device keeps: home's share rounded,
-    at least one each. The emitter cuts with the same sizes.
+def shard_sizes(length: int, fractions: Sequence[float]) -> tuple[int, ...]:
+    """Rows (``cols``) or columns (``rows``) of the weight each device keeps: the cut after device
+    ``i`` at ``round(length * (f_0 + ... + f_i))``, moved so that every device keeps at least one
+    (two devices: home's share rounded). The emitter cuts with the same sizes.
 
     Example:
-        >>> shard_sizes(10, (0.75, 0.25))
-        (8, 2)
+        >>> shard_sizes(10, (0.75, 0.25)), shard_sizes(8, (1 / 3, 1 / 3, 1 / 3))
+        ((8, 2), (3, 2, 3))
     """
-    if length < 2:
-        raise HetpartError(f"a dimension of {length} cannot be split over two devices")
-    first = min(max(1, round(length * fractions[0])), length - 1)
-    return first, length - first
+    n = len(fractions)
+    if length < n:
+        raise HetpartError(f"a dimension of {length} cannot be split over {n} devices (each keeps at least one)")
+    cuts, total = [0], 0.0
+    for i, f in enumerate(fractions[:-1]):
+        total += f
+        cuts.append(min(max(cuts[-1] + 1, round(length * total)), length - (n - 1 - i)))
+    cuts.append(length)
+    return tuple(b - a for a, b in zip(cuts, cuts[1:]))
 
 
 def _bias_param(op: Any, params: Mapping[str, Any], weight: str) -> Any:
     return next((params[n] for n in op.owned_params if n != weight and n in params and len(params[n].shape) == 1),
                 None)
+
+
+def split_path_s(problem: Any, devices: Sequence[str], shard_s: Sequence[float],
+                 copies_in: Sequence[float], copies_out: Sequence[float]) -> float:
+    """Seconds from a split op's input on home to its output rejoined there (the module
+    docstring's latency): ``copies_in[i]``/``copies_out[i]`` are the copy to and from
+    ``devices[i + 1]``. Copies run in device order, each when every link of its route
+    (``problem.hops``) is free; the home shard starts when the last copy out is done (``sent``).
+
+    Example (two devices: ``copy in + max(home, other + copy back)``):
+        >>> split_path_s(problem, ("cpu", "cuda:0"), (3.0, 1.0), (1.0,), (0.5,))   # doctest: +SKIP
+        4.0
+    """
+    home, others = devices[0], devices[1:]
+    free: dict[str, float] = {}
+    arrived = []
+    for d, c in zip(others, copies_in):
+        route = problem.hops(home, d)
+        end = max([0.0, *(free.get(lbl, 0.0) for lbl in route)]) + c
+        free.update((lbl, end) for lbl in route)
+        arrived.append(end)
+    sent = max(arrived)
+    free = {lbl: t - sent for lbl, t in free.items()}  # from here on, seconds after ``sent``
+    ends = []
+    for d, t, c, a in zip(others, shard_s[1:], copies_out, arrived):
+        route = problem.hops(d, home)
+        end = max([t - (sent - a), *(free.get(lbl, -sent) for lbl in route)]) + c
+        free.update((lbl, end) for lbl in route)
+        ends.append(end)
+    return sent + max([shard_s[0], *ends])
 
 
 def price_split(problem: Any, node: str, split: Split) -> SplitPrice:
@@ -237,9 +321,9 @@ def price_split(problem: Any, node: str, split: Split) -> SplitPrice:
     out_f, in_f = weight.shape
     x_bytes = sum(g.tensors[t].nbytes for t in op.inputs)
     y_bytes = sum(g.tensors[t].nbytes for t in op.outputs)
-    sizes = shard_sizes(out_f if split.axis == "cols" else in_f, split.fractions)
     total = out_f if split.axis == "cols" else in_f
-    shares = (sizes[0] / total, sizes[1] / total)
+    sizes = shard_sizes(total, split.fractions)
+    shares = tuple(k / total for k in sizes)
     row_bytes = weight.nbytes // total  # bytes of one weight row (cols) or column (rows)
     bias_bytes = bias.nbytes if bias is not None else 0
     other_bytes = op.param_bytes - weight.nbytes - bias_bytes  # owned tensors neither weight nor bias
@@ -258,23 +342,36 @@ def price_split(problem: Any, node: str, split: Split) -> SplitPrice:
         shard_s.append(problem.costs.op_time(shard, problem.devices.device(d)).seconds)
         shard_params.append(params)
         shard_work.append(read + written)
-    if split.axis == "cols":
-        copy_in, copy_out = x_bytes, y_bytes - int(y_bytes * shares[0])
-    else:
-        copy_in, copy_out = x_bytes - int(x_bytes * shares[0]), y_bytes
-    home_work = problem.work_mem[node]
+    cuts = [sum(sizes[:i]) / total for i in range(len(sizes) + 1)]  # each shard's start, as a share
+
+    def part(nbytes: int, i: int) -> int:  # bytes of shard i's slice of a tensor of nbytes
+        return int(nbytes * cuts[i + 1]) - int(nbytes * cuts[i])
+
+    home, others = split.home, split.others
+    ins = [x_bytes if split.axis == "cols" else part(x_bytes, i) for i in range(1, len(sizes))]
+    outs = [part(y_bytes, i) if split.axis == "cols" else y_bytes for i in range(1, len(sizes))]
+    ins_s = [problem.transfer_s(b, home, d) for b, d in zip(ins, others)]
+    outs_s = [problem.transfer_s(b, d, home) for b, d in zip(outs, others)]
     return SplitPrice(
-        shard_s=(shard_s[0], shard_s[1]), param_bytes=(shard_params[0], shard_params[1]),
-        work_bytes=(home_work, shard_work[1]), copy_in=copy_in, copy_out=copy_out,
-        copy_in_s=problem.transfer_s(copy_in, split.home, split.other),
-        copy_out_s=problem.transfer_s(copy_out, split.other, split.home),
-        copies=((split.home, split.other, copy_in, problem.transfer_s(copy_in, split.home, split.other)),
-                (split.other, split.home, copy_out, problem.transfer_s(copy_out, split.other, split.home))))
+        devices=split.devices, shard_s=tuple(shard_s), param_bytes=tuple(shard_params),
+        work_bytes=(problem.work_mem[node], *shard_work[1:]),
+        latency_s=split_path_s(problem, split.devices, shard_s, ins_s, outs_s),
+        copies=tuple((home, d, b, s) for d, b, s in zip(others, ins, ins_s))
+        + tuple((d, home, b, s) for d, b, s in zip(others, outs, outs_s)))
 
 
 def split_choices(problem: Any, node: str, options: SplitOptions) -> tuple[Split, ...]:
-    """Every split ``node`` may take: one splittable linear (with views folded into it), each ordered
-    pair of devices that can run it, each axis, each offered fraction."""
+    """Every split ``node`` may take: one splittable linear (with views folded into it), each axis,
+    and for each degree ``k`` of ``options.degrees`` and each home the node allows:
+
+    * ``k == 2``: every other allowed device, each offered fraction (``fractions``, with
+      ``proportional`` the rate-proportional share, with ``balanced`` :func:`balanced_share`);
+    * ``k > 2``: home and the next ``k - 1`` allowed devices with home's figures (:func:`peers`,
+      profile order, wrapping) in even shares; where home has fewer such peers, home and the next
+      ``k - 1`` allowed devices of any kind, in even shares and (``proportional``) in shares
+      proportional to each device's priced rate (:func:`proportional_shares`). So a host of eight
+      like accelerators is offered one split of each degree per home, not every subset.
+    """
     ops = [problem.original.ops[m] for m in problem.members[node]]
     linears = [op for op in ops if not op.is_view]
     if len(linears) != 1 or split_weight(linears[0], problem.original.params) is None:
@@ -284,24 +381,75 @@ def split_choices(problem: Any, node: str, options: SplitOptions) -> tuple[Split
     allowed = problem.allowed[node]
     if node in problem.pins or len(allowed) < 2:
         return ()
+    axes = [a for a in options.axes if a in ("cols", "rows")]
     out: list[Split] = []
     for home in allowed:
-        for other in allowed:
-            if other == home:
-                continue
-            shares = list(options.fractions)
-            if options.proportional:
-                t_home, t_other = problem.compute[node][home], problem.compute[node][other]
-                if t_home + t_other > 0:
-                    shares.append(round(t_other / (t_home + t_other), 2))
-            for axis in (a for a in options.axes if a in ("cols", "rows")):
-                length = weight.shape[0] if axis == "cols" else weight.shape[1]
-                if length < 2:
+        if 2 in options.degrees:
+            for other in allowed:
+                if other == home:
                     continue
-                balanced = [balanced_share(problem, node, (home, other), axis)] if options.balanced else []
-                for f in dict.fromkeys(s for s in shares + balanced if 0.0 < s < 1.0):
-                    out.append(Split(axis, (home, other), (f, round(1.0 - f, 10))))
+                shares = list(options.fractions)
+                if options.proportional:
+                    t_home, t_other = problem.compute[node][home], problem.compute[node][other]
+                    if t_home + t_other > 0:
+                        shares.append(round(t_other / (t_home + t_other), 2))
+                for axis in axes:
+                    length = weight.shape[0] if axis == "cols" else weight.shape[1]
+                    if length < 2:
+                        continue
+                    balanced = [balanced_share(problem, node, (home, other), axis)] if options.balanced else []
+                    for f in dict.fromkeys(s for s in shares + balanced if 0.0 < s < 1.0):
+                        out.append(Split(axis, (home, other), (f, round(1.0 - f, 10))))
+        for k in sorted(d for d in set(options.degrees) if d > 2 and d <= len(allowed)):
+            alike = peers(problem, allowed, home)
+            group = (home, *alike[:k - 1]) if len(alike) >= k - 1 else \
+                (home, *[d for d in _after(allowed, home)][:k - 1])
+            fractions = [even_shares(k)]
+            if len(alike) < k - 1 and options.proportional:
+                fractions.append(proportional_shares(problem, node, group))
+            for axis in axes:
+                length = weight.shape[0] if axis == "cols" else weight.shape[1]
+                if length < k:
+                    continue
+                out += [Split(axis, group, f) for f in dict.fromkeys(fractions) if f is not None]
     return tuple(dict.fromkeys(out))
+
+
+def _after(allowed: Sequence[str], home: str) -> list[str]:
+    """The allowed devices after ``home`` in profile order, wrapping around."""
+    i = list(allowed).index(home)
+    return list(allowed[i + 1:]) + list(allowed[:i])
+
+
+def peers(problem: Any, allowed: Sequence[str], home: str) -> list[str]:
+    """The allowed devices after ``home`` (profile order, wrapping) with its figures and capacity."""
+    mine = problem.devices.device(home)
+    return [d for d in _after(allowed, home)
+            if dataclasses.replace(problem.devices.device(d), name=home) == mine
+            and problem.capacity[d] == problem.capacity[home]]
+
+
+def even_shares(k: int) -> tuple[float, ...]:
+    """``k`` equal shares summing to one (to 1e-10).
+
+    Example:
+        >>> even_shares(4)
+        (0.25, 0.25, 0.25, 0.25)
+    """
+    first = round(1.0 / k, 10)
+    return (*(first,) * (k - 1), round(1.0 - first * (k - 1), 10))
+
+
+def proportional_shares(problem: Any, node: str, devices: Sequence[str]) -> tuple[float, ...] | None:
+    """Each device's share of ``node`` proportional to its priced rate (``1 / t(d)`` of the whole
+    op), two decimals, each at least 0.01, summing to one (None: a device cannot run it in finite time)."""
+    times = [problem.compute[node][d] for d in devices]
+    if any(not 0.0 < t < float("inf") for t in times):
+        return None
+    rates = [1.0 / t for t in times]
+    shares = [max(0.01, round(r / sum(rates), 2)) for r in rates[1:]]
+    first = round(1.0 - sum(shares), 10)
+    return (first, *shares) if first >= 0.01 else None
 
 
 def balanced_share(problem: Any, node: str, devices: tuple[str, str], axis: str) -> float:
@@ -316,7 +464,7 @@ def balanced_share(problem: Any, node: str, devices: tuple[str, str], axis: str)
     """
     def home_ahead(f: float) -> bool:  # the home shard is still the longer branch at share f
         price = price_split(problem, node, Split(axis, devices, (f, round(1.0 - f, 10))))
-        return price.shard_s[0] >= price.shard_s[1] + price.copy_out_s
+        return price.shard_s[0] >= price.shard_s[1] + price.copy_out_s  # two devices: one copy back
 
     low, high = 1, 99  # in hundredths: home_ahead(low / 100) may already hold, home_ahead(high / 100) may not
     if home_ahead(low / 100):

@@ -124,7 +124,7 @@ def test_a_split_the_op_cannot_take_is_a_violation_naming_the_op_and_its_splits(
     ev = evaluate(problem, Placement(device, split={op: bad}))
     assert not ev.feasible
     assert f"op {op} is split {bad.label}, which it cannot take; it can take: {offered.label}" in ev.violations[0]
-    away = Placement({**device, op: offered.other}, split={op: offered})
+    away = Placement({**device, op: offered.others[0]}, split={op: offered})
     assert "a split op's device is its home" in evaluate(problem, away).violations[0]
 
 
