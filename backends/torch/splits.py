@@ -2,21 +2,21 @@
 
 In: a private GraphModule about to be placed (:func:`backends.torch.module.place_module`), the plan's
 ``splits`` section (:mod:`partitioner.plan.splits`) and the binding's physical devices. Out: the same
-module, in place, with each split ``aten.linear(x, W, b)`` (``devices = (home, other)``) rewritten as
-a person would write it by hand::
+module, in place, with each split ``aten.linear(x, W, b)`` (``devices = (home, d1, ..., dn)``)
+rewritten as a person would write it by hand (two devices shown; each further device adds its
+copy in, shard and copy back)::
 
-    x_other = x.to(other)                     # cols: the whole input; rows: x[..., k:]
+    x_other = x.to(other)                     # cols: the whole input; rows: its slice of x[..., :]
     y_other = aten.linear(x_other, W_other, b_other)  # issued first where ``other`` is not the host
     y_home  = aten.linear(x, W_home, b_home)          # (so asynchronous accelerator work overlaps)
     y = aten.cat([y_home, y_other.to(home)], -1)      # rows: y_home + y_other.to(home)
 
-``W_home`` and ``W_other`` (the first ``k`` rows of ``W`` and the rest for ``cols``, its first ``k``
-columns and the rest for ``rows``, ``k`` from :func:`~partitioner.solvers.splits.shard_sizes`) are
-new parameters created on their devices, never the whole weight on one of them; for ``cols`` the
-bias is cut alike, for ``rows`` it stays whole on ``home``. The op's node keeps its name and becomes
-the rejoin, so its consumers and the plan's placement are unchanged. Each new node carries
-``meta["hetpart_split"]``: the strict-devices site it runs (``"<op>.shard0"`` on home,
-``"<op>.shard1"`` on other, or the split copy of ``<op>``).
+``W_home``, ``W_other``, ... (blocks of ``W``'s rows for ``cols``, of its columns for ``rows``, the
+sizes from :func:`~partitioner.solvers.splits.shard_sizes`) are new parameters created on their
+devices, never the whole weight on one of them; for ``cols`` the bias is cut alike, for ``rows`` it
+stays whole on ``home``. The op's node keeps its name and becomes the rejoin, so its consumers and
+the plan's placement are unchanged. Each new node carries ``meta["hetpart_split"]``: the
+strict-devices site it runs (``"<op>.shard<i>"`` on ``devices[i]``, or the split copy of ``<op>``).
 
 The module's ``state_dict`` keeps the original's keys (each shard pair joined on the host) and its
 ``load_state_dict`` takes them (cut into the shards): :data:`SPLIT_ATTR` maps each original tensor
@@ -90,65 +90,77 @@ def _rewrite(gm: torch.fx.GraphModule, node: torch.fx.Node, entry: Mapping[str, 
              physical: Mapping[str, torch.device], joined: dict) -> dict[str, str]:
     graph = gm.graph
     op, axis = node.name, entry["axis"]
-    home, other = entry["devices"]
+    devices = tuple(entry["devices"])
+    home, n = devices[0], len(devices)
     x, w_node, b_node = (list(node.args) + [None])[:3]
     b_node = node.kwargs.get("bias", b_node)
     weight = attribute(gm, str(w_node.target))
     out_f, in_f = weight.shape
-    k, _ = shard_sizes(out_f if axis == "cols" else in_f, entry["fractions"])
+    sizes = shard_sizes(out_f if axis == "cols" else in_f, entry["fractions"])
     dim = 0 if axis == "cols" else 1
-    w_names = _replace(gm, str(w_node.target), weight, dim, k, (physical[home], physical[other]), joined)
-    b_names: tuple[str | None, str | None] = (None, None)
+    where = tuple(physical[d] for d in devices)
+    w_names = _replace(gm, str(w_node.target), weight, dim, sizes, where, joined)
+    b_names: tuple[str | None, ...] = (None,) * n
     if b_node is not None:
         bias = attribute(gm, str(b_node.target))
         if axis == "cols":
-            b_names = _replace(gm, str(b_node.target), bias, 0, k, (physical[home], physical[other]), joined)
+            b_names = _replace(gm, str(b_node.target), bias, 0, sizes, where, joined)
         else:
-            b_names = (_replace(gm, str(b_node.target), bias, None, k, (physical[home],), joined)[0], None)
+            b_names = (_replace(gm, str(b_node.target), bias, None, sizes, where[:1], joined)[0],) + (None,) * (n - 1)
     placed: dict[str, str] = {}
 
     def make(kind: str, target: Any, args: tuple, device: str, site: dict, name: str) -> torch.fx.Node:
         with graph.inserting_before(node):
-            n = graph.create_node(kind, target, args, {}, name=name)
-        n.meta["hetpart_device"] = device
-        n.meta["hetpart_split"] = site
-        placed[n.name] = device
-        return n
+            made = graph.create_node(kind, target, args, {}, name=name)
+        made.meta["hetpart_device"] = device
+        made.meta["hetpart_split"] = site
+        placed[made.name] = device
+        return made
 
     def attr(name: str | None, device: str) -> torch.fx.Node | None:
         if name is None:
             return None
         with graph.inserting_before(node):
-            n = graph.get_attr(name)
-        n.meta["hetpart_device"] = device
-        return n
+            made = graph.get_attr(name)
+        made.meta["hetpart_device"] = device
+        return made
 
-    own, away = {"op": shard_site(op, 0)}, {"op": shard_site(op, 1)}
+    sites = [{"op": shard_site(op, i)} for i in range(n)]
     copy = {"tensor": op, "kind": "split"}
     if axis == "cols":
-        x_home, x_part = x, x
+        parts = [x] * n
     else:
-        x_home = make("call_function", torch.ops.aten.slice.Tensor, (x, -1, 0, k), home, own, f"{op}_in0")
-        x_part = make("call_function", torch.ops.aten.slice.Tensor, (x, -1, k, None), home, own, f"{op}_in1")
-    x_other = make("call_method", "to", (x_part, physical[other]), home, copy, f"{op}_to_{_word(other)}")
-    x_other.meta["hetpart_device"] = other  # its input is read on home; the copy lives on other
-    w0, w1 = attr(w_names[0], home), attr(w_names[1], other)
-    b0, b1 = attr(b_names[0], home), attr(b_names[1], other)
-    shard0 = ("call_function", torch.ops.aten.linear.default, (x_home, w0, b0), home, own, f"{op}_shard0")
-    shard1 = ("call_function", torch.ops.aten.linear.default, (x_other, w1, b1), other, away, f"{op}_shard1")
-    on_host = physical[other].type == "cpu" and physical[home].type != "cpu"
-    first, second = (shard0, shard1) if on_host else (shard1, shard0)  # the accelerator's shard goes out first
-    made = {spec[-1]: make(*spec) for spec in (first, second)}
-    y0, y1 = made[f"{op}_shard0"], made[f"{op}_shard1"]
-    back = make("call_method", "to", (y1, physical[home]), other, copy, f"{op}_to_{_word(home)}")
-    back.meta["hetpart_device"] = home  # the value lives on home once copied
+        cuts = [sum(sizes[:i]) for i in range(n + 1)]
+        parts = [make("call_function", torch.ops.aten.slice.Tensor, (x, -1, cuts[i], cuts[i + 1] if i < n - 1 else None),
+                      home, sites[0], f"{op}_in{i}") for i in range(n)]
+    inputs = [parts[0]]
+    for d, part in zip(devices[1:], parts[1:]):
+        moved = make("call_method", "to", (part, physical[d]), home, copy, f"{op}_to_{_word(d)}")
+        moved.meta["hetpart_device"] = d  # its input is read on home; the copy lives on d
+        inputs.append(moved)
+    specs = [("call_function", torch.ops.aten.linear.default,
+              (inputs[i], attr(w_names[i], d), attr(b_names[i], d)), d, sites[i], f"{op}_shard{i}")
+             for i, d in enumerate(devices)]
+    # the accelerators' shards go out first (asynchronous), a host shard of an accelerator-homed op after home's
+    late = [i for i in range(1, n) if physical[devices[i]].type == "cpu" and physical[home].type != "cpu"]
+    order = [i for i in range(1, n) if i not in late] + [0] + late
+    shards = {i: make(*specs[i]) for i in order}
+    pieces = [shards[0]]
+    for i, d in enumerate(devices[1:], 1):
+        name = f"{op}_to_{_word(home)}" if n == 2 else f"{op}_shard{i}_to_{_word(home)}"
+        back = make("call_method", "to", (shards[i], physical[home]), d, copy, name)
+        back.meta["hetpart_device"] = home  # the value lives on home once copied
+        pieces.append(back)
     if axis == "cols":
-        node.target, node.args, node.kwargs = torch.ops.aten.cat.default, ([y0, back], -1), {}
+        node.target, node.args, node.kwargs = torch.ops.aten.cat.default, (pieces, -1), {}
     else:
-        node.target, node.args, node.kwargs = torch.ops.aten.add.Tensor, (y0, back), {}
-    for n in (w_node, b_node):
-        if n is not None and not n.users:
-            graph.erase_node(n)
+        total = pieces[0]
+        for i, piece in enumerate(pieces[1:-1], 1):
+            total = make("call_function", torch.ops.aten.add.Tensor, (total, piece), home, sites[0], f"{op}_sum{i}")
+        node.target, node.args, node.kwargs = torch.ops.aten.add.Tensor, (total, pieces[-1]), {}
+    for used in (w_node, b_node):
+        if used is not None and not used.users:
+            graph.erase_node(used)
     return placed
 
 
@@ -156,11 +168,11 @@ def _word(device: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in str(device))
 
 
-def _replace(gm: torch.fx.GraphModule, target: str, tensor: torch.Tensor, dim: int | None, k: int,
+def _replace(gm: torch.fx.GraphModule, target: str, tensor: torch.Tensor, dim: int | None, sizes: tuple[int, ...],
              devices: tuple[torch.device, ...], joined: dict) -> tuple[str, ...]:
-    """Put ``tensor``'s shards (cut at ``k`` along ``dim``; None: whole) on ``devices`` as new
+    """Put ``tensor``'s shards (cut into ``sizes`` along ``dim``; None: whole) on ``devices`` as new
     parameters beside it, remove it, and remember how to join them."""
-    pieces = [tensor] if dim is None else list(torch.split(tensor, [k, tensor.shape[dim] - k], dim=dim))
+    pieces = [tensor] if dim is None else list(torch.split(tensor, list(sizes), dim=dim))
     return replace_with_pieces(gm, target, tensor, pieces, devices, "split", dim, joined)
 
 

@@ -95,9 +95,9 @@ def check_splits(plan: Any, r: FieldReader) -> None:
             r.fail(f"{path}.fractions", f"{what}: {len(fractions)} fractions for {len(devices)} devices; give one "
                                         f"fraction per device (an op can take {_CAN_TAKE})")
         if not all(0.0 < f < 1.0 for f in fractions) or not math.isclose(sum(fractions), 1.0, abs_tol=1e-6):
-            r.fail(f"{path}.fractions", f"{what}: fractions {fractions} sum to {sum(fractions):g}, not one (each in "
-                                        f"(0, 1)); set them to shares of the op that sum to one, or re-plan (an op "
-                                        f"can take {_CAN_TAKE})")
+            r.fail(f"{path}.fractions", f"{what}: fractions {fractions} do not sum to one (their sum is "
+                                        f"{sum(fractions):g}; each must be in (0, 1)): set them to shares of the op "
+                                        f"that sum to one, or re-plan (an op can take {_CAN_TAKE})")
         if plan.placement[op] != devices[0]:
             r.fail(f"{path}.devices", f"{what}: the op runs on {plan.placement[op]!r} in placement, but a split op "
                                       f"runs on its first device, {devices[0]!r}")
