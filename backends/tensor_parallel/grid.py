@@ -63,6 +63,11 @@ def grid_of(plan: Any) -> tuple[tuple[str, ...], ...]:
     stages = [st["device"] for st in plan.pipeline["stages"]]
     others: dict[int, dict[str, str]] = {s: {} for s in range(len(stages))}
     for op, entry in plan.splits.items():
+        if len(entry["devices"]) != TP:
+            raise PlanMismatch(f"{plan.source}: op {op!r} is split over {len(entry['devices'])} devices "
+                               f"({', '.join(entry['devices'])}): a pipeline stage's tensor-parallel group is its "
+                               f"device and one other ({TP} ranks); re-plan its splits over pairs (--split "
+                               f"cols,rows@2), or run the plan in one process (plan.emit)")
         home, other = entry["devices"]
         if home not in stages:
             raise PlanMismatch(f"{plan.source}: op {op!r} is split with its home on {home}, which runs no pipeline "

@@ -1,9 +1,9 @@
 """Which ``nn.Linear`` each split of a plan is, and the tensor-parallel style that runs it.
 
-In: a plan with a ``splits`` section (:mod:`partitioner.plan.splits`: op -> axis, ``[home, other]``,
+In: a plan with a ``splits`` section (:mod:`partitioner.plan.splits`: op -> axis, ``[home, d1, ...]``,
 fractions), the model it was made for and its example inputs. Out: :class:`Layout`: the mesh's
-devices (rank ``r`` of the tensor-parallel group runs ``devices[r]``; the plan's split devices in
-the profile's order) and, per split op, the model's ``nn.Linear`` it is and its
+devices (rank ``r`` of the tensor-parallel group of ``n`` ranks runs ``devices[r]``; the plan's
+split devices, two or more, in the profile's order) and, per split op, the model's ``nn.Linear`` it is and its
 ``torch.distributed.tensor.parallel`` style:
 
 ==========  ==================================================================  =====================
@@ -52,9 +52,10 @@ from partitioner.solvers.splits import shard_sizes
 
 __all__ = ["Layout", "SplitLinear", "dtensor_sizes", "layout_of", "mesh_devices", "split_linears"]
 
-_FIX = ('re-plan with even fractions (splits={"fractions": [0.5]}, CLI --split cols:0.5/rows:0.5) or set this '
-        "op's fractions to [0.5, 0.5] in the plan file; or run the plan in one process (plan.emit), which "
-        "takes any fractions")
+_FIX = ('re-plan with even fractions (two devices: splits={"fractions": [0.5]}, CLI --split cols,rows:0.5; more: '
+        'splits over like devices are offered in even shares, CLI --split cols,rows@4) or set this op\'s fractions '
+        "to even shares (1/n each) in the plan file; or run the plan in one process (plan.emit), which takes any "
+        "fractions")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,8 +65,8 @@ class SplitLinear:
     op: str                       # the plan's op name (an aten linear of the captured graph)
     module: str                   # the nn.Linear's path in the model, e.g. "blocks.0.mlp.ff1"
     axis: str                     # "cols" (output features) or "rows" (the reduction dimension)
-    devices: tuple[str, str]      # the plan's (home, other)
-    fractions: tuple[float, float]
+    devices: tuple[str, ...]      # the plan's (home, d1, ...)
+    fractions: tuple[float, ...]
     sizes: tuple[int, ...]        # the rows (cols) or columns (rows) of the weight each mesh rank holds
 
     def style(self) -> Any:
@@ -178,8 +179,11 @@ def split_linears(plan: Any, model: torch.nn.Module, inputs: Sequence[Any] | Non
         module, weight = _linear_module(plan, op, entry, nodes.get(op), model, names)
         axis, fractions = entry["axis"], tuple(float(f) for f in entry["fractions"])
         length = weight.shape[0] if axis == "cols" else weight.shape[1]
-        home_k, other_k = shard_sizes(length, fractions)
-        planned = {entry["devices"][0]: home_k, entry["devices"][1]: other_k}
+        planned = dict(zip(entry["devices"], shard_sizes(length, fractions)))
+        if set(planned) != set(devices):
+            raise PlanMismatch(f"op {op!r} is split over {list(entry['devices'])}, but its tensor-parallel group is "
+                               f"{list(devices)}: each rank of the group holds one shard; re-plan with the split "
+                               f"over the group's devices, or run the plan in one process (plan.emit)")
         sizes = tuple(planned[d] for d in devices)
         even = dtensor_sizes(length, len(devices))
         if sizes != even:
@@ -190,7 +194,7 @@ def split_linears(plan: Any, model: torch.nn.Module, inputs: Sequence[Any] | Non
                 f"torch.distributed.tensor shards into even blocks ({', '.join(map(str, even))} on ranks "
                 f"{', '.join(map(str, range(len(devices))))}) and its collectives gather by those sizes, so this "
                 f"split cannot run across ranks: {_FIX}")
-        linears.append(SplitLinear(op, module, axis, (entry["devices"][0], entry["devices"][1]), fractions, sizes))
+        linears.append(SplitLinear(op, module, axis, tuple(entry["devices"]), fractions, sizes))
     return tuple(linears)
 
 

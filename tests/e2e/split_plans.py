@@ -3,7 +3,8 @@
 :func:`split_plan` offers the splits of ``fractions`` on ``profile``, lets ``choose`` pick one (or
 none) for each splittable linear, leaves the rest on the host, checks the placement (``evaluate``,
 ``verify_placement``, the plan's own checks on save and load) and returns the loaded plan.
-:func:`alternating` splits every one in halves, cycling through both axes and both homes.
+:func:`alternating` splits every one in halves, cycling through both axes and both homes;
+:func:`even_over` splits every one evenly over ``n`` devices, cycling through both axes and the homes.
 """
 
 from __future__ import annotations
@@ -30,6 +31,22 @@ def alternating() -> Chooser:
     def choose(_node: str, choices: Sequence[Split], host: str) -> Split:
         axis, away = next(kinds)
         return next(s for s in choices if s.axis == axis and s.fractions[0] == 0.5 and (s.home != host) == away)
+
+    return choose
+
+
+def even_over(n: int) -> Chooser:
+    """Every linear split evenly over ``n`` devices: cols then rows, each home of the offered groups in turn."""
+    from partitioner.solvers.splits import even_shares
+
+    turn = itertools.count()
+
+    def choose(_node: str, choices: Sequence[Split], _host: str) -> Split:
+        even = [s for s in choices if len(s.devices) == n and s.fractions == even_shares(n)]
+        homes = sorted({s.home for s in even})
+        i = next(turn)
+        axis, home = ("cols", "rows")[i % 2], homes[(i // 2) % len(homes)]
+        return next(s for s in even if s.axis == axis and s.home == home)
 
     return choose
 

@@ -23,18 +23,19 @@ from backends.tensor_parallel.runtime import ERROR_PREFIX
 from backends.pipeline.check import read_results
 from backends.pipeline.launch import rank_errors
 from partitioner import Plan
-from tests.e2e.split_plans import split_plan
+from tests.e2e.split_plans import even_over, split_plan
 
 HERE = Path(__file__).resolve().parent
 CPU_RANKS = {"cuda:0": "cpu"}
 
 
 def _run_and_compare(plan: Plan, model: torch.nn.Module, inputs: tuple, spec: str, sharded: set[str],
-                     tmp_path: Path) -> None:
-    options = RunOptions(training=True, device_map=CPU_RANKS, results=str(tmp_path), timeout_s=120)
+                     tmp_path: Path, world: int = 2, device_map: dict | None = CPU_RANKS) -> None:
+    options = RunOptions(training=True, device_map=device_map or {}, results=str(tmp_path), timeout_s=120)
     run = run_ranks(plan, spec, options, timeout_s=300)
     assert run.returncode == 0, run.output[-3000:]
-    records = read_results(tmp_path, 2)
+    records = read_results(tmp_path, world)
+    assert len(records) == world
     ref_outs, ref_loss, ref_grads = reference_step(model, inputs, options)
     names = {name for name, _ in model.named_parameters()}
     for record in records:
@@ -68,6 +69,25 @@ def test_gpt_small_on_two_tensor_parallel_ranks_equals_the_model(gpt_small, tmp_
     blocks = {f"blocks.{i}.{m}" for i in range(4) for m in ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj",
                                                               "mlp.ff1", "mlp.ff2")}
     _run_and_compare(plan, model, inputs, "gpt:small", blocks, tmp_path)
+
+
+@pytest.mark.slow
+def test_gpt_small_on_four_tensor_parallel_ranks_equals_the_model(tmp_path: Path) -> None:
+    """Every block linear split evenly over the four CPUs of ``4x-cpu-host`` (a quarter of its weight
+    on each rank, homes on all four): a mesh of 4 ranks."""
+    model, inputs = models.get("gpt", "small")
+    plan = split_plan(model, inputs, tmp_path / "gpt4.json", even_over(4), profile="4x-cpu-host",
+                      model_name="gpt:small")
+    assert {len(e["devices"]) for e in plan.splits.values()} == {4} and len(plan.splits) == 24
+    assert {e["axis"] for e in plan.splits.values()} == {"cols", "rows"}
+    assert len({e["devices"][0] for e in plan.splits.values()}) == 4
+    layout = layout_of(plan, model, inputs)
+    assert layout.world_size == 4 and {s.sizes for s in layout.linears} == {(64,) * 4, (256,) * 4}
+    blocks = {f"blocks.{i}.{m}" for i in range(4) for m in ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj",
+                                                              "mlp.ff1", "mlp.ff2")}
+    results = tmp_path / "results"
+    results.mkdir()
+    _run_and_compare(plan, model, inputs, "gpt:small", blocks, results, world=4, device_map=None)
 
 
 @pytest.mark.slow
