@@ -422,10 +422,11 @@ def _after(allowed: Sequence[str], home: str) -> list[str]:
 
 
 def peers(problem: Any, allowed: Sequence[str], home: str) -> list[str]:
-    """The allowed devices after ``home`` (profile order, wrapping) with its figures and capacity."""
+    """The allowed devices after ``home`` (profile order, wrapping) with its figures and capacity
+    (on whichever host: the links a split's copies cross are priced on their own)."""
     mine = problem.devices.device(home)
     return [d for d in _after(allowed, home)
-            if dataclasses.replace(problem.devices.device(d), name=home) == mine
+            if dataclasses.replace(problem.devices.device(d), name=home, host=mine.host) == mine
             and problem.capacity[d] == problem.capacity[home]]
 
 
