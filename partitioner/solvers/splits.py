@@ -400,10 +400,9 @@ def split_choices(problem: Any, node: str, options: SplitOptions) -> tuple[Split
                     balanced = [balanced_share(problem, node, (home, other), axis)] if options.balanced else []
                     for f in dict.fromkeys(s for s in shares + balanced if 0.0 < s < 1.0):
                         out.append(Split(axis, (home, other), (f, round(1.0 - f, 10))))
-        for k in sorted(d for d in set(options.degrees) if d > 2 and d <= len(allowed)):
-            alike = peers(problem, allowed, home)
-            group = (home, *alike[:k - 1]) if len(alike) >= k - 1 else \
-                (home, *[d for d in _after(allowed, home)][:k - 1])
+        alike = peers(problem, allowed, home)
+        for k in sorted(d for d in set(options.degrees) if 2 < d <= len(allowed)):
+            group = (home, *alike[:k - 1]) if len(alike) >= k - 1 else (home, *_after(allowed, home)[:k - 1])
             fractions = [even_shares(k)]
             if len(alike) < k - 1 and options.proportional:
                 fractions.append(proportional_shares(problem, node, group))
