@@ -9,7 +9,7 @@ weight, at the profiled ratio that makes the two parts end together (``T_gpu = T
 rest of the model runs on the GPU. Here that is: every node computes on the fastest accelerator (its
 fallback the host, as :func:`~partitioner.solvers.single.solve_single` does), and every node that can
 take a split over (that accelerator, the host) takes it by output columns at
-:func:`~partitioner.solvers.splits.balanced_share` (HeteGen's ratio on hetpart's prices). Shards stay
+:func:`~partitioner.solvers.split_offers.balanced_share` (HeteGen's ratio on hetpart's prices). Shards stay
 resident: hetpart does not stream a split's shard, so where HeteGen would copy the GPU part's
 weights in from host memory this baseline needs them to fit (``evaluate`` says when they do not).
 The ILP starts from it and offers the same split, so a plan is never slower than it.
@@ -21,7 +21,7 @@ import time
 
 from partitioner.solvers.problem import Placement, Problem, Solution, Status, accelerator_devices
 from partitioner.solvers.single import solve_single
-from partitioner.solvers.splits import balanced_share
+from partitioner.solvers.split_offers import balanced_share
 
 #: The name plans and benches list it under.
 NAME = "hetegen"

@@ -96,7 +96,8 @@ from partitioner.ir import OpGraph
 from partitioner.solvers.pipeline import PipelineSpec, evaluate_pipeline
 from partitioner.solvers.chunked_streaming import AXIS as TIME_AXIS
 from partitioner.solvers.chunked_streaming import TimeSplit, price_time_split, time_split_choices
-from partitioner.solvers.splits import Split, SplitOptions, SplitPrice, price_split, split_choices, split_op
+from partitioner.solvers.split_offers import split_choices
+from partitioner.solvers.splits import Split, SplitOptions, SplitPrice, price_split, split_op
 from partitioner.solvers.train_state import (
     cost_training_state, grad_hop_s, grad_s, gradient_leaves, offloaded, saved_buffer_bytes, saved_hop_s, saved_issue_s,
     saved_s, state_buffer_bytes, state_s, step_schedule, update_hop_s, update_s,

@@ -165,7 +165,8 @@ def _wide_problem(memory: str | None = None, **splits: object) -> Problem:
 def test_the_balanced_share_ends_both_branches_together_and_minimises_latency(axis: str) -> None:
     """At the balanced share the home shard and the other shard plus its copy back end within one
     hundredth of a share of each other, and no other share in hundredths has a shorter latency."""
-    from partitioner.solvers.splits import balanced_share, price_split
+    from partitioner.solvers.split_offers import balanced_share
+    from partitioner.solvers.splits import price_split
 
     p = _wide_problem(fractions=(0.5,), proportional=False, axes=(axis,))
     (node,) = p.split_choices
@@ -185,7 +186,7 @@ def test_the_balanced_share_ends_both_branches_together_and_minimises_latency(ax
 
 def test_the_hetegen_baseline_splits_every_linear_at_the_balanced_share_and_the_plan_beats_it() -> None:
     from partitioner.solvers import run_baseline
-    from partitioner.solvers.splits import balanced_share
+    from partitioner.solvers.split_offers import balanced_share
 
     p = _wide_problem()
     sol = run_baseline("hetegen", p)

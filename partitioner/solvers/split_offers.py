@@ -1,0 +1,136 @@
+"""Which splits an op is offered: the degrees, groups of devices and fractions of its :class:`Split` choices.
+
+In: a problem (its devices, the devices each node allows, each node's whole-op compute), a node and
+:class:`~partitioner.solvers.splits.SplitOptions`. Out: the node's :class:`Split` choices
+(:func:`split_choices`), which :class:`~partitioner.solvers.problem.Problem` prices with
+:func:`~partitioner.solvers.splits.price_split`.
+
+Per degree of ``SplitOptions.degrees`` (how many devices a split spans): degree 2, for every ordered pair of devices that can run the op and each axis, the
+home shares ``SplitOptions.fractions``, with ``proportional`` the share proportional to each
+device's priced rate for the whole op (``t(other) / (t(home) + t(other))``, rounded to two
+decimals), and with ``balanced`` the share at which the home shard ends when the other shard and
+its copy back do (:func:`balanced_share`: HeteGen's rule ``T_gpu = T_cpu + T_comm``, found on the
+prices themselves, so fixed per-op costs and the copies count); degree ``k > 2``, per home, one
+group of ``k`` devices (home's like peers, else the next devices of any kind) in even shares (and
+rate-proportional ones for a mixed group). A pinned op, and a
+node of several ops kept together by coarsening (views folded into the linear aside), stays whole;
+with splits asked, the planner keeps every splittable linear out of coarse groups.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from partitioner.solvers.splits import Split, SplitOptions, even_shares, price_split, split_weight
+
+__all__ = ["balanced_share", "peers", "proportional_shares", "split_choices"]
+
+
+def split_choices(problem: Any, node: str, options: SplitOptions) -> tuple[Split, ...]:
+    """Every split ``node`` may take: one splittable linear (with views folded into it), each axis,
+    and for each degree ``k`` of ``options.degrees`` and each home the node allows:
+
+    * ``k == 2``: every other allowed device, each offered fraction (``fractions``, with
+      ``proportional`` the rate-proportional share, with ``balanced`` :func:`balanced_share`);
+    * ``k > 2``: home and the next ``k - 1`` allowed devices with home's figures (:func:`peers`,
+      profile order, wrapping) in even shares; where home has fewer such peers, home and the next
+      ``k - 1`` allowed devices of any kind, in even shares and (``proportional``) in shares
+      proportional to each device's priced rate (:func:`proportional_shares`). So a host of eight
+      like accelerators is offered one split of each degree per home, not every subset.
+    """
+    ops = [problem.original.ops[m] for m in problem.members[node]]
+    linears = [op for op in ops if not op.is_view]
+    if len(linears) != 1 or split_weight(linears[0], problem.original.params) is None:
+        return ()
+    op = linears[0]
+    weight = problem.original.params[split_weight(op, problem.original.params)]
+    allowed = problem.allowed[node]
+    if node in problem.pins or len(allowed) < 2:
+        return ()
+    axes = [a for a in options.axes if a in ("cols", "rows")]
+    out: list[Split] = []
+    for home in allowed:
+        if 2 in options.degrees:
+            for other in allowed:
+                if other == home:
+                    continue
+                shares = list(options.fractions)
+                if options.proportional:
+                    t_home, t_other = problem.compute[node][home], problem.compute[node][other]
+                    if t_home + t_other > 0:
+                        shares.append(round(t_other / (t_home + t_other), 2))
+                for axis in axes:
+                    length = weight.shape[0] if axis == "cols" else weight.shape[1]
+                    if length < 2:
+                        continue
+                    balanced = [balanced_share(problem, node, (home, other), axis)] if options.balanced else []
+                    for f in dict.fromkeys(s for s in shares + balanced if 0.0 < s < 1.0):
+                        out.append(Split(axis, (home, other), (f, round(1.0 - f, 10))))
+        alike = peers(problem, allowed, home)
+        for k in sorted(d for d in set(options.degrees) if 2 < d <= len(allowed)):
+            group = (home, *alike[:k - 1]) if len(alike) >= k - 1 else (home, *_after(allowed, home)[:k - 1])
+            fractions = [even_shares(k)]
+            if len(alike) < k - 1 and options.proportional:
+                fractions.append(proportional_shares(problem, node, group))
+            for axis in axes:
+                length = weight.shape[0] if axis == "cols" else weight.shape[1]
+                if length < k:
+                    continue
+                out += [Split(axis, group, f) for f in dict.fromkeys(fractions) if f is not None]
+    return tuple(dict.fromkeys(out))
+
+
+def _after(allowed: Sequence[str], home: str) -> list[str]:
+    """The allowed devices after ``home`` in profile order, wrapping around."""
+    i = list(allowed).index(home)
+    return list(allowed[i + 1:]) + list(allowed[:i])
+
+
+def peers(problem: Any, allowed: Sequence[str], home: str) -> list[str]:
+    """The allowed devices after ``home`` (profile order, wrapping) with its figures and capacity
+    (on whichever host: the links a split's copies cross are priced on their own)."""
+    mine = problem.devices.device(home)
+    return [d for d in _after(allowed, home)
+            if dataclasses.replace(problem.devices.device(d), name=home, host=mine.host) == mine
+            and problem.capacity[d] == problem.capacity[home]]
+
+
+def proportional_shares(problem: Any, node: str, devices: Sequence[str]) -> tuple[float, ...] | None:
+    """Each device's share of ``node`` proportional to its priced rate (``1 / t(d)`` of the whole
+    op), two decimals, each at least 0.01, summing to one (None: a device cannot run it in finite time)."""
+    times = [problem.compute[node][d] for d in devices]
+    if any(not 0.0 < t < float("inf") for t in times):
+        return None
+    rates = [1.0 / t for t in times]
+    shares = [max(0.01, round(r / sum(rates), 2)) for r in rates[1:]]
+    first = round(1.0 - sum(shares), 10)
+    return (first, *shares) if first >= 0.01 else None
+
+
+def balanced_share(problem: Any, node: str, devices: tuple[str, str], axis: str) -> float:
+    """Home's share (two decimals, in [0.01, 0.99]) at which, split along ``axis`` over ``devices``,
+    the home shard takes as long as the other shard plus its copy back: the share that minimises the
+    split's latency ``copy in + max(home, other + copy back)`` up to rounding (each side is monotone
+    in the share). Found by bisection on :func:`price_split` itself.
+
+    Example:
+        >>> balanced_share(problem, "linear", ("cuda:0", "cpu"), "cols")   # doctest: +SKIP
+        0.97
+    """
+    def home_ahead(f: float) -> bool:  # the home shard is still the longer branch at share f
+        price = price_split(problem, node, Split(axis, devices, (f, round(1.0 - f, 10))))
+        return price.shard_s[0] >= price.shard_s[1] + price.copy_out_s  # two devices: one copy back
+
+    low, high = 1, 99  # in hundredths: home_ahead(low / 100) may already hold, home_ahead(high / 100) may not
+    if home_ahead(low / 100):
+        return low / 100
+    if not home_ahead(high / 100):
+        return high / 100
+    while high - low > 1:  # invariant: not home_ahead(low), home_ahead(high)
+        mid = (low + high) // 2
+        low, high = (low, mid) if home_ahead(mid / 100) else (mid, high)
+    best = min((low, high), key=lambda h: price_split(
+        problem, node, Split(axis, devices, (h / 100, round(1.0 - h / 100, 10)))).latency_s)
+    return best / 100
