@@ -5,16 +5,16 @@ In: a problem (its devices, the devices each node allows, each node's whole-op c
 (:func:`split_choices`), which :class:`~partitioner.solvers.problem.Problem` prices with
 :func:`~partitioner.solvers.splits.price_split`.
 
-Per degree of ``SplitOptions.degrees`` (how many devices a split spans): degree 2, for every ordered pair of devices that can run the op and each axis, the
-home shares ``SplitOptions.fractions``, with ``proportional`` the share proportional to each
-device's priced rate for the whole op (``t(other) / (t(home) + t(other))``, rounded to two
-decimals), and with ``balanced`` the share at which the home shard ends when the other shard and
-its copy back do (:func:`balanced_share`: HeteGen's rule ``T_gpu = T_cpu + T_comm``, found on the
-prices themselves, so fixed per-op costs and the copies count); degree ``k > 2``, per home, one
-group of ``k`` devices (home's like peers, else the next devices of any kind) in even shares (and
-rate-proportional ones for a mixed group). A pinned op, and a
-node of several ops kept together by coarsening (views folded into the linear aside), stays whole;
-with splits asked, the planner keeps every splittable linear out of coarse groups.
+Per degree of ``SplitOptions.degrees`` (how many devices a split spans): degree 2, for every ordered
+pair of devices that can run the op and each axis, the home shares ``SplitOptions.fractions``, with
+``proportional`` the share proportional to each device's priced rate for the whole op (``t(other) /
+(t(home) + t(other))``, rounded to two decimals), and with ``balanced`` the share at which the home
+shard ends when the other shard and its copy back do (:func:`balanced_share`: HeteGen's rule ``T_gpu
+= T_cpu + T_comm``, found on the prices themselves, so fixed per-op costs and the copies count);
+degree ``k > 2``, per home, one group of ``k`` devices (home's like peers, else the next devices of
+any kind) in even shares (and rate-proportional ones for a mixed group). A pinned op, and a node of
+several ops kept together by coarsening (views folded into the linear aside), stays whole; with
+splits asked, the planner keeps every splittable linear out of coarse groups.
 """
 
 from __future__ import annotations
