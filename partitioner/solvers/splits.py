@@ -54,15 +54,20 @@ from typing import Any
 
 from cost_models.precision import op_base_name
 from partitioner.errors import HetpartError
+from partitioner.solvers.split_axes import OP_AXES, axis_choices, price_axis_split, why_not_on_axis
 
-#: The axes a linear may be split along, and what each means.
+#: The axes an op may be split along, and what each means (``table`` and ``batch``: ops other than
+#: linears, :mod:`partitioner.solvers.split_axes`).
 AXES: dict[str, str] = {
     "cols": "output features: weight rows split, the output shards concatenated",
     "rows": "reduction dimension: weight columns and the input split, the partial outputs summed",
     "time": "in time: the weight's row chunks streamed from the host one after another through a few chunk "
             "buffers on one accelerator (partitioner/solvers/chunked_streaming.py)",
+    **{axis: what for axis, (what, _) in OP_AXES.items()},
 }
-#: Op kinds (aten base names) that take splits.
+#: The axes of linears (:data:`SPLITTABLE_OPS`); the others' ops are named in split_axes.py.
+LINEAR_AXES = ("cols", "rows", "time")
+#: Op kinds (aten base names) that take cols, rows and time splits.
 SPLITTABLE_OPS = frozenset({"linear"})
 
 
@@ -208,6 +213,33 @@ def why_not_splittable(op: Any, params: Mapping[str, Any]) -> str | None:
     return "its 2-D weight is read by another op too (tied), or it owns none"
 
 
+def why_not_split(op: Any, graph: Any, axis: str, n_devices: int = 2) -> str | None:
+    """Why ``op`` of ``graph`` takes no split along ``axis`` (any of :data:`AXES`; None: it does)."""
+    if axis in OP_AXES:
+        return why_not_on_axis(op, graph, axis, n_devices)
+    why = why_not_splittable(op, graph.params)
+    return None if why is None else why.replace("take splits", f"take {axis} splits")
+
+
+def splits_it_takes(op: Any, graph: Any) -> str:
+    """The axes ``op`` can take, in words for a refusal ("cols, rows or time splits", "batch
+    splits", or "no split")."""
+    axes = [a for a in AXES if why_not_split(op, graph, a) is None]
+    return f"{', '.join(axes[:-1])} or {axes[-1]} splits" if len(axes) > 1 else f"{axes[0]} splits" if axes \
+        else "no split"
+
+
+def splittable_ops(graph: Any, options: SplitOptions | None) -> frozenset[str]:
+    """The ops of ``graph`` that ``options`` may split: its linears (with their own 2-D weight) and
+    the ops taking an axis of ``options.axes`` among ``table`` and ``batch`` (None: no op)."""
+    if options is None:
+        return frozenset()
+    from partitioner.solvers.split_axes import splittable_on
+
+    return frozenset(op.name for op in graph.ops.values() if split_weight(op, graph.params)) \
+        | splittable_on(graph, options.axes)
+
+
 def shard_sizes(length: int, fractions: Sequence[float]) -> tuple[int, int]:
     """Rows (``cols``) or columns (``rows``) of the weight each device keeps: home's share rounded,
     at least one each. The emitter cuts with the same sizes.
@@ -229,7 +261,9 @@ def _bias_param(op: Any, params: Mapping[str, Any], weight: str) -> Any:
 
 def price_split(problem: Any, node: str, split: Split) -> SplitPrice:
     """The :class:`SplitPrice` of ``split`` for ``node`` in ``problem`` (its devices, cost model and
-    transfer times)."""
+    transfer times); a ``table`` or ``batch`` split's from :mod:`partitioner.solvers.split_axes`."""
+    if split.axis in OP_AXES:
+        return price_axis_split(problem, node, split)
     g = problem.original
     op = split_op(problem, node)
     weight = g.params[split_weight(op, g.params)]
@@ -274,34 +308,39 @@ def price_split(problem: Any, node: str, split: Split) -> SplitPrice:
 
 def split_choices(problem: Any, node: str, options: SplitOptions) -> tuple[Split, ...]:
     """Every split ``node`` may take: one splittable linear (with views folded into it), each ordered
-    pair of devices that can run it, each axis, each offered fraction."""
-    ops = [problem.original.ops[m] for m in problem.members[node]]
-    linears = [op for op in ops if not op.is_view]
-    if len(linears) != 1 or split_weight(linears[0], problem.original.params) is None:
-        return ()
-    op = linears[0]
-    weight = problem.original.params[split_weight(op, problem.original.params)]
+    pair of devices that can run it, each axis, each offered fraction; or, along ``table`` and
+    ``batch``, a node of one op that takes them (:func:`~partitioner.solvers.split_axes.axis_choices`)."""
     allowed = problem.allowed[node]
     if node in problem.pins or len(allowed) < 2:
         return ()
-    out: list[Split] = []
-    for home in allowed:
-        for other in allowed:
-            if other == home:
+    pairs = [(home, other) for home in allowed for other in allowed if other != home]
+    out: list[Split] = axis_choices(problem, node, options, pairs)
+    ops = [problem.original.ops[m] for m in problem.members[node]]
+    linears = [op for op in ops if not op.is_view]
+    if len(linears) != 1 or split_weight(linears[0], problem.original.params) is None:
+        return tuple(dict.fromkeys(out))
+    op = linears[0]
+    weight = problem.original.params[split_weight(op, problem.original.params)]
+    for home, other in pairs:
+        shares = offered_shares(problem, node, (home, other), options)
+        for axis in (a for a in options.axes if a in ("cols", "rows")):
+            length = weight.shape[0] if axis == "cols" else weight.shape[1]
+            if length < 2:
                 continue
-            shares = list(options.fractions)
-            if options.proportional:
-                t_home, t_other = problem.compute[node][home], problem.compute[node][other]
-                if t_home + t_other > 0:
-                    shares.append(round(t_other / (t_home + t_other), 2))
-            for axis in (a for a in options.axes if a in ("cols", "rows")):
-                length = weight.shape[0] if axis == "cols" else weight.shape[1]
-                if length < 2:
-                    continue
-                balanced = [balanced_share(problem, node, (home, other), axis)] if options.balanced else []
-                for f in dict.fromkeys(s for s in shares + balanced if 0.0 < s < 1.0):
-                    out.append(Split(axis, (home, other), (f, round(1.0 - f, 10))))
+            balanced = [balanced_share(problem, node, (home, other), axis)] if options.balanced else []
+            for f in dict.fromkeys(s for s in shares + balanced if 0.0 < s < 1.0):
+                out.append(Split(axis, (home, other), (f, round(1.0 - f, 10))))
     return tuple(dict.fromkeys(out))
+
+
+def offered_shares(problem: Any, node: str, devices: tuple[str, ...], options: SplitOptions) -> list[float]:
+    """Home's shares offered for a split of ``node`` over ``devices``: ``options.fractions`` and,
+    with ``proportional``, home's rate over the devices' summed rates for the whole op (two decimals)."""
+    shares = list(options.fractions)
+    times = [problem.compute[node][d] for d in devices]
+    if options.proportional and all(t > 0 for t in times):
+        shares.append(round((1.0 / times[0]) / sum(1.0 / t for t in times), 2))
+    return shares
 
 
 def balanced_share(problem: Any, node: str, devices: tuple[str, str], axis: str) -> float:
