@@ -38,23 +38,36 @@ NORM_OPS = frozenset({"layer_norm", "rms_norm"})
 BATCH_OPS = ELEMENTWISE_OPS | NORM_OPS
 
 
-def split_dim(op: Any, graph: Any, n_devices: int = 2) -> int | None:
-    """The dimension a batch split of ``op`` over ``n_devices`` cuts (module docstring), or None.
+def cut_dim(shape: tuple[int, ...], kept: int, n_devices: int) -> int | None:
+    """The dimension of an output of ``shape`` a batch split over ``n_devices`` cuts, its last
+    ``kept`` dimensions normalised together (a norm's): the leading one when it has a row for each
+    device, else the second when the leading has one row (module docstring); None: neither.
 
     Example:
-        >>> split_dim(graph.ops["ln_f"], graph)    # output [2, 128, 64]   # doctest: +SKIP
+        >>> cut_dim((2, 128, 64), 1, 2), cut_dim((1, 128, 64), 1, 2), cut_dim((1, 64), 1, 2)
+        (0, 1, None)
+    """
+    for dim in (0, 1):
+        if dim >= len(shape) - kept:
+            return None
+        if shape[dim] >= n_devices:
+            return dim
+        if shape[dim] != 1:
+            return None  # several rows, fewer than the devices: the batch is not cut, nor what follows it
+    return None
+
+
+def split_dim(op: Any, graph: Any, n_devices: int = 2) -> int | None:
+    """The dimension a batch split of ``op`` over ``n_devices`` cuts (:func:`cut_dim`), or None.
+
+    Example:
+        >>> split_dim(graph.ops["layer_norm"], graph)    # output [2, 128, 64]   # doctest: +SKIP
         0
     """
-    shape = graph.tensors[op.outputs[0]].shape
-    kept = 0  # trailing dimensions a norm normalises together
+    kept = 0  # trailing dimensions a norm normalises together: its weight's, one without a weight
     if op_base_name(op.kind) in NORM_OPS:
         kept = max((len(graph.params[p].shape) for p in op.owned_params if p in graph.params), default=1)
-    for dim in (0, 1):
-        if dim < len(shape) - kept and shape[dim] >= n_devices:
-            return dim
-        if dim < len(shape) - kept and shape[dim] != 1:
-            return None  # a leading dimension of several rows, fewer than the devices: the rows are not cut
-    return None
+    return cut_dim(tuple(graph.tensors[op.outputs[0]].shape), kept, n_devices)
 
 
 def why_not(op: Any, graph: Any, n_devices: int = 2) -> str | None:
