@@ -230,13 +230,15 @@ def splits_it_takes(op: Any, graph: Any) -> str:
 
 
 def splittable_ops(graph: Any, options: SplitOptions | None) -> frozenset[str]:
-    """The ops of ``graph`` that ``options`` may split: its linears (with their own 2-D weight) and
-    the ops taking an axis of ``options.axes`` among ``table`` and ``batch`` (None: no op)."""
+    """The ops of ``graph`` that ``options`` may split: its linears (with their own 2-D weight) when
+    ``options.axes`` names an axis of :data:`LINEAR_AXES`, and the ops taking one it names among
+    ``table`` and ``batch`` (None: no op)."""
     if options is None:
         return frozenset()
     from partitioner.solvers.split_axes import splittable_on
 
-    return frozenset(op.name for op in graph.ops.values() if split_weight(op, graph.params)) \
+    linears = any(a in LINEAR_AXES for a in options.axes)
+    return frozenset(op.name for op in graph.ops.values() if linears and split_weight(op, graph.params)) \
         | splittable_on(graph, options.axes)
 
 

@@ -132,3 +132,15 @@ def test_tensor_parallel_ranks_refuse_a_table_split_by_name() -> None:
     with pytest.raises(PlanMismatch, match=rf"splits op '{node}' along table .*tensor-parallel ranks shard linears "
                                            r"only .*run the plan in one process \(plan.emit"):
         mesh_devices(plan)
+
+
+def test_with_table_and_batch_splits_asked_those_ops_stay_out_of_coarse_groups() -> None:
+    from partitioner import partition_outcome
+
+    module, inputs = models.get("emb-transformer", "tiny")
+    outcome = partition_outcome(module, inputs, "h200-host", coarsen=True, splits="table,batch", time_limit=20)
+    graph = outcome.problem.original
+    wanted = splittable_ops(graph, SplitOptions(axes=("table", "batch")))
+    offered = {m for n in outcome.problem.split_choices for m in outcome.problem.members[n]}
+    assert wanted and wanted <= offered
+    assert {sp.axis for ch in outcome.problem.split_choices.values() for sp in ch} == {"table", "batch"}
