@@ -27,12 +27,14 @@ from partitioner.errors import PlanMismatch
 from partitioner.solvers.problem import Options, Placement, Problem, Solution, Status, evaluate
 from partitioner.solvers.splits import SplitOptions
 from partitioner.verify import verify_placement
+from tests.e2e.test_emit import emit_strict, strict_step
 from tests.e2e.test_split_emit import _check
 
 
-def _axis_plan(module: torch.nn.Module, inputs: tuple, axes: tuple[str, ...]) -> Plan:
-    """Every op taking one of ``axes`` split, cycling through fractions and homes; the rest on the
-    host (evaluate, verify and the plan's own checks pass)."""
+def _axis_plan(module: torch.nn.Module, inputs: tuple, axes: tuple[str, ...], batches: int | None = None) -> Plan:
+    """Every op taking one of ``axes`` split (with ``batches``: every table and the first ``batches``
+    ops taking batch splits), cycling through fractions and homes; the rest on the host (evaluate,
+    verify and the plan's own checks pass)."""
     problem = Problem(from_module(module, inputs), load_profile("h200-host"),
                       Options(streaming=False, splits=SplitOptions(axes=axes, fractions=(0.25, 0.5, 0.75),
                                                                    proportional=False, balanced=False)))
@@ -41,6 +43,8 @@ def _axis_plan(module: torch.nn.Module, inputs: tuple, axes: tuple[str, ...]) ->
     split = {}
     kinds = itertools.cycle([(0.25, False), (0.5, True), (0.75, True), (0.5, False)])
     for n, choices in problem.split_choices.items():
+        if batches is not None and choices[0].axis == "batch" and sum(s.axis == "batch" for s in split.values()) >= batches:
+            continue
         f, away = next(kinds)
         sp = next(s for s in choices if s.fractions[0] == f and (s.home != host) == away)
         split[n], device[n] = sp, sp.home
@@ -64,23 +68,21 @@ def test_the_seed_models_embedding_split_by_table_rows_equals_the_original(tmp_p
     assert set(state) == set(model.state_dict())
     for key, value in model.state_dict().items():
         torch.testing.assert_close(state[key].cpu(), value)
-
-
-def test_gpt_small_with_norms_and_elementwise_ops_split_by_batch_equals_the_original() -> None:
-    model, inputs = models.get("gpt", "small")
-    plan = _axis_plan(model, inputs, ("batch", "table"))
-    kinds = {plan.modules.get(op, "") for op, e in plan.splits.items() if e["axis"] == "batch"}
-    assert len([e for e in plan.splits.values() if e["axis"] == "batch"]) >= 8, kinds
-    assert any(e["axis"] == "table" for e in plan.splits.values())  # the position table (the token one is tied)
-    emitted = _check(plan, model, inputs)
-    other, _ = models.get("gpt", "small", seed=1)
-    emitted.load_state_dict(other.state_dict())
-    from tests.e2e.test_emit import emit_strict, strict_step
-
+    other, _ = models.get("emb-transformer", "tiny", seed=1)
     emitted, run = emit_strict(plan, model)
     emitted.load_state_dict(other.state_dict())
     with torch.no_grad():
         torch.testing.assert_close(strict_step(run, emitted, inputs)[0].cpu(), other(*inputs), rtol=1e-4, atol=1e-5)
+
+
+def test_gpt_small_with_norms_and_elementwise_ops_split_by_batch_equals_the_original() -> None:
+    """The first block's norms, residual adds and GELU split by batch, and the position table by rows."""
+    model, inputs = models.get("gpt", "small")
+    plan = _axis_plan(model, inputs, ("batch", "table"), batches=6)
+    kinds = {op.split("_")[0] for op, e in plan.splits.items() if e["axis"] == "batch"}
+    assert {"layer", "add", "gelu"} <= kinds, kinds
+    assert any(e["axis"] == "table" for e in plan.splits.values())  # the position table (the token one is tied)
+    _check(plan, model, inputs)
 
 
 def test_a_batch_of_one_is_split_along_the_sequence() -> None:
@@ -117,3 +119,30 @@ def test_a_table_split_on_a_norm_is_refused_naming_what_it_can_take(tmp_path) ->
     with pytest.raises(PlanMismatch, match=rf"op '{norm}' cannot take split table\[.*only aten embedding ops take "
                                            r"table splits; it can take batch splits"):
         Plan.load(path).check_graph(from_module(model, inputs))
+
+
+def test_an_hf_llama_with_its_rms_norm_steps_and_table_split_equals_the_original() -> None:
+    """HF's LlamaRMSNorm is captured as its steps (pow, mean, add, rsqrt, mul): those of the rows'
+    shape, the SiLU, the residual adds and the untied table are split."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+
+    class Logits(torch.nn.Module):
+        def __init__(self, lm: torch.nn.Module) -> None:
+            super().__init__()
+            self.lm = lm
+
+        def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+            return self.lm(input_ids=input_ids, use_cache=False).logits
+
+    wrapped = Logits(model).eval()
+    ids = torch.randint(0, 256, (2, 16))
+    plan = _axis_plan(wrapped, (ids,), ("table", "batch"))
+    kinds = {op.split("_")[0] for op, e in plan.splits.items() if e["axis"] == "batch"}
+    assert {"mul", "rsqrt", "silu", "add"} <= kinds, kinds
+    assert any(e["axis"] == "table" for e in plan.splits.values())
+    _check(plan, wrapped, (ids,))
