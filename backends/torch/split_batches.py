@@ -59,6 +59,12 @@ def rewrite_batch_split(gm: torch.fx.GraphModule, node: torch.fx.Node, entry: Ma
     for arg in node.all_input_nodes:
         if arg.op == "get_attr":
             tensor = attribute(gm, str(arg.target))
+            shared = [n.name for n in gm.graph.nodes if n.op == "get_attr" and n.target == arg.target
+                      and n is not arg] + [u.name for u in arg.users if u is not node]
+            if shared:
+                raise PlanMismatch(f"plan.emit: op {op!r} is split batch, but {arg.target} it reads is read by "
+                                   f"{shared[0]!r} too: a batch split copies only tensors its op alone reads; re-plan "
+                                   f"without batch splits of {op!r}")
             if tensor.dim() > len(val.shape) - 1 - dim:
                 raise PlanMismatch(f"plan.emit: op {op!r} reads {arg.target} of shape {list(tensor.shape)}, which spans "
                                    f"its split dimension {dim}; a batch split copies only parameters that broadcast "

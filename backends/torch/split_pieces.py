@@ -16,6 +16,8 @@ from typing import Any
 import torch
 import torch.fx
 
+from backends.torch.splits import _word, shard_site
+
 __all__ = ["Pieces"]
 
 
@@ -28,11 +30,8 @@ class Pieces:
     """
 
     def __init__(self, gm: torch.fx.GraphModule, node: torch.fx.Node, physical: Mapping[str, torch.device]) -> None:
-        from backends.torch.splits import shard_site
-
         self.graph, self.node, self.physical = gm.graph, node, physical
         self.op = node.name
-        self.site = shard_site
         self.placed: dict[str, str] = {}
 
     def _make(self, kind: str, target: Any, args: tuple, kwargs: dict, runs_on: str, lives_on: str, site: dict,
@@ -48,7 +47,7 @@ class Pieces:
              name: str | None = None) -> torch.fx.Node:
         """``target(*args, **kwargs)`` as part of shard ``shard``, on ``device``."""
         return self._make("call_function", target, args, kwargs or {}, device, device,
-                          {"op": self.site(self.op, shard)}, name or f"{self.op}_s{shard}")
+                          {"op": shard_site(self.op, shard)}, name or f"{self.op}_s{shard}")
 
     def copy(self, value: torch.fx.Node, src: str, dst: str, part: int | None = None) -> torch.fx.Node:
         """``value.to(dst)``: one of the split's copies (``part``: one of several of the same
@@ -64,6 +63,3 @@ class Pieces:
         n.meta["hetpart_device"] = device
         return n
 
-
-def _word(device: str) -> str:
-    return "".join(c if c.isalnum() else "_" for c in str(device))

@@ -47,6 +47,9 @@ def rewrite_table_split(gm: torch.fx.GraphModule, node: torch.fx.Node, entry: Ma
                            f"--split table)")
     w_node, ids = node.args[0], node.args[1]
     padding, by_freq, sparse = (list(node.args[2:]) + [-1, False, False][len(node.args) - 2:])[:3]
+    padding = node.kwargs.get("padding_idx", padding)
+    by_freq = node.kwargs.get("scale_grad_by_freq", by_freq)
+    sparse = node.kwargs.get("sparse", sparse)
     if by_freq or sparse:
         raise PlanMismatch(f"plan.emit: op {op!r} looks up with scale_grad_by_freq={by_freq}, sparse={sparse}, which "
                            f"a table split cannot keep (each block would count and update its own rows); re-plan "

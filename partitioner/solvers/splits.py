@@ -1,5 +1,8 @@
 """Split choices: one linear's weight cut over two devices, and what such a cut costs.
 
+(Embeddings split by table rows and elementwise ops and norms split by batch are
+:mod:`partitioner.solvers.split_axes`'s; :func:`split_choices` and :func:`price_split` hand them over.)
+
 In: an op of the original graph (an aten ``linear`` whose own 2-D weight no other op reads), the
 problem's devices and cost model, and :class:`SplitOptions`. Out: the :class:`Split` choices the op
 may take (:func:`split_choices`) and each one's :class:`SplitPrice`, which
