@@ -1,7 +1,7 @@
-"""The plan's ``splits`` section: each linear split over two devices, and the checks it must pass.
+"""The plan's ``splits`` section: each op split over two devices, and the checks it must pass.
 
 In: a solve's placement (:func:`splits_record`), or a plan file's section (:func:`read_splits`).
-Out: ``{op: {"axis": "cols" | "rows", "devices": [home, other], "fractions": [f, 1 - f], "bytes": [b_home,
+Out: ``{op: {"axis": "cols" | "rows" | "table" | "batch", "devices": [home, other], "fractions": [f, 1 - f], "bytes": [b_home,
 b_other]}}`` (``bytes``: each shard's parameter bytes, adding up to the op's); the op
 runs on ``devices[0]`` in ``placement`` (its home, where its input arrives and its output is
 rejoined). A time split (:mod:`partitioner.solvers.chunked_streaming`) is ``{"axis": "time",
@@ -42,7 +42,7 @@ _CAN_TAKE = ("cols, rows (linears), table (embeddings) or batch (elementwise ops
 
 
 def splits_record(problem: Problem, placement: Placement) -> dict[str, Any]:
-    """The section for ``placement``'s splits, keyed by the split linear's op name."""
+    """The section for ``placement``'s splits, keyed by the split op's name."""
     from partitioner.solvers.splits import split_op
 
     return {split_op(problem, n).name: {**sp.to_dict(), "bytes": list(problem.split_price[(n, sp)].param_bytes)}
