@@ -43,10 +43,11 @@ def rewrite_batch_split(gm: torch.fx.GraphModule, node: torch.fx.Node, entry: Ma
     op, devices = node.name, list(entry["devices"])
     base = getattr(node.target, "__name__", str(node.target)).split(".")[0]
     val = node.meta.get("val")
-    if getattr(node.target, "namespace", None) != "aten" or base not in BATCH_OPS or not isinstance(val, torch.Tensor):
+    aten = getattr(node.target, "namespace", None) == "aten"
+    if not aten or base not in BATCH_OPS or not isinstance(val, torch.Tensor):
         raise PlanMismatch(f"plan.emit: op {op!r} is split batch in the plan, but the captured graph's {op!r} is "
-                           f"{node.target}: only aten elementwise ops and norms ({', '.join(sorted(BATCH_OPS))}) of one "
-                           f"known output take batch splits; re-plan (hetpart plan MODEL --split batch)")
+                           f"{node.target}: only aten elementwise ops and norms ({', '.join(sorted(BATCH_OPS))}) of "
+                           f"one known output take batch splits; re-plan (hetpart plan MODEL --split batch)")
     kept = len(node.args[1]) if base in NORM_OPS else 0  # a norm's normalized_shape
     dim = cut_dim(tuple(val.shape), kept, len(devices))
     if dim is None:
@@ -66,9 +67,9 @@ def rewrite_batch_split(gm: torch.fx.GraphModule, node: torch.fx.Node, entry: Ma
                                    f"{shared[0]!r} too: a batch split copies only tensors its op alone reads; re-plan "
                                    f"without batch splits of {op!r}")
             if tensor.dim() > len(val.shape) - 1 - dim:
-                raise PlanMismatch(f"plan.emit: op {op!r} reads {arg.target} of shape {list(tensor.shape)}, which spans "
-                                   f"its split dimension {dim}; a batch split copies only parameters that broadcast "
-                                   f"over it; re-plan without batch splits of {op!r}")
+                raise PlanMismatch(f"plan.emit: op {op!r} reads {arg.target} of shape {list(tensor.shape)}, which "
+                                   f"spans its split dimension {dim}; a batch split copies only parameters that "
+                                   f"broadcast over it; re-plan without batch splits of {op!r}")
             names = replace_with_pieces(gm, str(arg.target), tensor, [tensor] * len(devices),
                                         tuple(physical[d] for d in devices), "copy", None, joined)
             copies[arg] = [pieces.attr(name, d) for name, d in zip(names, devices)]

@@ -2,8 +2,8 @@
 
 In: a solve's placement (:func:`splits_record`), or a plan file's section (:func:`read_splits`).
 Out: ``{op: {"axis": "cols" | "rows" | "table" | "batch", "devices": [home, other],
-"fractions": [f, 1 - f], "bytes": [b_home, b_other]}}`` (``bytes``: each shard's parameter bytes, adding up to the op's); the op
-runs on ``devices[0]`` in ``placement`` (its home, where its input arrives and its output is
+"fractions": [f, 1 - f], "bytes": [b_home, b_other]}}`` (``bytes``: each shard's parameter bytes,
+adding up to the op's); the op runs on ``devices[0]`` in ``placement`` (its home, where its input arrives and its output is
 rejoined). A time split (:mod:`partitioner.solvers.chunked_streaming`) is ``{"axis": "time",
 "devices": [accelerator, host], "chunks": n, "bytes": [b_accelerator, b_host]}``: the op computes on
 the accelerator from ``n`` row chunks of its weight held on the host (``bytes``: the bias kept on the

@@ -43,7 +43,8 @@ def _axis_plan(module: torch.nn.Module, inputs: tuple, axes: tuple[str, ...], ba
     split = {}
     kinds = itertools.cycle([(0.25, False), (0.5, True), (0.75, True), (0.5, False)])
     for n, choices in problem.split_choices.items():
-        if batches is not None and choices[0].axis == "batch" and sum(s.axis == "batch" for s in split.values()) >= batches:
+        if batches is not None and choices[0].axis == "batch" \
+                and sum(s.axis == "batch" for s in split.values()) >= batches:
             continue
         f, away = next(kinds)
         sp = next(s for s in choices if s.fractions[0] == f and (s.home != host) == away)
@@ -111,8 +112,8 @@ def test_a_table_split_on_a_norm_is_refused_naming_what_it_can_take(tmp_path) ->
     data = json.loads(plan.to_json())
     table_op, entry = next(iter(data["splits"].items()))
     norm = next(o for o, m in data["model"]["modules"].items() if "norm" in m or "ln" in m)
-    data["splits"][norm] = {**entry, "devices": [data["placement"][norm], entry["devices"][1]
-                                                 if entry["devices"][1] != data["placement"][norm] else entry["devices"][0]]}
+    away = next(d for d in entry["devices"] if d != data["placement"][norm])
+    data["splits"][norm] = {**entry, "devices": [data["placement"][norm], away]}
     data["splits"][norm].pop("bytes")
     path = tmp_path / "norm.json"
     path.write_text(json.dumps(data))

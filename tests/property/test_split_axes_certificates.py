@@ -103,7 +103,7 @@ def test_the_instances_offered_both_axes_and_both_solvers_ran() -> None:
     if COUNTS["instances"] == 0:
         pytest.skip("run with the property test above")
     assert COUNTS["table offered"] and COUNTS["batch offered"], COUNTS
-    assert COUNTS["table chosen"] and COUNTS["batch chosen"], f"no instance chose a split: widen the strategy ({COUNTS})"
+    assert COUNTS["table chosen"] and COUNTS["batch chosen"], f"no instance chose a split: widen the strategy {COUNTS}"
     assert COUNTS["highs"] and COUNTS["cbc"], COUNTS
     assert COUNTS["objective latency"] and COUNTS["objective throughput"], COUNTS
 

@@ -13,7 +13,8 @@ from partitioner.errors import HetpartError, PlanMismatch
 from partitioner.solvers.ilp import solve_ilp
 from partitioner.solvers.problem import Objective, Options, Placement, Problem, Solution, Status, evaluate
 from partitioner.solvers.split_batches import cut_dim
-from partitioner.solvers.splits import Split, SplitOptions, resolve_splits, splits_it_takes, splittable_ops, why_not_split
+from partitioner.solvers.splits import (Split, SplitOptions, resolve_splits, splits_it_takes, splittable_ops,
+                                       why_not_split)
 
 
 def _problem(module: torch.nn.Module, inputs: tuple, objective: Objective = Objective.LATENCY,
@@ -109,7 +110,8 @@ def test_a_split_the_op_cannot_take_is_a_violation_naming_what_it_can() -> None:
 
 def test_the_new_axes_are_opted_in_by_name() -> None:
     assert resolve_splits("cols,rows,table,batch:0.5").axes == ("cols", "rows", "table", "batch")
-    with pytest.raises(HetpartError, match=r"split axes \['heads'\]: each must be one of cols, rows, time, table, batch"):
+    with pytest.raises(HetpartError, match=r"split axes \['heads'\]: each must be one of cols, rows, time, table, "
+                                           r"batch"):
         resolve_splits("heads")
     assert resolve_splits(True).axes == ("cols", "rows")
     model, inputs = models.get("emb-transformer", "tiny")
