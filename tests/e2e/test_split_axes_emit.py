@@ -86,9 +86,10 @@ def test_gpt_small_with_norms_and_elementwise_ops_split_by_batch_equals_the_orig
     _check(plan, model, inputs)
 
 
-def test_a_batch_of_one_is_split_along_the_sequence() -> None:
+@pytest.mark.parametrize("norm", [torch.nn.LayerNorm, torch.nn.RMSNorm])
+def test_a_batch_of_one_is_split_along_the_sequence(norm: type) -> None:
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.LayerNorm(32), torch.nn.GELU(), torch.nn.Linear(32, 8)).eval()
+    model = torch.nn.Sequential(norm(32), torch.nn.SiLU(), torch.nn.Linear(32, 8)).eval()
     inputs = (torch.randn(1, 12, 32),)
     plan = _axis_plan(model, inputs, ("batch",))
     assert len(plan.splits) == 2
