@@ -198,8 +198,11 @@ def observed_transfers(plan: Any, copies: Iterable[Copy],
             nbytes[key] += c.bytes
             continue
         if c.kind == "split":  # a split op's input out, or its other shard's output back (backends/torch/splits.py);
-            # a time-split op's chunk fetches ("<op>.chunk<i>", backends/torch/chunked.py): one transfer of the op
+            # a time-split op's chunk fetches ("<op>.chunk<i>", backends/torch/chunked.py) and a batch split's
+            # inputs out ("<op>.part<i>", backends/torch/split_batches.py): one transfer of the op
             op_name, dot, index = c.tensor.rpartition(".chunk")
+            if not dot:
+                op_name, dot, index = c.tensor.rpartition(".part")
             key = (op_name if dot and index.isdigit() else c.tensor, c.src, c.dst, "split")
         elif op is not None and c.kind == "weights":
             key = (op, c.src, c.dst, "weights")

@@ -30,7 +30,10 @@ What is refused (:class:`~partitioner.errors.PlanMismatch`, naming the op and th
   global shape and stride given, a linear, then ``full_tensor()``, aborts a rank). Re-plan with ``splits={"fractions": [0.5]}`` (CLI ``--split cols:0.5``), or
   run the plan in one process (``plan.emit``), which takes any fractions;
 * splits over different sets of devices (one tensor-parallel group runs them all);
-* time splits (``axis: time``: one device streams the weight in chunks), which run in one process.
+* time splits (``axis: time``: one device streams the weight in chunks), which run in one process;
+* table splits of an embedding and batch splits of elementwise ops and norms (``axis: table`` or
+  ``batch``, :mod:`partitioner.solvers.split_axes`): the ranks shard linears only; these run in one
+  process (``plan.emit``).
 
 Example:
     >>> layout = layout_of(plan, model, inputs)                          # doctest: +SKIP
@@ -116,6 +119,13 @@ def mesh_devices(plan: Any) -> tuple[str, ...]:
                            f"partitioner/solvers/chunked_streaming.py): tensor-parallel ranks run splits over devices "
                            f"only; run the plan in one process (plan.emit), or re-plan without time splits "
                            f"(--split cols,rows)")
+    others = [(op, e["axis"]) for op, e in splits.items() if e["axis"] in ("table", "batch")]
+    if others:
+        op, axis = others[0]
+        what = "an embedding by table rows" if axis == "table" else "an elementwise op or norm by batch"
+        raise PlanMismatch(f"{plan.source} splits op {op!r} along {axis} ({what}, partitioner/solvers/split_axes.py): "
+                           f"tensor-parallel ranks shard linears only (cols, rows); run the plan in one process "
+                           f"(plan.emit, CLI hetpart run), or re-plan without {axis} splits (--split cols,rows)")
     sets = {op: frozenset(e["devices"]) for op, e in splits.items()}
     first_op, first = next(iter(sets.items()))
     for op, devices in sets.items():

@@ -395,9 +395,9 @@ def _reorder(gm: torch.fx.GraphModule, schedule: tuple[str, ...]) -> None:
         prev.append(node)
     by_op: dict[str, list[torch.fx.Node]] = {}  # a split op's shards, copies and slices go right before it
     for node in gm.graph.nodes:
-        if "hetpart_split" in node.meta:
-            by_op.setdefault(node.meta["hetpart_split"].get("op", node.meta["hetpart_split"].get("tensor", ""))
-                             .split(".shard")[0], []).append(node)
+        if "hetpart_split" in node.meta:  # sites "<op>.shard<i>", copies "<op>" or "<op>.part<i>"
+            site = node.meta["hetpart_split"].get("op", node.meta["hetpart_split"].get("tensor", ""))
+            by_op.setdefault(site.split(".shard")[0].split(".part")[0], []).append(node)
     for op, parts in by_op.items():
         for part in parts:
             nodes[op].prepend(part)

@@ -20,7 +20,10 @@ strict-devices site it runs (``"<op>.shard<i>"`` on ``devices[i]``, or the split
 
 The module's ``state_dict`` keeps the original's keys (each shard pair joined on the host) and its
 ``load_state_dict`` takes them (cut into the shards): :data:`SPLIT_ATTR` maps each original tensor
-name to its shards. :func:`joined_gradients` gives each split parameter's gradient under its
+name to its shards (a tensor copied whole to several devices, a batch-split norm's weight: its
+copies, joined as the first and their gradients summed). An embedding split by table rows and an
+elementwise op or norm split by batch are rewritten by :mod:`backends.torch.split_tables` and
+:mod:`backends.torch.split_batches`. :func:`joined_gradients` gives each split parameter's gradient under its
 original name (compare with the original model's).
 """
 
@@ -34,11 +37,12 @@ import torch.fx
 
 from backends.torch.attributes import attribute
 from partitioner.errors import PlanMismatch
+from partitioner.solvers.split_axes import OP_AXES
 from partitioner.solvers.splits import shard_sizes
 
 __all__ = ["SPLIT_ATTR", "joined_gradients", "planned_shards", "replace_with_pieces", "shard_site", "split_linears"]
 
-#: module attribute: original tensor name -> (axis dim or None for a whole tensor, (shard names...))
+#: module attribute: original tensor name -> (axis dim, or None for whole copies, (shard names...))
 SPLIT_ATTR = "_hetpart_splits"
 
 _LINEARS = (torch.ops.aten.linear.default,)
@@ -68,6 +72,9 @@ def split_linears(gm: torch.fx.GraphModule, plan: Any,
     joined: dict[str, tuple[int | None, tuple[str, ...]]] = dict(getattr(gm, SPLIT_ATTR, {}))
     for op, entry in plan.splits.items():
         if entry["axis"] == "time":  # in time, on one device: backends/torch/chunked.py
+            continue
+        if entry["axis"] in OP_AXES:  # an embedding by table rows, an elementwise op or norm by batch
+            placed.update(rewrite_op_split(gm, nodes.get(op), op, entry, physical, joined))
             continue
         node = nodes.get(op)
         if node is None or node.op != "call_function" or node.target not in _LINEARS:
@@ -164,6 +171,20 @@ def _rewrite(gm: torch.fx.GraphModule, node: torch.fx.Node, entry: Mapping[str, 
     return placed
 
 
+def rewrite_op_split(gm: torch.fx.GraphModule, node: torch.fx.Node | None, op: str, entry: Mapping[str, Any],
+                     physical: Mapping[str, torch.device], joined: dict) -> dict[str, str]:
+    """Rewrite ``node`` (op ``op`` of the plan) split along ``table`` or ``batch``; the logical
+    device of each new node."""
+    from backends.torch.split_batches import rewrite_batch_split
+    from backends.torch.split_tables import rewrite_table_split
+
+    if node is None or node.op != "call_function":
+        raise PlanMismatch(f"plan.emit: op {op!r} is split {entry['axis']} in the plan, but the captured graph has no "
+                           f"call {op!r}; re-plan (hetpart plan MODEL --split {entry['axis']})")
+    rewrite = rewrite_table_split if entry["axis"] == "table" else rewrite_batch_split
+    return rewrite(gm, node, entry, physical, joined)
+
+
 def _word(device: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in str(device))
 
@@ -220,8 +241,8 @@ def _cut_state(module: torch.nn.Module, state: dict, prefix: str, *_: Any) -> No
         if key not in state:
             continue
         whole = state.pop(key)
-        if dim is None:
-            state[prefix + names[0]] = whole
+        if dim is None:  # whole copies, one on each device
+            state.update({prefix + n: whole for n in names})
             continue
         sizes = [attribute(module, n).shape[dim] for n in names]
         for n, piece in zip(names, torch.split(whole, sizes, dim=dim)):
@@ -230,7 +251,7 @@ def _cut_state(module: torch.nn.Module, state: dict, prefix: str, *_: Any) -> No
 
 def joined_gradients(module: torch.nn.Module) -> dict[str, torch.Tensor | None]:
     """Each parameter's gradient by its original name: a split parameter's shards' gradients joined
-    on the host, every other parameter's as it is.
+    on the host (whole copies' summed), every other parameter's as it is.
 
     Example:
         >>> emitted(*inputs).sum().backward()                               # doctest: +SKIP
@@ -246,5 +267,6 @@ def joined_gradients(module: torch.nn.Module) -> dict[str, torch.Tensor | None]:
         if any(g is None for g in grads):
             out[target] = None
         else:
-            out[target] = grads[0].to("cpu") if dim is None else torch.cat([g.to("cpu") for g in grads], dim=dim)
+            out[target] = sum(g.to("cpu") for g in grads) if dim is None else \
+                torch.cat([g.to("cpu") for g in grads], dim=dim)
     return out

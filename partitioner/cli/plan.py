@@ -87,7 +87,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                          "degrees, how many devices a split spans (default 2/4/8: pairs at those shares, and 4 or 8 "
                          "like devices in even shares, e.g. cols,rows@8 for Megatron-style degree 8); 'time' adds "
                          "time splits (a linear's weight streamed to one accelerator in row chunks, e.g. cols,time "
-                         "or time:8/16 for those chunk counts)")
+                         "or time:8/16 for those chunk counts); 'table' and 'batch' add splits of embeddings by "
+                         "table rows and of elementwise ops and norms by batch, e.g. cols,rows,table,batch")
     gen = pl.add_argument_group("generation (a prefill and a decode step with a KV cache, one plan)")
     gen.add_argument("--generate", action="store_true",
                      help="plan generation: the prefill at --prompt-tokens and the decode step, solved together")

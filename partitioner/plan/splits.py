@@ -1,9 +1,9 @@
-"""The plan's ``splits`` section: each linear split over devices, and the checks it must pass.
+"""The plan's ``splits`` section: each op split over devices, and the checks it must pass.
 
 In: a solve's placement (:func:`splits_record`), or a plan file's section (:func:`read_splits`).
-Out: ``{op: {"axis": "cols" | "rows", "devices": [home, d1, ...], "fractions": [f0, f1, ...], "bytes": [b_home,
-b1, ...]}}`` (two or more devices, one fraction and one ``bytes`` entry each; ``bytes``: each shard's
-parameter bytes, adding up to the op's; plans written with two devices read the same); the op
+Out: ``{op: {"axis": "cols" | "rows" | "table" | "batch", "devices": [home, d1, ...], "fractions": [f0, f1, ...],
+"bytes": [b_home, b1, ...]}}`` (two or more devices, one fraction and one ``bytes`` entry each; ``bytes``: each
+shard's parameter bytes, adding up to the op's; plans written with two devices read the same); the op
 runs on ``devices[0]`` in ``placement`` (its home, where its input arrives and its output is
 rejoined). A time split (:mod:`partitioner.solvers.chunked_streaming`) is ``{"axis": "time",
 "devices": [accelerator, host], "chunks": n, "bytes": [b_accelerator, b_host]}``: the op computes on
@@ -12,8 +12,11 @@ accelerator, the weight on the host). :func:`check_splits` runs when a plan is b
 fractions in (0, 1) summing to one, one per device (a time split: a whole number of chunks, at least
 2, an accelerator then the plan's host), two or more distinct devices of the plan, a known axis, the home being
 the op's device, no streaming, inference. :func:`check_splits_against_graph` runs with the graph (``plan.check_graph``, emission):
-the op takes splits (an aten linear with its own 2-D weight) along that axis. Every refusal names
-the op, the split and the splits it can take.
+the op takes splits along that axis (cols, rows, time: an aten linear with its own 2-D weight;
+table: an embedding alone reading its table; batch: an elementwise op or a norm,
+:mod:`partitioner.solvers.split_axes`). A batch split's ``bytes`` are the op's parameters on each
+device (a norm's weight and bias on all of them). Every refusal names the op, the split and the
+splits it can take.
 """
 
 from __future__ import annotations
@@ -35,12 +38,13 @@ __all__ = ["check_splits", "check_splits_against_graph", "read_splits", "refuse_
 
 _KEYS = ("axis", "devices", "fractions")
 _TIME_KEYS = ("axis", "devices", "chunks")
-_CAN_TAKE = ("cols or rows over two or more distinct devices of the plan, the first being the op's own, with "
-             "one fraction per device, each in (0, 1), summing to one")
+_CAN_TAKE = ("cols, rows (linears), table (embeddings) or batch (elementwise ops and norms) over two or more "
+             "distinct devices of the plan, the first being the op's own, with one fraction per device, each in "
+             "(0, 1), summing to one")
 
 
 def splits_record(problem: Problem, placement: Placement) -> dict[str, Any]:
-    """The section for ``placement``'s splits, keyed by the split linear's op name."""
+    """The section for ``placement``'s splits, keyed by the split op's name."""
     from partitioner.solvers.splits import split_op
 
     return {split_op(problem, n).name: {**sp.to_dict(), "bytes": list(problem.split_price[(n, sp)].param_bytes)}
@@ -102,8 +106,12 @@ def check_splits(plan: Any, r: FieldReader) -> None:
             r.fail(f"{path}.devices", f"{what}: the op runs on {plan.placement[op]!r} in placement, but a split op "
                                       f"runs on its first device, {devices[0]!r}")
         total = plan.op_bytes.get(op, (0, None))[1]
-        if "bytes" in entry and total is not None and (len(entry["bytes"]) != len(devices)
-                                                       or sum(entry["bytes"]) != total):
+        if entry["axis"] == "batch":
+            if "bytes" in entry and total is not None and list(entry["bytes"]) != [total] * len(devices):
+                r.fail(f"{path}.bytes", f"{what}: bytes {list(entry['bytes'])} are not the op's {total:,} parameter "
+                                        f"bytes on each device (model.op_bytes): a batch split copies them to each")
+        elif "bytes" in entry and total is not None and (len(entry["bytes"]) != len(devices)
+                                                         or sum(entry["bytes"]) != total):
             r.fail(f"{path}.bytes", f"{what}: shard bytes {list(entry['bytes'])} do not add up to the op's "
                                     f"{total:,} parameter bytes (model.op_bytes)")
         if op in plan.weights:
@@ -153,19 +161,26 @@ def split_of(entry: Mapping[str, Any]) -> Split | TimeSplit:
 
 
 def check_splits_against_graph(plan: Any, graph: OpGraph) -> None:
-    """Each split op takes that split on ``graph``: an aten linear with its own 2-D weight, whose
-    split dimension has room for one shard per device; else :class:`PlanMismatch` naming the op, the split
+    """Each split op takes that split on ``graph``: along cols, rows or time an aten linear with its
+    own 2-D weight, whose split dimension has room for one shard per device; along table or batch an op
+    :mod:`partitioner.solvers.split_axes` names; else :class:`PlanMismatch` naming the op, the split
     and the splits it can take."""
-    from partitioner.solvers.splits import split_weight, why_not_splittable
+    from partitioner.solvers.split_axes import OP_AXES
+    from partitioner.solvers.splits import split_weight, splits_it_takes, why_not_split
 
     for op, entry in plan.splits.items():
         node = graph.ops.get(op)
         if node is None:
             continue  # the fingerprint check names a graph that is not the plan's
-        why = why_not_splittable(node, graph.params)
+        why = why_not_split(node, graph, entry["axis"], len(entry["devices"]))
         if why is not None:
+            takes = splits_it_takes(node, graph)
+            fix = "keep it whole: remove it from the splits section, or re-plan" if takes == "no split" else \
+                "re-plan, or keep it whole: remove it from the splits section"
             raise PlanMismatch(f"{plan.source}: op {op!r} cannot take split {_label(entry)}: {why}; it can take "
-                               f"no split (keep it whole: remove it from the splits section, or re-plan)")
+                               f"{takes} ({fix})")
+        if entry["axis"] in OP_AXES:
+            continue
         shape = graph.params[split_weight(node, graph.params)].shape
         if entry["axis"] == "time":
             if entry["chunks"] > shape[0]:
@@ -193,7 +208,8 @@ def refuse_splits(plan: Any, backend: str) -> None:
     if plan.splits:
         ops = ", ".join(repr(op) for op in list(plan.splits)[:3]) + (" ..." if len(plan.splits) > 3 else "")
         over = "two devices" if all(len(e["devices"]) == 2 for e in plan.splits.values()) else "several devices"
-        raise HetpartError(f"{plan.source} splits {len(plan.splits)} linears over {over} ({ops}), but {backend} "
+        noun = "linears" if all(e["axis"] in ("cols", "rows", "time") for e in plan.splits.values()) else "ops"
+        raise HetpartError(f"{plan.source} splits {len(plan.splits)} {noun} over {over} ({ops}), but {backend} "
                            f"runs every op whole: run it with plan.emit(model) (CLI: hetpart check / hetpart run), "
                            f"or re-plan without --split")
 

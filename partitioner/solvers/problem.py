@@ -67,6 +67,9 @@ Semantics (documented once, here):
   an accelerator from chunks of its weight held on the host and streamed in one after another: its
   pipelined time on the accelerator, the weight in host memory, its chunk buffers in the working set,
   one ``"split"`` transfer of the weight's bytes (each chunk's copy on the link).
+  An embedding split by table rows or an elementwise op or norm split by batch
+  (:mod:`partitioner.solvers.split_axes`) is priced and placed the same way: its home copies the
+  indices or the rows out, and the partial outputs or output rows come back.
 """
 
 from __future__ import annotations
@@ -97,7 +100,7 @@ from partitioner.solvers.pipeline import PipelineSpec, evaluate_pipeline
 from partitioner.solvers.chunked_streaming import AXIS as TIME_AXIS
 from partitioner.solvers.chunked_streaming import TimeSplit, price_time_split, time_split_choices
 from partitioner.solvers.split_offers import split_choices
-from partitioner.solvers.splits import Split, SplitOptions, SplitPrice, price_split, split_op
+from partitioner.solvers.splits import Split, SplitOptions, SplitPrice, price_split, split_op, splits_it_takes
 from partitioner.solvers.train_state import (
     cost_training_state, grad_hop_s, grad_s, gradient_leaves, offloaded, saved_buffer_bytes, saved_hop_s, saved_issue_s,
     saved_s, state_buffer_bytes, state_s, step_schedule, update_hop_s, update_s,
@@ -141,7 +144,7 @@ class Options:
     placed_optimizer: bool = True              # training: hetpart's placed optimizer runs the step (state may
                                                # leave its weights, host steps beside backward); False: each
                                                # step after backward where its weights live
-    splits: SplitOptions | None = None         # inference: may a linear be split over devices (None: never)
+    splits: SplitOptions | None = None         # inference: may an op be split over devices (None: never)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1055,7 +1058,7 @@ def _split_violations(p: Problem, placement: Placement) -> list[str]:
         offered = p.split_choices.get(n, ())
         if sp not in offered:
             can = ", ".join(s.label for s in offered[:6]) + (" ..." if len(offered) > 6 else "") if offered \
-                else "none (splits off, or not a linear with its own 2-D weight)"
+                else _takes_none(p, n)
             out.append(f"op {n} is split {sp.label}, which it cannot take; it can take: {can}")
         elif placement.device[n] != sp.home:
             out.append(f"op {n} is split {sp.label} but placed on {placement.device[n]}: a split op's device is its "
@@ -1065,6 +1068,17 @@ def _split_violations(p: Problem, placement: Placement) -> list[str]:
                 else "a split op's shards stay resident"
             out.append(f"op {n} is split {sp.label} and streams its weights: {why}")
     return out
+
+
+def _takes_none(p: Problem, node: str) -> str:
+    """Why ``node`` is offered no split, naming the splits its op can take."""
+    if p.options.splits is None:
+        return "none (splits off)"
+    ops = [m for m in p.members[node] if not p.original.ops[m].is_view]
+    if len(ops) != 1:
+        return f"none (a group of {len(ops)} ops is never split)"
+    takes = splits_it_takes(p.original.ops[ops[0]], p.original)
+    return f"none along {', '.join(p.options.splits.axes)} (the op takes {takes})"
 
 
 def _state_violations(p: Problem, placement: Placement) -> list[str]:

@@ -25,12 +25,13 @@ from typing import Any
 
 from partitioner.solvers.splits import Split, SplitOptions, even_shares, price_split, split_weight
 
-__all__ = ["balanced_share", "peers", "proportional_shares", "split_choices"]
+__all__ = ["balanced_share", "offered_shares", "peers", "proportional_shares", "split_choices"]
 
 
 def split_choices(problem: Any, node: str, options: SplitOptions) -> tuple[Split, ...]:
-    """Every split ``node`` may take: one splittable linear (with views folded into it), each axis,
-    and for each degree ``k`` of ``options.degrees`` and each home the node allows:
+    """Every split ``node`` may take: along ``table`` and ``batch``, a node of one op that takes them over
+    each ordered pair (:func:`~partitioner.solvers.split_axes.axis_choices`); one splittable linear
+    (with views folded into it), each axis, and for each degree ``k`` of ``options.degrees`` and each home the node allows:
 
     * ``k == 2``: every other allowed device, each offered fraction (``fractions``, with
       ``proportional`` the rate-proportional share, with ``balanced`` :func:`balanced_share`);
@@ -40,27 +41,26 @@ def split_choices(problem: Any, node: str, options: SplitOptions) -> tuple[Split
       proportional to each device's priced rate (:func:`proportional_shares`). So a host of eight
       like accelerators is offered one split of each degree per home, not every subset.
     """
-    ops = [problem.original.ops[m] for m in problem.members[node]]
-    linears = [op for op in ops if not op.is_view]
-    if len(linears) != 1 or split_weight(linears[0], problem.original.params) is None:
-        return ()
-    op = linears[0]
-    weight = problem.original.params[split_weight(op, problem.original.params)]
+    from partitioner.solvers.split_axes import axis_choices
+
     allowed = problem.allowed[node]
     if node in problem.pins or len(allowed) < 2:
         return ()
+    pairs = [(home, other) for home in allowed for other in allowed if other != home] if 2 in options.degrees else []
+    out: list[Split] = axis_choices(problem, node, options, pairs)
+    ops = [problem.original.ops[m] for m in problem.members[node]]
+    linears = [op for op in ops if not op.is_view]
+    if len(linears) != 1 or split_weight(linears[0], problem.original.params) is None:
+        return tuple(dict.fromkeys(out))
+    op = linears[0]
+    weight = problem.original.params[split_weight(op, problem.original.params)]
     axes = [a for a in options.axes if a in ("cols", "rows")]
-    out: list[Split] = []
     for home in allowed:
         if 2 in options.degrees:
             for other in allowed:
                 if other == home:
                     continue
-                shares = list(options.fractions)
-                if options.proportional:
-                    t_home, t_other = problem.compute[node][home], problem.compute[node][other]
-                    if t_home + t_other > 0:
-                        shares.append(round(t_other / (t_home + t_other), 2))
+                shares = offered_shares(problem, node, (home, other), options)
                 for axis in axes:
                     length = weight.shape[0] if axis == "cols" else weight.shape[1]
                     if length < 2:
@@ -80,6 +80,16 @@ def split_choices(problem: Any, node: str, options: SplitOptions) -> tuple[Split
                     continue
                 out += [Split(axis, group, f) for f in dict.fromkeys(fractions) if f is not None]
     return tuple(dict.fromkeys(out))
+
+
+def offered_shares(problem: Any, node: str, devices: tuple[str, ...], options: SplitOptions) -> list[float]:
+    """Home's shares offered for a split of ``node`` over ``devices``: ``options.fractions`` and,
+    with ``proportional``, home's rate over the devices' summed rates for the whole op (two decimals)."""
+    shares = list(options.fractions)
+    times = [problem.compute[node][d] for d in devices]
+    if options.proportional and all(t > 0 for t in times):
+        shares.append(round((1.0 / times[0]) / sum(1.0 / t for t in times), 2))
+    return shares
 
 
 def _after(allowed: Sequence[str], home: str) -> list[str]:

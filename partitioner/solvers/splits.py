@@ -1,5 +1,8 @@
 """Splits: one linear's weight cut over two or more devices, and what such a cut costs.
 
+(Embeddings split by table rows and elementwise ops and norms split by batch are
+:mod:`partitioner.solvers.split_axes`'s; :func:`split_choices` and :func:`price_split` hand them over.)
+
 In: an op of the original graph (an aten ``linear`` whose own 2-D weight no other op reads), the
 problem's devices and cost model, and :class:`SplitOptions`. Out: :class:`Split` values (which ones
 an op is offered is :mod:`partitioner.solvers.split_offers`'s) and each one's :class:`SplitPrice`
@@ -57,15 +60,20 @@ from typing import Any
 
 from cost_models.precision import op_base_name
 from partitioner.errors import HetpartError
+from partitioner.solvers.split_axes import OP_AXES, axis_choices, price_axis_split, why_not_on_axis
 
-#: The axes a linear may be split along, and what each means.
+#: The axes an op may be split along, and what each means (``table`` and ``batch``: ops other than
+#: linears, :mod:`partitioner.solvers.split_axes`).
 AXES: dict[str, str] = {
     "cols": "output features: weight rows split, the output shards concatenated",
     "rows": "reduction dimension: weight columns and the input split, the partial outputs summed",
     "time": "in time: the weight's row chunks streamed from the host one after another through a few chunk "
             "buffers on one accelerator (partitioner/solvers/chunked_streaming.py)",
+    **{axis: what for axis, (what, _) in OP_AXES.items()},
 }
-#: Op kinds (aten base names) that take splits.
+#: The axes of linears (:data:`SPLITTABLE_OPS`); the others' ops are named in split_axes.py.
+LINEAR_AXES = ("cols", "rows", "time")
+#: Op kinds (aten base names) that take cols, rows and time splits.
 SPLITTABLE_OPS = frozenset({"linear"})
 
 
@@ -248,6 +256,35 @@ def why_not_splittable(op: Any, params: Mapping[str, Any]) -> str | None:
     return "its 2-D weight is read by another op too (tied), or it owns none"
 
 
+def why_not_split(op: Any, graph: Any, axis: str, n_devices: int = 2) -> str | None:
+    """Why ``op`` of ``graph`` takes no split along ``axis`` (any of :data:`AXES`; None: it does)."""
+    if axis in OP_AXES:
+        return why_not_on_axis(op, graph, axis, n_devices)
+    why = why_not_splittable(op, graph.params)
+    return None if why is None else why.replace("take splits", f"take {axis} splits")
+
+
+def splits_it_takes(op: Any, graph: Any) -> str:
+    """The axes ``op`` can take, in words for a refusal ("cols, rows or time splits", "batch
+    splits", or "no split")."""
+    axes = [a for a in AXES if why_not_split(op, graph, a) is None]
+    return f"{', '.join(axes[:-1])} or {axes[-1]} splits" if len(axes) > 1 else f"{axes[0]} splits" if axes \
+        else "no split"
+
+
+def splittable_ops(graph: Any, options: SplitOptions | None) -> frozenset[str]:
+    """The ops of ``graph`` that ``options`` may split: its linears (with their own 2-D weight) when
+    ``options.axes`` names an axis of :data:`LINEAR_AXES`, and the ops taking one it names among
+    ``table`` and ``batch`` (None: no op)."""
+    if options is None:
+        return frozenset()
+    from partitioner.solvers.split_axes import splittable_on
+
+    linears = any(a in LINEAR_AXES for a in options.axes)
+    return frozenset(op.name for op in graph.ops.values() if linears and split_weight(op, graph.params)) \
+        | splittable_on(graph, options.axes)
+
+
 def shard_sizes(length: int, fractions: Sequence[float]) -> tuple[int, ...]:
     """Rows (``cols``) or columns (``rows``) of the weight each device keeps: the cut after device
     ``i`` at ``round(length * (f_0 + ... + f_i))``, moved so that every device keeps at least one
@@ -305,7 +342,9 @@ def split_path_s(problem: Any, devices: Sequence[str], shard_s: Sequence[float],
 
 def price_split(problem: Any, node: str, split: Split) -> SplitPrice:
     """The :class:`SplitPrice` of ``split`` for ``node`` in ``problem`` (its devices, cost model and
-    transfer times)."""
+    transfer times); a ``table`` or ``batch`` split's from :mod:`partitioner.solvers.split_axes`."""
+    if split.axis in OP_AXES:
+        return price_axis_split(problem, node, split)
     g = problem.original
     op = split_op(problem, node)
     weight = g.params[split_weight(op, g.params)]

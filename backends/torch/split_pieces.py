@@ -1,0 +1,65 @@
+"""The nodes a split op is rewritten into: shard calls on their devices and the split's copies.
+
+In: a private GraphModule, the split op's node and its plan entry. Out: :class:`Pieces`, which
+inserts each new node before the op's node with the metadata the placing and strict-devices passes
+read (``meta["hetpart_device"]``: where its value lives; ``meta["hetpart_split"]``: the site it runs,
+shard ``i``'s ``"<op>.shard<i>"`` or one of the split's copies) and records the logical device each
+runs on (``placed``; a copy runs where its input lives). Used by :mod:`backends.torch.split_tables`
+and :mod:`backends.torch.split_batches`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.fx
+
+from backends.torch.splits import _word, shard_site
+
+__all__ = ["Pieces"]
+
+
+class Pieces:
+    """New nodes for split op ``node`` (see the module docstring).
+
+    Example:
+        >>> pieces = Pieces(gm, node, physical)                          # doctest: +SKIP
+        >>> part = pieces.call(torch.ops.aten.gelu.default, (x,), 1, "cpu")  # doctest: +SKIP
+    """
+
+    def __init__(self, gm: torch.fx.GraphModule, node: torch.fx.Node, physical: Mapping[str, torch.device]) -> None:
+        self.graph, self.node, self.physical = gm.graph, node, physical
+        self.op = node.name
+        self.placed: dict[str, str] = {}
+
+    def _make(self, kind: str, target: Any, args: tuple, kwargs: dict, runs_on: str, lives_on: str, site: dict,
+              name: str) -> torch.fx.Node:
+        with self.graph.inserting_before(self.node):
+            n = self.graph.create_node(kind, target, args, kwargs, name=name)
+        n.meta["hetpart_device"] = lives_on
+        n.meta["hetpart_split"] = site
+        self.placed[n.name] = runs_on
+        return n
+
+    def call(self, target: Any, args: tuple, shard: int, device: str, kwargs: dict | None = None,
+             name: str | None = None) -> torch.fx.Node:
+        """``target(*args, **kwargs)`` as part of shard ``shard``, on ``device``."""
+        return self._make("call_function", target, args, kwargs or {}, device, device,
+                          {"op": shard_site(self.op, shard)}, name or f"{self.op}_s{shard}")
+
+    def copy(self, value: torch.fx.Node, src: str, dst: str, part: int | None = None) -> torch.fx.Node:
+        """``value.to(dst)``: one of the split's copies (``part``: one of several of the same
+        transfer, each input of a batch split)."""
+        tensor = self.op if part is None else f"{self.op}.part{part}"
+        return self._make("call_method", "to", (value, self.physical[dst]), {}, src, dst,
+                          {"tensor": tensor, "kind": "split"}, f"{self.op}_to_{_word(dst)}")
+
+    def attr(self, target: str, device: str) -> torch.fx.Node:
+        """A ``get_attr`` of ``target``, a tensor made on ``device``."""
+        with self.graph.inserting_before(self.node):
+            n = self.graph.get_attr(target)
+        n.meta["hetpart_device"] = device
+        return n
+
