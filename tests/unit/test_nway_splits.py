@@ -90,6 +90,12 @@ def test_an_8_gpu_host_is_offered_one_group_per_degree_and_home_and_pairs_as_bef
         wide = [s for s in choices if len(s.devices) > 2]
         assert [s for s in choices if len(s.devices) == 2] == list(pairs.split_choices[n])
         assert len(wide) <= 40, len(wide)
+        pairs_of = collections.defaultdict(set)
+        for s in choices:
+            if len(s.devices) == 2:
+                pairs_of[s.home].add(s.devices[1])
+        # each GPU pairs with the CPU and the next GPU only; the CPU with every GPU
+        assert all(len(v) == 2 for h, v in pairs_of.items() if h != "cpu") and len(pairs_of["cpu"]) == 8
         by = collections.Counter(len(s.devices) for s in wide)
         assert set(by) == {4, 8}
     choices = next(iter(p.split_choices.values()))
