@@ -66,6 +66,10 @@ Semantics (documented once, here):
   an accelerator from chunks of its weight held on the host and streamed in one after another: its
   pipelined time on the accelerator, the weight in host memory, its chunk buffers in the working set,
   one ``"split"`` transfer of the weight's bytes (each chunk's copy on the link).
+  Column splits feeding a row split through elementwise ops, all over the same devices and
+  fractions with those ops on the home, form a *region* (:mod:`partitioner.solvers.split_regions`):
+  the columns' outputs are never rejoined, each device runs the ops between on its shard, and the
+  columns' copies back and the row's copies out are not made (``region_effect``).
 """
 
 from __future__ import annotations
@@ -96,6 +100,7 @@ from partitioner.solvers.pipeline import PipelineSpec, evaluate_pipeline
 from partitioner.solvers.chunked_streaming import AXIS as TIME_AXIS
 from partitioner.solvers.chunked_streaming import TimeSplit, price_time_split, time_split_choices
 from partitioner.solvers.splits import Split, SplitOptions, SplitPrice, price_split, split_choices, split_op
+from partitioner.solvers.split_regions import RegionOffer, offer_regions, region_effect
 from partitioner.solvers.train_state import (
     cost_training_state, grad_hop_s, grad_s, gradient_leaves, offloaded, saved_buffer_bytes, saved_hop_s, saved_issue_s,
     saved_s, state_buffer_bytes, state_s, step_schedule, update_hop_s, update_s,
@@ -295,6 +300,8 @@ class Problem:
         """``split_choices[node]``: the splits each node may take, and ``split_price[(node, split)]``."""
         self.split_choices: dict[str, tuple[Split | TimeSplit, ...]] = {}
         self.split_price: dict[tuple[str, Split | TimeSplit], SplitPrice] = {}
+        self.region_offer = RegionOffer()  # column splits into a row split, nothing rejoined between
+        self._region_linears: frozenset[str] = frozenset()
         opts = self.options.splits
         if opts is None:
             return
@@ -320,12 +327,23 @@ class Problem:
                 self.split_price[(n, sp)] = price_time_split(self, n, sp)
             if choices or in_time:
                 self.split_choices[n] = choices + in_time
+        self.region_offer = offer_regions(self)
+        self._region_linears = self.region_offer.linears()
 
     def split_cost(self, node: str, split: Split) -> float:
-        """What ``split`` of ``node`` adds to the objective at least (bounds, cutoffs): its latency
-        with ``latency``, its longest shard with ``throughput``."""
+        """What ``split`` of ``node`` adds to the objective: its latency with ``latency``, its longest
+        shard with ``throughput``."""
         price = self.split_price[(node, split)]
         return price.latency_s if self.options.objective is Objective.LATENCY else price.critical_s
+
+    def split_floor(self, node: str, split: Split) -> float:
+        """The least ``split`` of ``node`` can add to the objective (bounds, cutoffs): :meth:`split_cost`,
+        or with ``latency`` for a col or the row of a region candidate its shortest shard, the least a
+        region's longest branch charges it (:mod:`partitioner.solvers.split_regions`)."""
+        price = self.split_price[(node, split)]
+        if self.options.objective is Objective.LATENCY and node in self._region_linears:
+            return min(price.shard_s)
+        return self.split_cost(node, split)
 
     def split_fits(self, node: str, split: Split) -> bool:
         """Whether ``split`` of ``node`` alone fits on both its devices."""
@@ -888,6 +906,9 @@ def evaluate(problem: Problem, placement: Placement) -> Evaluation:
         for src, dst, nbytes, _ in price.copies if price is not None else ():
             for label in p.hops(src, dst):
                 link_load[label] += p.hop_s(nbytes, src, dst, label)
+    regions = region_effect(p, placement)  # copies a column split into a row split does not make
+    for label, seconds in regions.link_s.items():
+        link_load[label] += seconds
     violations += _state_violations(p, placement)
     busy = {d: 0.0 for d in p.device_names}
     opt = {d: 0.0 for d in p.device_names}
@@ -907,6 +928,9 @@ def evaluate(problem: Problem, placement: Placement) -> Evaluation:
             busy[x[n]] += saved_issue_s(p, n, dtype[n], x[n])
         home = placement.state_device(n)
         opt[home] += p.opt_step[n][home]
+    for d, seconds in regions.busy_s.items():  # interior ops on their shards
+        busy[d] += seconds
+    split_extra += regions.extra_s
     for t in transfers:
         if t.kind == "param":
             busy[t.dst] += t.seconds
@@ -994,6 +1018,7 @@ def _transfers(p: Problem, placement: Placement) -> list[Transfer]:
     x = placement.device
     out: list[Transfer] = []
     dtype = node_dtypes(p, placement) if p.precision is not None else {}
+    dropped = region_effect(p, placement).dropped if placement.split else frozenset()
     for t in p.tensors:
         src = x[t.producer] if t.producer is not None else p.host
         nbytes = p.copy_bytes(t, p.tensor_dtype(t, dtype)) if dtype else t.bytes
@@ -1007,7 +1032,8 @@ def _transfers(p: Problem, placement: Placement) -> list[Transfer]:
             for src, dst, nbytes, seconds in (((sp.home, sp.other, price.copy_in, price.copy_in_s),)
                                               if price.copy_in else ()) + ((sp.other, sp.home, price.copy_out,
                                                                            price.copy_out_s),):
-                out.append(Transfer(op, src, dst, nbytes, seconds, "split"))
+                if (n, src, dst) not in dropped:
+                    out.append(Transfer(op, src, dst, nbytes, seconds, "split"))
     for n, home in placement.streamed.items():
         if home != x[n] and p.param_bytes[n]:
             a = p.dtype_of(placement, n)  # the weights cross in the form the node computes with
@@ -1129,6 +1155,8 @@ def memory_use(p: Problem, placement: Placement) -> dict[str, int]:
             saved_buffers[d] = max(saved_buffers[d], saved_buffer_bytes(p, n, a))
         elif n not in placement.recompute:
             saved[d] += p.saved_at[n].get(a, p.saved[n])
+    for d, nbytes in (region_effect(p, placement).work_bytes if placement.split else {}).items():
+        work[d] = max(work[d], nbytes)  # interior ops' shards
     return {d: params[d] + buffers[d] + state_buffers[d] + saved_buffers[d] + work[d] + saved[d]
             for d in p.device_names}
 
