@@ -345,3 +345,9 @@ def region_effect(problem: Any, placement: Any) -> RegionEffect:
             for label in problem.hops(src, dst):
                 links[label] = links.get(label, 0.0) - problem.hop_s(nbytes, src, dst, label)
     return RegionEffect(busy, extra, links, work, frozenset(dropped))
+
+
+def interior_ops(graph: Any) -> frozenset[str]:
+    """The interior ops of every region candidate of an OpGraph (with splits asked, the planner keeps
+    them out of coarse groups, as it keeps the splittable linears, so every region can form)."""
+    return frozenset(e for r in region_candidates(graph_steps(graph), graph_widths(graph)) for e in r.interior)
