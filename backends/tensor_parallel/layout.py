@@ -17,6 +17,12 @@ plan axis   what each rank holds and does                                       
                                                                                 Replicate())``
 ==========  ==================================================================  =====================
 
+A split region (:mod:`partitioner.solvers.split_regions`: column splits feeding a row split over
+the same devices and fractions through elementwise ops, as in Megatron's MLP) runs as Megatron
+does: its cols ``ColwiseParallel()`` (output left sharded, the local block), the ops between on
+each rank's block, its row ``RowwiseParallel()`` (input sharded: no all-gather before it, one
+all-reduce after).
+
 Every other op is replicated: each rank runs it whole on the same values (as Megatron-LM does for
 the layers it does not split), so those parameters' gradients are the same on every rank.
 
@@ -67,15 +73,16 @@ class SplitLinear:
     devices: tuple[str, str]      # the plan's (home, other)
     fractions: tuple[float, float]
     sizes: tuple[int, ...]        # the rows (cols) or columns (rows) of the weight each mesh rank holds
+    region: bool = False          # a col or the row of a split region: its output (cols) or input (row) stays sharded
 
     def style(self) -> Any:
         """The ``torch.distributed.tensor.parallel`` style that runs this split (module docstring)."""
-        from torch.distributed.tensor import Replicate
+        from torch.distributed.tensor import Replicate, Shard
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
         if self.axis == "cols":
-            return ColwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
-        return RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+            return ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1) if self.region else Replicate())
+        return RowwiseParallel(input_layouts=Shard(-1) if self.region else Replicate(), output_layouts=Replicate())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,11 +171,14 @@ def split_linears(plan: Any, model: torch.nn.Module, inputs: Sequence[Any] | Non
         PlanMismatch: a split the tensor-parallel styles cannot run exactly (named, with the fix).
     """
     from backends.torch.module import capture_for, unlifted_module
+    from backends.torch.split_regions import plan_regions
 
     if captured is None:
         captured = unlifted_module(capture_for(plan, model, tuple(inputs) if inputs is not None else None))
     gm = captured
     nodes = {n.name: n for n in gm.graph.nodes}
+    in_region = {op for r in plan_regions(gm, plan) if set(r.cols) | {r.row} <= set(groups)
+                 for op in (*r.cols, r.row)}  # every member sharded in this group: nothing rejoined between
     names: dict[int, list[str]] = {}
     for name, p in model.named_parameters(remove_duplicate=False):
         names.setdefault(id(p), []).append(name)
@@ -190,7 +200,8 @@ def split_linears(plan: Any, model: torch.nn.Module, inputs: Sequence[Any] | Non
                 f"torch.distributed.tensor shards into even blocks ({', '.join(map(str, even))} on ranks "
                 f"{', '.join(map(str, range(len(devices))))}) and its collectives gather by those sizes, so this "
                 f"split cannot run across ranks: {_FIX}")
-        linears.append(SplitLinear(op, module, axis, (entry["devices"][0], entry["devices"][1]), fractions, sizes))
+        linears.append(SplitLinear(op, module, axis, (entry["devices"][0], entry["devices"][1]), fractions, sizes,
+                                   op in in_region))
     return tuple(linears)
 
 

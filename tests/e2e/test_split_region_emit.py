@@ -11,18 +11,14 @@ forms no region and runs as separate splits, as it is priced.
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
 
 import models
-from partitioner import Plan, from_module, load_profile
-from partitioner.solvers.problem import Options, Placement, Problem, Solution, Status, evaluate
-from partitioner.solvers.split_regions import regions_of
-from partitioner.solvers.splits import Split, SplitOptions
-from partitioner.verify import verify_placement
 from backends.torch.splits import joined_gradients
+from partitioner import Plan
+from partitioner.solvers.split_regions import regions_of
+from tests.e2e.split_plans import region_plan
 from tests.e2e.test_emit import _loss, _outputs, emit_strict, strict_step
 
 
@@ -49,41 +45,12 @@ def _check(plan: Plan, model: torch.nn.Module, inputs: tuple) -> torch.nn.Module
     return emitted
 
 
-def _region_plan(module: torch.nn.Module, inputs: tuple, *, disagree: bool = False) -> tuple[Plan, Problem, Placement]:
-    """Every region candidate split alike (cycling homes and fractions), the rest on the host; with
-    ``disagree`` each row takes another fraction than its cols."""
-    problem = Problem(from_module(module, inputs), load_profile("h200-host"),
-                      Options(streaming=False, splits=SplitOptions(fractions=(0.25, 0.5, 0.75), proportional=False,
-                                                                   balanced=False)))
-    offer = problem.region_offer
-    device = {n: problem.host for n in problem.nodes}
-    split = {}
-    kinds = itertools.cycle([(("cuda:0", "cpu"), 0.25), (("cpu", "cuda:0"), 0.5), (("cuda:0", "cpu"), 0.75)])
-    for region in offer.regions:
-        devices, f = next(kinds)
-        cols = Split("cols", devices, (f, 1.0 - f))
-        row = Split("rows", devices, (0.5, 0.5) if disagree and f != 0.5 else (f, 1.0 - f))
-        for op in region.cols:
-            split[offer.node_of[op]] = cols
-        split[offer.node_of[region.row]] = row
-        for op in region.members:
-            device[offer.node_of[op]] = devices[0]
-    placement = Placement(device, split=split)
-    ev = evaluate(problem, placement)
-    assert ev.feasible, ev.violations
-    verify_placement(problem, placement, ev)
-    return Plan.from_solution(problem, Solution("by hand", placement, Status.HEURISTIC), ev), problem, placement
-
-
 def test_gpt_small_with_its_mlps_as_regions_equals_the_original(tmp_path) -> None:
     model, inputs = models.get("gpt", "small")
-    plan, problem, placement = _region_plan(model, inputs)
+    loaded, problem, placement = region_plan(model, inputs, tmp_path / "regions.json")
     formed = regions_of(problem, placement)
     assert len(formed) == len(problem.region_offer.regions) == 4
     assert all(problem.region_offer.price[key].latency_s < 0 for key in formed)
-    path = tmp_path / "regions.json"
-    plan.save(path)
-    loaded = Plan.load(path)
     split_copies = sum(t.kind == "split" for t in loaded.transfers)
     assert split_copies == 2 * 4  # per region: fc1's input out and fc2's partial back
     emitted = _check(loaded, model, inputs)
@@ -94,7 +61,7 @@ def test_gpt_small_with_its_mlps_as_regions_equals_the_original(tmp_path) -> Non
 
 def test_a_plan_whose_members_disagree_runs_as_separate_splits() -> None:
     model, inputs = models.get("gpt", "small")
-    plan, problem, placement = _region_plan(model, inputs, disagree=True)
+    plan, problem, placement = region_plan(model, inputs, disagree=True)
     formed = regions_of(problem, placement)
     assert len(formed) == 1  # only the region at 0.5 keeps its members in step
     assert sum(t.kind == "split" for t in plan.transfers) == 2 * 1 + 4 * 3
@@ -106,7 +73,7 @@ def test_an_hf_llama_with_its_swiglu_as_a_region_equals_the_original() -> None:
     from tests.e2e.tensor_parallel_models import llama
 
     model, inputs = llama()
-    plan, problem, placement = _region_plan(model, inputs)
+    plan, problem, placement = region_plan(model, inputs)
     formed = regions_of(problem, placement)
     assert formed and all(len(problem.region_offer.regions[i].cols) == 2 for i, _ in formed)  # gate and up
     _check(plan, model, inputs)
