@@ -92,6 +92,7 @@ def graph_steps(graph: Any) -> dict[str, Step]:
     out = {}
     for op in graph.topological_order():
         readers = tuple(dict.fromkeys(c for t in op.outputs for c in graph.tensors[t].consumers))
+        readers += ("",) if set(op.outputs) & set(graph.outputs) else ()  # a graph output is read whole
         shape = tuple(graph.tensors[op.outputs[0]].shape) if len(op.outputs) == 1 else ()
         kind = op_base_name(op.kind) if op.kind.startswith("aten.") else ""
         reads = tuple(dict.fromkeys(graph.tensors[t].producer or "" for t in op.inputs))
