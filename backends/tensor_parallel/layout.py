@@ -21,7 +21,8 @@ A split region (:mod:`partitioner.solvers.split_regions`: column splits feeding 
 the same devices and fractions through elementwise ops, as in Megatron's MLP) runs as Megatron
 does: its cols ``ColwiseParallel()`` (output left sharded, the local block), the ops between on
 each rank's block, its row ``RowwiseParallel()`` (input sharded: no all-gather before it, one
-all-reduce after).
+all-reduce after). A region cut by heads (attention) runs as separate splits across ranks (its
+module's head counts are fixed in its code).
 
 Every other op is replicated: each rank runs it whole on the same values (as Megatron-LM does for
 the layers it does not split), so those parameters' gradients are the same on every rank.
@@ -171,13 +172,16 @@ def split_linears(plan: Any, model: torch.nn.Module, inputs: Sequence[Any] | Non
         PlanMismatch: a split the tensor-parallel styles cannot run exactly (named, with the fix).
     """
     from backends.torch.module import capture_for, unlifted_module
-    from backends.torch.split_regions import plan_regions
+    from backends.torch.split_regions import fx_steps, plan_regions
+    from partitioner.solvers.split_regions import ELEMENTWISE
 
     if captured is None:
         captured = unlifted_module(capture_for(plan, model, tuple(inputs) if inputs is not None else None))
     gm = captured
     nodes = {n.name: n for n in gm.graph.nodes}
+    steps = fx_steps(gm)  # regions of elementwise ops only: a module's head counts are its own (not -1 everywhere)
     in_region = {op for r in plan_regions(gm, plan) if set(r.cols) | {r.row} <= set(groups)
+                 and all(steps[e].kind in ELEMENTWISE for e in r.interior)
                  for op in (*r.cols, r.row)}  # every member sharded in this group: nothing rejoined between
     names: dict[int, list[str]] = {}
     for name, p in model.named_parameters(remove_duplicate=False):

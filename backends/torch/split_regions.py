@@ -11,7 +11,8 @@ region joined (:func:`join_regions`), as a person would write Megatron's MLP by 
     y = fc2_shard0(h0) + fc2_shard1(h1).to(home)
 
 Each interior op is replicated per shard (``<op>_shard<j>``, on the shard's device, strict-devices site
-``<op>.shard<j>``), each col's shard outputs feed them directly (the cols' concatenation and its copy
+``<op>.shard<j>``; a reshape's size at the cut dimension, a head count, set to the shard's), each
+col's shard outputs feed them directly (the cols' concatenation and its copy
 back are gone), and the row's shard ``j`` reads the last interior op's shard ``j`` (its input slices
 and copy out are gone). Every part of a region is issued right before the row op
 (``meta["hetpart_anchor"]``), which stays the sum of the partials at home. A plan whose members
@@ -30,6 +31,7 @@ import torch.fx
 from backends.torch.attributes import attribute
 from cost_models.precision import op_base_name
 from partitioner.solvers.split_regions import Region, Step, formed, region_candidates
+from partitioner.solvers.splits import shard_sizes
 
 __all__ = ["ANCHOR_META", "REGION_SITES_ATTR", "fx_steps", "join_regions", "plan_regions"]
 
@@ -47,12 +49,18 @@ def fx_steps(gm: torch.fx.GraphModule) -> dict[str, Step]:
         if node.op != "call_function":
             continue
         ins = node.all_input_nodes
-        reads = tuple(dict.fromkeys(a.name if a.op == "call_function" else "" for a in ins if a.op != "get_attr"))
+        first: dict[str, tuple[int, ...]] = {}
+        for a in ins:
+            if a.op != "get_attr":
+                shaped = a.meta.get("val", a.meta.get("tensor_meta"))
+                first.setdefault(a.name if a.op == "call_function" else "",
+                                 tuple(shaped.shape) if hasattr(shaped, "shape") else ())
         readers = tuple(dict.fromkeys(u.name if u.op == "call_function" else "" for u in node.users))
         val = node.meta.get("val", node.meta.get("tensor_meta"))
         shape = tuple(val.shape) if hasattr(val, "shape") else ()
         kind = op_base_name(str(node.target)) if isinstance(node.target, torch._ops.OpOverload) else ""
-        out[node.name] = Step(kind, reads, readers, any(a.op == "get_attr" for a in ins), shape)
+        out[node.name] = Step(kind, tuple(first), readers, any(a.op == "get_attr" for a in ins), shape,
+                              tuple(first.values()))
     return out
 
 
@@ -99,14 +107,16 @@ def join_regions(gm: torch.fx.GraphModule, regions: tuple[Region, ...], plan: An
         shards: dict[str, list[torch.fx.Node]] = {c: [nodes[f"{c}_shard{j}"] for j in range(len(devices))]
                                                   for c in region.cols}
         row_input = nodes[region.row].meta["hetpart_region_input"]
-        for e in region.interior:
+        sizes = shard_sizes(region.width, plan.splits[region.row]["fractions"])
+        for e, (dim, unit) in zip(region.interior, region.layouts):
             node = nodes[e]
             shards[e] = []
             for j, device in enumerate(devices):
                 def local(a: Any, j: int = j) -> Any:
                     return shards[a.name][j] if isinstance(a, torch.fx.Node) and a.name in shards else a
+                args = _local_shape(node, dim, sizes[j] // unit)
                 with graph.inserting_before(node):
-                    clone = graph.create_node("call_function", node.target, torch.fx.map_arg(node.args, local),
+                    clone = graph.create_node("call_function", node.target, torch.fx.map_arg(args, local),
                                               torch.fx.map_arg(node.kwargs, local), name=f"{e}_shard{j}")
                 clone.meta.update({"hetpart_device": device, "hetpart_split": {"op": f"{e}.shard{j}"}})
                 placed[clone.name] = device
@@ -126,6 +136,26 @@ def join_regions(gm: torch.fx.GraphModule, regions: tuple[Region, ...], plan: An
                 elif node.name != region.row:
                     node.meta[ANCHOR_META] = region.row
     setattr(gm, REGION_SITES_ATTR, sites)
+
+
+def _local_shape(node: torch.fx.Node, dim: int, local: int) -> tuple:
+    """``node``'s args for one shard: a reshape's size at the cut dim ``dim`` (its output's) set to
+    the shard's ``local`` size (heads), unless it is ``-1``; every other op's args as they are."""
+    kind = op_base_name(str(node.target))
+    args = list(node.args)
+    if kind == "unflatten":
+        ndim = node.args[0].meta["val"].dim()
+        sizes = list(args[2])
+        at = dim - args[1] % ndim
+        if sizes[at] != -1:
+            sizes[at] = local
+        args[2] = sizes
+    elif kind in ("view", "reshape", "_unsafe_view"):
+        shape = list(args[1])
+        if shape[dim] != -1:
+            shape[dim] = local
+        args[1] = shape
+    return tuple(args)
 
 
 def remember_inputs(gm: torch.fx.GraphModule, regions: tuple[Region, ...]) -> None:

@@ -38,6 +38,7 @@ summed at home. So each ``c``'s copies back to home and ``r``'s copies out of ho
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -61,6 +62,7 @@ class Step:
     readers: tuple[str, ...]   # the ops reading its output
     params: bool               # it reads a parameter or buffer
     shape: tuple[int, ...]     # its one output's shape (() where it has several)
+    in_shapes: tuple[tuple[int, ...], ...] = ()  # the shape of each of ``reads``
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +73,8 @@ class Region:
     interior: tuple[str, ...]   # the ops between them, in program order
     row: str                    # the row-split linear
     width: int                  # features of the region's tensors (row's input, each col's output)
+    granule: int = 1            # every shard's features a multiple of this (a head's, where heads are cut)
+    layouts: tuple[tuple[int, int], ...] = ()  # per interior op: its output's cut dim and features per index
 
     @property
     def members(self) -> tuple[str, ...]:
@@ -95,8 +99,10 @@ def graph_steps(graph: Any) -> dict[str, Step]:
         readers += ("",) if set(op.outputs) & set(graph.outputs) else ()  # a graph output is read whole
         shape = tuple(graph.tensors[op.outputs[0]].shape) if len(op.outputs) == 1 else ()
         kind = op_base_name(op.kind) if op.kind.startswith("aten.") else ""
-        reads = tuple(dict.fromkeys(graph.tensors[t].producer or "" for t in op.inputs))
-        out[op.name] = Step(kind, reads, readers, bool(op.params), shape)
+        first = {}
+        for t in op.inputs:
+            first.setdefault(graph.tensors[t].producer or "", tuple(graph.tensors[t].shape))
+        out[op.name] = Step(kind, tuple(first), readers, bool(op.params), shape, tuple(first.values()))
     return out
 
 
@@ -127,18 +133,17 @@ def region_candidates(steps: Mapping[str, Step], widths: Mapping[str, tuple[int,
             continue
         cols, interior, ok = set(), set(), True
         frontier, seen = [steps[row].reads[0]], set()
-        shape = steps[frontier[0]].shape if frontier[0] in steps else ()
         while frontier and ok:
             u = frontier.pop()
             if u in seen:
                 continue
             seen.add(u)
             step = steps.get(u)
-            if step is None or step.shape != shape or not shape or shape[-1] != width or u == row:
+            if step is None or u == row or not step.shape:
                 ok = False
-            elif u in widths and widths[u][0] == width and len(step.reads) == 1:
+            elif u in widths and widths[u][0] == width and len(step.reads) == 1 and step.shape[-1] == width:
                 cols.add(u)
-            elif step.kind in ELEMENTWISE and not step.params and step.reads:
+            elif step.kind in ELEMENTWISE | HEAD_OPS and not step.params and step.reads:
                 interior.add(u)
                 frontier.extend(step.reads)
             else:
@@ -146,8 +151,78 @@ def region_candidates(steps: Mapping[str, Step], widths: Mapping[str, tuple[int,
         inside = interior | {row}
         if not ok or not cols or any(not set(steps[u].readers) <= inside for u in cols | interior):
             continue
-        out.append(Region(tuple(sorted(cols, key=order.get)), tuple(sorted(interior, key=order.get)), row, width))
+        ordered = tuple(sorted(interior, key=order.get))
+        cut = _cuts(steps, cols, ordered)
+        last = cut.get(steps[row].reads[0]) if cut is not None else None
+        if last is None or last != (len(steps[steps[row].reads[0]].shape) - 1, 1):
+            continue
+        granule = math.lcm(*(unit for _, unit in cut.values()))
+        out.append(Region(tuple(sorted(cols, key=order.get)), ordered, row, width, granule,
+                          tuple(cut[e] for e in ordered)))
     return tuple(sorted(out, key=lambda r: order[r.row]))
+
+
+#: aten ops between a region's linears that move or regroup the cut dimension (heads): views,
+#: transposes, attention over the heads, copies
+HEAD_OPS = frozenset({"unflatten", "view", "reshape", "_unsafe_view", "flatten", "transpose", "permute",
+                      "scaled_dot_product_attention", "clone", "contiguous", "alias"})
+_RESHAPES = frozenset({"unflatten", "view", "reshape", "_unsafe_view", "flatten"})
+_PERMUTES = frozenset({"transpose", "permute"})
+
+
+def _cuts(steps: Mapping[str, Step], cols: set[str], interior: Sequence[str]) -> dict[str, tuple[int, int]] | None:
+    """Each region tensor's cut: ``(dim, features per index)``, from the cols' outputs (their last
+    dim, one feature each) through the interior ops in program order, read from shapes alone (so
+    the planner's and the emitter's graphs agree); None where an op cannot run on a shard."""
+    cut: dict[str, tuple[int, int]] = {c: (len(steps[c].shape) - 1, 1) for c in cols}
+    for e in interior:
+        step = steps[e]
+        ins = [cut[r] for r in step.reads]
+        if step.kind in ELEMENTWISE or step.kind in ("clone", "contiguous", "alias"):
+            if len(set(ins)) != 1 or any(shape != step.shape for shape in step.in_shapes):
+                return None
+            cut[e] = ins[0]
+        elif step.kind in _RESHAPES and len(ins) == 1:
+            moved = _reshaped(step.in_shapes[0], step.shape, *ins[0])
+            if moved is None:
+                return None
+            cut[e] = moved
+        elif step.kind in _PERMUTES and len(ins) == 1:
+            dim, unit = ins[0]
+            size = step.in_shapes[0][dim]
+            if sorted(step.in_shapes[0]) != sorted(step.shape) or list(step.shape).count(size) != 1:
+                return None  # not a permutation, or the cut dim cannot be told apart by its size
+            cut[e] = (list(step.shape).index(size), unit)
+        elif step.kind == "scaled_dot_product_attention" and len(ins) == 3:
+            q, k, _ = step.in_shapes
+            heads = len(q) - 3
+            if len(set(ins)) != 1 or ins[0][0] != heads or q != k or step.shape[:-1] != q[:-1]:
+                return None  # heads cut alike in q, k and v (no mask tensor, no grouped heads)
+            cut[e] = ins[0]
+        else:
+            return None
+    return cut
+
+
+def _reshaped(shape: Sequence[int], out: Sequence[int], dim: int, unit: int) -> tuple[int, int] | None:
+    """Where a reshape from ``shape`` to ``out`` puts the cut dim ``dim`` (``unit`` features per
+    index): the dim of ``out`` after the same leading elements, split (more features per index) or
+    merged with the dims right after it (fewer); None where the cut is not the outermost of them."""
+    pre = math.prod(shape[:dim])
+    at = next((i for i in range(len(out)) if math.prod(out[:i]) == pre and out[i] != 1), None)
+    if at is None:
+        return None
+    size, new = shape[dim], out[at]
+    if new == size:
+        return at, unit
+    if new < size and size % new == 0 and any(math.prod(out[at + 1:at + 1 + m]) == size // new
+                                              for m in range(1, len(out) - at)):
+        return at, unit * (size // new)
+    merged = new // size if new % size == 0 else 0
+    if merged and unit % merged == 0 and any(math.prod(shape[dim + 1:dim + 1 + m]) == merged
+                                             for m in range(1, len(shape) - dim)):
+        return at, unit // merged
+    return None
 
 
 def formed(candidates: Sequence[Region], split_of: Callable[[str], tuple[str, tuple, tuple] | None],
@@ -165,7 +240,7 @@ def formed(candidates: Sequence[Region], split_of: Callable[[str], tuple[str, tu
             continue
         _, devices, fractions = row
         sizes = shard_sizes(widths[region.row][1], fractions)
-        if all(split_of(c) is not None and split_of(c)[0] == "cols" and tuple(split_of(c)[1]) == tuple(devices)
+        if all(size % region.granule == 0 for size in sizes) and all(split_of(c) is not None and split_of(c)[0] == "cols" and tuple(split_of(c)[1]) == tuple(devices)
                and tuple(split_of(c)[2]) == tuple(fractions) and shard_sizes(widths[c][0], fractions) == sizes
                for c in region.cols) and all(device_of(e) == devices[0] for e in region.interior):
             out.append(region)

@@ -58,13 +58,14 @@ def split_plan(module: torch.nn.Module, inputs: tuple, path: Path, choose: Choos
 
 
 def region_plan(module: torch.nn.Module, inputs: tuple, path: Path | None = None, *,
-                fractions: Sequence[float] = (0.25, 0.5, 0.75), disagree: bool = False,
+                fractions: Sequence[float] = (0.25, 0.5, 0.75), disagree: bool = False, heads: bool = True,
                 **plan_keywords: Any) -> tuple[Plan, Problem, Placement]:
     """A plan with every split region of ``module`` (:mod:`partitioner.solvers.split_regions`: its
     MLPs) formed: each region's cols split ``cols`` and its row ``rows`` over one pair of devices at
     one fraction, its interior ops on the home (homes alternating between cuda:0 and cpu, fractions
     cycling through ``fractions``), everything else on the host. With ``disagree`` each row off the
-    fraction 0.5 takes 0.5 instead (no region forms there). Checked like :func:`split_plan`; saved
+    fraction 0.5 takes 0.5 instead (no region forms there); without ``heads`` regions cut by heads
+    (attention) are left whole. Checked like :func:`split_plan`; saved
     to ``path`` and loaded from it when given. Returns the plan, its problem and placement."""
     problem = Problem(from_module(module, inputs), load_profile("h200-host"),
                       Options(streaming=False, splits=SplitOptions(fractions=tuple(fractions), proportional=False,
@@ -74,6 +75,8 @@ def region_plan(module: torch.nn.Module, inputs: tuple, path: Path | None = None
     split = {}
     kinds = zip(itertools.cycle([("cuda:0", "cpu"), ("cpu", "cuda:0")]), itertools.cycle(fractions))
     for region in offer.regions:
+        if region.granule > 1 and not heads:
+            continue
         devices, f = next(kinds)
         cols = Split("cols", devices, (f, round(1.0 - f, 10)))
         row = Split("rows", devices, (0.5, 0.5) if disagree and f != 0.5 else cols.fractions)

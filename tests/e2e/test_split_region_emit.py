@@ -4,8 +4,10 @@ Each MLP's first linear(s) split by columns and its last by rows over the same d
 fractions, the activation between on the home (:mod:`partitioner.solvers.split_regions`): the
 emitted module never rejoins the columns' shards (the run's copies equal the plan's transfers, from
 which the region dropped the columns' copies back and the row's copies out), and its outputs and
-gradients equal the original's. Models: ``gpt:small`` (``fc1 -> gelu -> fc2``) and a one-layer HF
-Llama (``silu(gate) * up -> down``). A plan whose members disagree (the row at another fraction)
+gradients equal the original's. Models: ``gpt:small`` (``fc1 -> gelu -> fc2``, and its attention by
+heads: ``q, k, v -> unflatten, transpose -> sdpa -> transpose, flatten -> o_proj`` with each shard's
+head count in its ``unflatten``) and a one-layer HF Llama (``silu(gate) * up -> down``; its attention
+reads the rotary tables, so it is no region). A plan whose members disagree (the row at another fraction)
 forms no region and runs as separate splits, as it is priced.
 """
 
@@ -49,22 +51,26 @@ def test_gpt_small_with_its_mlps_as_regions_equals_the_original(tmp_path) -> Non
     model, inputs = models.get("gpt", "small")
     loaded, problem, placement = region_plan(model, inputs, tmp_path / "regions.json")
     formed = regions_of(problem, placement)
-    assert len(formed) == len(problem.region_offer.regions) == 4
+    assert len(formed) == len(problem.region_offer.regions) == 8  # each block's attention (by heads) and MLP
+    assert {problem.region_offer.regions[i].granule for i, _ in formed} == {1, 32}  # features, a head's
     assert all(problem.region_offer.price[key].latency_s < 0 for key in formed)
     split_copies = sum(t.kind == "split" for t in loaded.transfers)
-    assert split_copies == 2 * 4  # per region: fc1's input out and fc2's partial back
+    assert split_copies == 4 * (3 + 1) + 4 * (1 + 1)  # per region: each col's input out, the row's partial back
     emitted = _check(loaded, model, inputs)
     names = {n.name for n in emitted.graph.nodes}
     assert {"gelu_shard0", "gelu_shard1", "linear_4_shard1", "linear_5_shard1"} <= names
     assert "gelu" not in names and "linear_4" not in names  # no whole gelu, no concatenation of fc1's shards
+    assert {"scaled_dot_product_attention_shard0", "scaled_dot_product_attention_shard1"} <= names  # heads
+    assert emitted.graph.find_nodes(op="call_function", target=torch.ops.aten.unflatten.int)[0].args[2][0] in (2, 6)
 
 
 def test_a_plan_whose_members_disagree_runs_as_separate_splits() -> None:
-    model, inputs = models.get("gpt", "small")
+    model, inputs = models.get("gpt", "tiny")
     plan, problem, placement = region_plan(model, inputs, disagree=True)
-    formed = regions_of(problem, placement)
-    assert len(formed) == 1  # only the region at 0.5 keeps its members in step
-    assert sum(t.kind == "split" for t in plan.transfers) == 2 * 1 + 4 * 3
+    formed = {problem.region_offer.regions[i] for i, _ in regions_of(problem, placement)}
+    assert 0 < len(formed) < len(problem.region_offer.regions)  # only the regions at 0.5 keep their members in step
+    expected = sum(len(r.cols) + 1 if r in formed else 2 * (len(r.cols) + 1) for r in problem.region_offer.regions)
+    assert sum(t.kind == "split" for t in plan.transfers) == expected
     _check(plan, model, inputs)
 
 

@@ -133,7 +133,8 @@ def test_gpt_small_with_its_mlps_as_split_regions_on_two_ranks_equals_the_model(
     """Each MLP as Megatron runs it (ColwiseParallel with its output left sharded, gelu on each rank's
     block, RowwiseParallel with its input sharded): outputs, loss and gathered gradients equal the model."""
     model, inputs = models.get("gpt", "small")
-    plan, _, _ = region_plan(model, inputs, tmp_path / "gpt-regions.json", fractions=(0.5,), model_name="gpt:small")
+    plan, _, _ = region_plan(model, inputs, tmp_path / "gpt-regions.json", fractions=(0.5,), heads=False,
+                             model_name="gpt:small")
     layout = layout_of(plan, model, inputs)
     assert all(s.region for s in layout.linears) and len(layout.linears) == 8
     blocks = {f"blocks.{i}.mlp.{m}" for i in range(4) for m in ("ff1", "ff2")}
@@ -147,7 +148,7 @@ def test_an_hf_llama_with_its_swiglu_as_a_split_region_on_two_ranks_equals_the_m
     from tests.e2e.tensor_parallel_models import llama
 
     model, inputs = llama()
-    plan, _, _ = region_plan(model, inputs, tmp_path / "llama-regions.json", fractions=(0.5,))
+    plan, _, _ = region_plan(model, inputs, tmp_path / "llama-regions.json", fractions=(0.5,), heads=False)
     layout = layout_of(plan, model, inputs)
     assert {s.module for s in layout.linears} == {f"lm.model.layers.0.mlp.{m}" for m in ("gate_proj", "up_proj",
                                                                                        "down_proj")}

@@ -52,6 +52,20 @@ class Scaled(torch.nn.Module):
         return self.fc2(self.fc1(x) * self.scale)
 
 
+class Attention(torch.nn.Module):
+    """gpt:small's attention at 4 heads of 8: q, k, v cut by heads, o_proj the row."""
+
+    def __init__(self, heads: int = 4) -> None:
+        super().__init__()
+        self.heads = heads
+        self.q, self.k, self.v, self.o = (torch.nn.Linear(32, 32) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = (p(x).unflatten(-1, (self.heads, -1)).transpose(1, 2) for p in (self.q, self.k, self.v))
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o(y.transpose(1, 2).flatten(2))
+
+
 def _mlp(act: torch.nn.Module) -> torch.nn.Module:
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(32, 128), act, torch.nn.Linear(128, 32)).eval()
@@ -65,15 +79,25 @@ CASES = {
     "softmax between": (lambda: _mlp(torch.nn.Softmax(-1)), []),
     "also an output": (Leaky, []),
     "a parameter between": (Scaled, []),
+    "attention by heads": (Attention, [(("linear", "linear_1", "linear_2"), ("unflatten", "transpose", "unflatten_1",
+                                       "transpose_1", "unflatten_2", "transpose_2", "scaled_dot_product_attention",
+                                       "transpose_3", "flatten"), "linear_3")]),
+    "heads as many as tokens": (lambda: Attention(16), []),  # which dim a transpose moves is unclear: no region
+}
+INPUTS = {  # (batch, tokens, features); the others take X
+    "attention by heads": X.reshape(2, 32, 32),
+    "heads as many as tokens": X.reshape(4, 16, 32),
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_candidates_are_found_alike_on_the_op_graph_and_on_the_emitters_fx_graph(case: str) -> None:
     build, expected = CASES[case]
-    graph = from_module(build().eval(), (X,))
+    module = build().eval()
+    graph = from_module(module, (INPUTS.get(case, X),))
     found = region_candidates(graph_steps(graph), graph_widths(graph))
     assert [(r.cols, r.interior, r.row) for r in found] == expected
+    assert all(r.granule == (8 if isinstance(module, Attention) else 1) for r in found)  # a head's features
     fx = region_candidates(fx_steps(unlifted_module(graph)), graph_widths(graph))
     assert fx == found
 
