@@ -83,3 +83,21 @@ def test_an_hf_llama_with_its_swiglu_as_a_region_equals_the_original() -> None:
     formed = regions_of(problem, placement)
     assert formed and all(len(problem.region_offer.regions[i].cols) == 2 for i, _ in formed)  # gate and up
     _check(plan, model, inputs)
+
+
+@pytest.mark.slow
+def test_the_planner_forms_regions_under_a_tight_cap_and_the_plan_runs() -> None:
+    """gpt:small with cuda:0 capped at 3 MB: the ILP splits each MLP's two linears alike with gelu on
+    the home (a region: one copy out and one back instead of two each), and the plan runs."""
+    from backends.torch.module import capture_for, unlifted_module
+    from backends.torch.split_regions import plan_regions
+    from partitioner import partition
+
+    model, inputs = models.get("gpt", "small")
+    plan = partition(model, inputs, "h200-host", splits=True, time_limit=30, memory={"cuda:0": "3MB"})
+    regions = plan_regions(unlifted_module(capture_for(plan, model)), plan)
+    assert regions, plan.splits
+    members = {op for r in regions for op in (*r.cols, r.row)}
+    expected = sum(len(r.cols) + 1 for r in regions) + 2 * len(set(plan.splits) - members)
+    assert sum(t.kind == "split" for t in plan.transfers) == expected
+    _check(plan, model, inputs)
