@@ -101,3 +101,29 @@ def test_the_planner_forms_regions_under_a_tight_cap_and_the_plan_runs() -> None
     expected = sum(len(r.cols) + 1 for r in regions) + 2 * len(set(plan.splits) - members)
     assert sum(t.kind == "split" for t in plan.transfers) == expected
     _check(plan, model, inputs)
+
+
+def test_a_hand_edited_plan_whose_row_disagrees_is_no_region_for_the_price_nor_the_emitter(tmp_path) -> None:
+    """A region plan file with its row's fractions edited: the emitter's rule forms no region there,
+    and the plan's own check (``evaluate`` of its placement, the price's rule) asks for the copies
+    separate splits make, so the stale file is refused naming them."""
+    import dataclasses
+    import json
+
+    from backends.torch.module import capture_for, unlifted_module
+    from backends.torch.split_regions import plan_regions
+    from partitioner.errors import PlanMismatch
+    from tests.e2e.tensor_parallel_models import mlp
+
+    model, inputs = mlp()
+    plan, _, _ = region_plan(model, inputs, tmp_path / "mlp.json", fractions=(0.5,))
+    gm = unlifted_module(capture_for(plan, model))
+    assert [r.row for r in plan_regions(gm, plan)] == ["linear_1"]
+    text = json.loads((tmp_path / "mlp.json").read_text())
+    text["splits"]["linear_1"]["fractions"] = [0.75, 0.25]
+    (tmp_path / "edited.json").write_text(json.dumps(text))
+    with pytest.raises(PlanMismatch, match=r"transfers lack the copy of split 'linear' .*\n.*split 'linear_1'"):
+        Plan.load(tmp_path / "edited.json").emit(model, {"cuda:0": "cpu"})
+    edited = dict(plan.splits)
+    edited["linear_1"] = {**plan.splits["linear_1"], "fractions": [0.75, 0.25]}
+    assert plan_regions(gm, dataclasses.replace(plan, splits=edited)) == ()
