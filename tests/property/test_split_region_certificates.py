@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from models.synthetic import random_profile
 from partitioner import from_module
 from partitioner.solvers.ilp import solve_ilp
-from partitioner.solvers.problem import Objective, Options, Problem, evaluate
+from partitioner.solvers.problem import Objective, Options, Placement, Problem, evaluate
 from partitioner.solvers.split_regions import regions_of
 from partitioner.solvers.splits import SplitOptions
 from tests.property.oracle import count_candidates, optimum
@@ -121,3 +121,33 @@ def test_the_mlp_forms_a_region_and_the_ilp_chooses_it_where_the_copies_dominate
         assert ev.total_s == pytest.approx(best, rel=1e-6), solver
         assert sol.objective == pytest.approx(ev.total_s, rel=1e-6), solver
         assert regions_of(problem, sol.placement), solver
+
+
+def test_an_attention_region_by_heads_is_priced_alike_by_the_ilp_and_evaluate() -> None:
+    """gpt-style attention (q, k, v cut by heads into o_proj; too many nodes for brute force): at gap 0
+    each solver's placement is evaluated at its reported objective, no worse than the placement
+    forming the region by hand, and its bound is no higher."""
+    import dataclasses
+
+    from tests.unit.test_split_regions import Attention
+
+    torch.manual_seed(0)
+    graph = from_module(Attention().eval(), (torch.randn(2, 512, 32),))
+    profile = random_profile(11, 2)
+    problem = Problem(graph, profile, Options(streaming=False, splits=SplitOptions(fractions=(0.5,), proportional=False,
+                                                                                   balanced=False)))
+    offer = problem.region_offer
+    (region,) = offer.regions
+    accel = next(d.name for d in profile.devices if d.name != "cpu")
+    cols = next(sp for i, sp in offer.price if sp.home == accel)
+    device = {n: accel for n in problem.nodes}
+    split = {offer.node_of[c]: cols for c in region.cols} | {offer.node_of[region.row]: dataclasses.replace(
+        cols, axis="rows")}
+    by_hand = Placement(device, split=split)
+    assert regions_of(problem, by_hand) and evaluate(problem, by_hand).feasible
+    for solver in ("highs", "cbc"):
+        sol = solve_ilp(problem, solver=solver, gap=0.0, time_limit=60, warm_start=by_hand)
+        ev = evaluate(problem, sol.placement)
+        assert sol.objective == pytest.approx(ev.total_s, rel=1e-6), solver
+        assert ev.total_s <= evaluate(problem, by_hand).total_s * (1 + 1e-9), solver
+        assert sol.bound <= ev.total_s * (1 + 1e-6), solver
