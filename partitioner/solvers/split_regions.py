@@ -9,16 +9,23 @@ which :func:`~partitioner.solvers.problem.evaluate`, the ILP, the bounds and the
 
 A *region* is a linear ``r`` whose input is produced, through *interior* ops only, by the linears
 ``c1..cm``: every tensor an interior op reads is a ``c``'s output or another interior op's, every
-reader of a ``c``'s or an interior op's output is an interior op or ``r``, and an interior op is an
-elementwise aten op (:data:`ELEMENTWISE`) reading no parameter whose output has the shape of the
-``c``'s outputs, whose last dimension is ``r``'s input features (each ``c``'s output features).
-Cases: an MLP ``fc1 -> gelu -> fc2``, a SwiGLU ``silu(gate) * up -> down``, two linears back to
-back.
+reader of a ``c``'s or an interior op's output is an interior op or ``r`` (never a graph output),
+an interior op reads no parameter, and each ``c``'s output features are ``r``'s input features.
+Interior ops are elementwise aten ops (:data:`ELEMENTWISE`, operands of one shape) or ops that move
+the cut dimension (:data:`HEAD_OPS`: views, transposes, ``scaled_dot_product_attention`` over the
+heads). Each region tensor's *cut* (the dim the shards divide and the ``c`` features per index of
+it) is followed from the ``c``'s outputs (their last dim) through them, from shapes alone
+(:func:`_cuts`), so the planner's graph and the emitter's fx graph find the same regions; ``r``'s
+input must come back cut along its last dim, and the largest features per index (a head's) is the
+region's *granule*. Cases: an MLP ``fc1 -> gelu -> fc2``, a SwiGLU ``silu(gate) * up -> down``, two
+linears back to back, attention ``q, k, v -> unflatten, transpose -> sdpa -> transpose, flatten ->
+o_proj`` (by heads). A region whose interior reads anything else (rotary tables, a mask tensor, a
+learned scale), or grouped heads, is not found.
 
 A candidate *forms* under a placement when every ``c`` is split ``cols`` and ``r`` ``rows`` over the
 same devices with the same fractions (so each device's shard of the ``c``'s outputs is its shard of
-``r``'s input: :func:`~partitioner.solvers.splits.shard_sizes` of one width), and every interior op
-runs on the split's home. Anything else (members split otherwise, a hand-edited plan whose members
+``r``'s input: :func:`~partitioner.solvers.splits.shard_sizes` of one width), every shard a multiple
+of the granule (whole heads), and every interior op runs on the split's home. Anything else (members split otherwise, a hand-edited plan whose members
 disagree, an interior op elsewhere) is not a region: its splits are priced and emitted one by one.
 
 Semantics of a formed region (``devices = (home, d1, ...)``, shares ``s_j``): the ``c``'s shards
@@ -379,11 +386,6 @@ def interior_floor(problem: Any, node: str) -> float:
             times, _ = _interior_shards(problem, members, region.width, sp)
             best = min(best, min(times))
     return best
-
-
-def dropped_copies(problem: Any, placement: Any) -> list[tuple[str, str, str, int, float]]:
-    """Every split copy the regions of ``placement`` do not make: ``(node, src, dst, bytes, seconds)``."""
-    return [c for key in regions_of(problem, placement) for c in problem.region_offer.price[key].dropped]
 
 
 def droppable(problem: Any, node: str, split: Any) -> frozenset[tuple[str, str]]:
