@@ -32,6 +32,7 @@ from partitioner.plan.values import InputSpec
 from partitioner.solvers import (BASELINE_NAMES, ONNX_BASELINE_NAMES, SPLIT_BASELINE_NAMES, TRAINING_BASELINES,
                                  run_baseline)
 from partitioner.solvers.problem import accelerator_devices
+from partitioner.solvers.split_regions import interior_ops
 from partitioner.solvers.splits import resolve_splits, splittable_ops
 from partitioner.solvers.train_state import tidy
 from partitioner.solvers.bounds import memory_aware_lower_bound, physical_lower_bound
@@ -170,8 +171,10 @@ def partition_outcome(
         from partitioner.device_map_pins import pins_from_device_map
 
         pins = pins_from_device_map(cons.device_map_pins, graph, profile.names(), cons.pins)
-    # with splits, each splittable op stays a node of its own (a coarse group is never split)
-    splittable = splittable_ops(graph, options_.splits)
+    # with splits, each splittable op stays a node of its own (a coarse group is never split), and so
+    # does each op between a column split and a row split (solvers/split_regions.py: a region forms)
+    splittable = splittable_ops(graph, options_.splits) | interior_ops(graph) if options_.splits is not None \
+        else frozenset()
     coarse = _coarsen(graph, options_, search.coarsen, pins, cons.align_modules, splittable)
     from cost_models.profiled import resolve_costs  # here: cost_models.profiled imports partitioner's errors
 

@@ -13,6 +13,7 @@ import networkx as nx
 from partitioner.errors import VerificationError
 from partitioner.ir import OpGraph
 from partitioner.solvers.problem import Evaluation, Placement, Problem
+from partitioner.solvers.split_regions import region_effect
 
 
 def verify_graph(graph: OpGraph) -> None:
@@ -77,6 +78,7 @@ def _check_splits(problem: Problem, placement: Placement, evaluation: Evaluation
     direction; a time split: its chunks' copies from the host in one)."""
     out = []
     made = [(t.tensor, t.src, t.dst) for t in evaluation.transfers if t.kind == "split"]
+    dropped = region_effect(problem, placement).dropped  # a region's columns and row share their shards
     for n, sp in placement.split.items():
         if sp not in problem.split_choices.get(n, ()):
             out.append(f"{n} is split {sp.label}, which the problem does not offer")
@@ -86,8 +88,8 @@ def _check_splits(problem: Problem, placement: Placement, evaluation: Evaluation
         op = next(m for m in problem.members[n] if not problem.original.ops[m].is_view)
         pairs = [(src, dst) for src, dst, nbytes, _ in problem.split_price[(n, sp)].copies if nbytes]
         pairs = list(dict.fromkeys(pairs))
-        for pair in pairs:
-            if sum(made.count((name, *pair)) for name in {n, op}) != 1:
+        for pair in pairs:  # a time split: its chunks' copies in one transfer, nothing back
+            if sum(made.count((name, *pair)) for name in {n, op}) != ((n, *pair) not in dropped):
                 out.append(f"{n} is split {sp.label} but its copy {pair[0]} -> {pair[1]} is not made exactly once")
     return out
 

@@ -17,6 +17,13 @@ plan axis   what each rank holds and does                                       
                                                                                 Replicate())``
 ==========  ==================================================================  =====================
 
+A split region (:mod:`partitioner.solvers.split_regions`: column splits feeding a row split over
+the same devices and fractions through elementwise ops, as in Megatron's MLP) runs as Megatron
+does: its cols ``ColwiseParallel()`` (output left sharded, the local block), the ops between on
+each rank's block, its row ``RowwiseParallel()`` (input sharded: no all-gather before it, one
+all-reduce after). A region cut by heads (attention) runs as separate splits across ranks (its
+module's head counts are fixed in its code).
+
 Every other op is replicated: each rank runs it whole on the same values (as Megatron-LM does for
 the layers it does not split), so those parameters' gradients are the same on every rank.
 
@@ -71,15 +78,16 @@ class SplitLinear:
     devices: tuple[str, ...]      # the plan's (home, d1, ...)
     fractions: tuple[float, ...]
     sizes: tuple[int, ...]        # the rows (cols) or columns (rows) of the weight each mesh rank holds
+    region: bool = False          # a col or the row of a split region: its output (cols) or input (row) stays sharded
 
     def style(self) -> Any:
         """The ``torch.distributed.tensor.parallel`` style that runs this split (module docstring)."""
-        from torch.distributed.tensor import Replicate
+        from torch.distributed.tensor import Replicate, Shard
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
         if self.axis == "cols":
-            return ColwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
-        return RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+            return ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1) if self.region else Replicate())
+        return RowwiseParallel(input_layouts=Shard(-1) if self.region else Replicate(), output_layouts=Replicate())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,11 +183,17 @@ def split_linears(plan: Any, model: torch.nn.Module, inputs: Sequence[Any] | Non
         PlanMismatch: a split the tensor-parallel styles cannot run exactly (named, with the fix).
     """
     from backends.torch.module import capture_for, unlifted_module
+    from backends.torch.split_regions import fx_steps, plan_regions
+    from partitioner.solvers.split_regions import ELEMENTWISE
 
     if captured is None:
         captured = unlifted_module(capture_for(plan, model, tuple(inputs) if inputs is not None else None))
     gm = captured
     nodes = {n.name: n for n in gm.graph.nodes}
+    steps = fx_steps(gm)  # regions of elementwise ops only: a module's head counts are its own (not -1 everywhere)
+    in_region = {op for r in plan_regions(gm, plan) if set(r.cols) | {r.row} <= set(groups)
+                 and all(steps[e].kind in ELEMENTWISE for e in r.interior)
+                 for op in (*r.cols, r.row)}  # every member sharded in this group: nothing rejoined between
     names: dict[int, list[str]] = {}
     for name, p in model.named_parameters(remove_duplicate=False):
         names.setdefault(id(p), []).append(name)
@@ -204,7 +218,7 @@ def split_linears(plan: Any, model: torch.nn.Module, inputs: Sequence[Any] | Non
                 f"torch.distributed.tensor shards into even blocks ({', '.join(map(str, even))} on ranks "
                 f"{', '.join(map(str, range(len(devices))))}) and its collectives gather by those sizes, so this "
                 f"split cannot run across ranks: {_FIX}")
-        linears.append(SplitLinear(op, module, axis, tuple(entry["devices"]), fractions, sizes))
+        linears.append(SplitLinear(op, module, axis, tuple(entry["devices"]), fractions, sizes, op in in_region))
     return tuple(linears)
 
 

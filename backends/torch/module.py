@@ -56,6 +56,7 @@ from backends.torch.replaced import remember
 from backends.torch.saved_on_host import hold_saved_on_host
 from backends.torch.sparse_grads import mark_sparse_gradients
 from backends.torch.chunked import chunk_linears, label_fetches
+from backends.torch.split_regions import ANCHOR_META
 from backends.torch.splits import split_linears
 from partitioner.plan.splits import refuse_splits
 from backends.torch.streaming import STREAMER_ATTR, WeightStreamer
@@ -395,7 +396,9 @@ def _reorder(gm: torch.fx.GraphModule, schedule: tuple[str, ...]) -> None:
         prev.append(node)
     by_op: dict[str, list[torch.fx.Node]] = {}  # a split op's shards, copies and slices go right before it
     for node in gm.graph.nodes:
-        if "hetpart_split" in node.meta:  # sites "<op>.shard<i>", copies "<op>" or "<op>.part<i>"
+        if ANCHOR_META in node.meta:  # a split region's part: before its row op (backends/torch/split_regions.py)
+            by_op.setdefault(node.meta[ANCHOR_META], []).append(node)
+        elif "hetpart_split" in node.meta:  # sites "<op>.shard<i>", copies "<op>" or "<op>.part<i>"
             site = node.meta["hetpart_split"].get("op", node.meta["hetpart_split"].get("tensor", ""))
             by_op.setdefault(site.split(".shard")[0].split(".part")[0], []).append(node)
     for op, parts in by_op.items():

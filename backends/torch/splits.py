@@ -17,6 +17,8 @@ devices, never the whole weight on one of them; for ``cols`` the bias is cut ali
 stays whole on ``home``. The op's node keeps its name and becomes the rejoin, so its consumers and
 the plan's placement are unchanged. Each new node carries ``meta["hetpart_split"]``: the
 strict-devices site it runs (``"<op>.shard<i>"`` on ``devices[i]``, or the split copy of ``<op>``).
+Column splits feeding a row split over the same devices and fractions form a region
+(:mod:`backends.torch.split_regions`): their shards are not rejoined.
 
 The module's ``state_dict`` keeps the original's keys (each shard pair joined on the host) and its
 ``load_state_dict`` takes them (cut into the shards): :data:`SPLIT_ATTR` maps each original tensor
@@ -36,6 +38,7 @@ import torch
 import torch.fx
 
 from backends.torch.attributes import attribute
+from backends.torch.split_regions import join_regions, plan_regions, remember_inputs
 from partitioner.errors import PlanMismatch
 from partitioner.solvers.split_axes import OP_AXES
 from partitioner.solvers.splits import shard_sizes
@@ -70,6 +73,8 @@ def split_linears(gm: torch.fx.GraphModule, plan: Any,
         gm._hetpart_state_order = list(gm.state_dict(keep_vars=True))
     placed: dict[str, str] = {}
     joined: dict[str, tuple[int | None, tuple[str, ...]]] = dict(getattr(gm, SPLIT_ATTR, {}))
+    regions = plan_regions(gm, plan)  # found before the rewrite, by the rule evaluate prices
+    remember_inputs(gm, regions)
     for op, entry in plan.splits.items():
         if entry["axis"] == "time":  # in time, on one device: backends/torch/chunked.py
             continue
@@ -82,6 +87,7 @@ def split_linears(gm: torch.fx.GraphModule, plan: Any,
                                f"{op!r} is {getattr(node, 'target', 'missing')}: only aten linear ops take splits; "
                                f"re-plan (hetpart plan MODEL --split)")
         placed.update(_rewrite(gm, node, entry, physical, joined))
+    join_regions(gm, regions, plan, placed)  # column shards into row shards, nothing rejoined between
     setattr(gm, SPLIT_ATTR, joined)
     if not getattr(gm, "_hetpart_split_hooks", False):
         gm._register_state_dict_hook(_join_state)

@@ -42,6 +42,7 @@ from backends.strict_devices import Site, StrictDevices, schema_name, strict_bin
 from backends.torch.attributes import attribute
 from backends.torch.packed import PACKED_ATTR
 from backends.torch.recompute import recompute_regions
+from backends.torch.split_regions import region_sites
 from backends.torch.splits import SPLIT_ATTR, planned_shards
 from backends.torch.saved_on_host import TARGET_META, HoldOnHost
 from backends.strict_report import DeviceReport, compare_with_plan
@@ -69,9 +70,10 @@ class StrictRun:
         self._state: list[tuple[str, torch.Tensor]] = []
         self._inputs: dict[Any, list[str]] = {}
         self._packed: dict[str, str] = {}  # a packed weight's tensor -> the weight it stands for
+        self._region_sites: dict[str, str] = {}  # a split region's interior shards -> their devices
 
     def __enter__(self) -> StrictRun:
-        self.mode.planned = {**self.plan.placement, **planned_shards(self.plan)}
+        self.mode.planned = {**self.plan.placement, **planned_shards(self.plan), **self._region_sites}
         self.mode.__enter__()
         return self
 
@@ -87,6 +89,8 @@ class StrictRun:
         """
         forward = type(module).forward
         canonical = canonical_names(module, self.plan)
+        self._region_sites.update(region_sites(module))  # the emitter's interior shards, each on its shard's device
+        self.mode.planned = {**self.mode.planned, **self._region_sites}
         if sites is None:  # plan.emit's module, and the checkpointed regions it calls (their own fx code)
             watched = [(forward.__code__, fx_sites(module, self.plan))]
             watched += [(type(r).forward.__code__, fx_sites(r, self.plan)) for r in recompute_regions(module)]

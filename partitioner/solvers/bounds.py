@@ -31,6 +31,11 @@ whole op's on the faster device: each shard reads at least its share of the byte
 share of the flops). In the memory-aware program each split that fits alone is one more
 alternative of its op (``k``, beside the whole op on each device): its latency on the path, or each
 shard on its device, each shard's weight and working set on its device, its copies on the links.
+A split region (:mod:`partitioner.solvers.split_regions`) may hide a member split's copies and all
+but one shard from the latency sum, and shard its interior ops: with ``latency`` a region member's
+split is charged its shortest shard (:meth:`~partitioner.solvers.problem.Problem.split_floor`),
+an interior node at least its fastest shard in any region, and the copies a region may drop are
+left off the links in the memory-aware program.
 A time split (:mod:`partitioner.solvers.chunked_streaming`) is priced there the same way: its
 pipelined time is at least the whole op's on its home (each chunk does its share of the flops and
 reads at least its share of the bytes, launch included), so the physical bound stays one.
@@ -43,6 +48,7 @@ import logging
 from partitioner.solvers.milp import Milp, Term
 from partitioner.solvers.pipeline import Schedule
 from partitioner.solvers.problem import Objective, Problem
+from partitioner.solvers.split_regions import droppable, interior_floor
 from partitioner.solvers.train_state import grad_hop_s, saved_hop_s, state_hop_s, update_hop_s
 
 log = logging.getLogger(__name__)
@@ -51,7 +57,8 @@ log = logging.getLogger(__name__)
 def fastest(problem: Problem, node: str) -> float:
     """A node's time on its fastest allowed device, with its cheapest optimizer step."""
     compute = min(problem.least_compute(node, d) for d in problem.compute[node])
-    compute = min([compute, *(problem.split_cost(node, sp) for sp in problem.split_choices.get(node, ()))])
+    compute = min([compute, *(problem.split_floor(node, sp) for sp in problem.split_choices.get(node, ())),
+                   interior_floor(problem, node)])
     hidden = problem.train_state and problem.options.objective is Objective.LATENCY  # host steps beside backward
     step = min(problem.opt_step[node].values()) if problem.options.training and not hidden else 0.0
     return compute + step
@@ -156,9 +163,10 @@ def _program(p: Problem, scale: float) -> Milp:
         for d, v in per_d.items():
             again = [(1.0, w[n][d]) for w in (c, s) if d in w.get(n, {})]
             m.at_most(f"saved_on_host_le_x[{n}][{d}]", [(1.0, v), (-1.0, x[n][d])] + again, 0.0)
+    floor = {n: interior_floor(p, n) for n in p.nodes} if p.region_offer.price else {}
     for n in p.nodes:
         for d, v in x[n].items():
-            time_terms[d].append((scale * p.least_compute(n, d), v))
+            time_terms[d].append((scale * min(p.least_compute(n, d), floor.get(n, float("inf"))), v))
             if p.opt_step[n][d]:  # the step runs where the state lives: with the weights, or on the host
                 step_terms[d].append((scale * p.opt_step[n][d], v))
                 if d != p.host:
@@ -173,7 +181,7 @@ def _program(p: Problem, scale: float) -> Milp:
         for sp, v in per_sp.items():
             price = p.split_price[(n, sp)]
             if p.options.objective is Objective.LATENCY:
-                time_terms[sp.home].append((scale * price.latency_s, v))
+                time_terms[sp.home].append((scale * p.split_floor(n, sp), v))
             else:
                 for d, seconds in zip(sp.devices, price.shard_s):
                     time_terms[d].append((scale * seconds, v))
@@ -235,7 +243,10 @@ def _program(p: Problem, scale: float) -> Milp:
                  for n, per_d in s.items() for d, v in per_d.items() if label in p.hops(p.host, d)]
         for n, per_sp in k.items():  # a split's input out and its other shard's output back
             for sp, v in per_sp.items():
+                spared = droppable(p, n, sp) if p.region_offer.price else frozenset()  # a region may drop them
                 for src, dst, nbytes, _ in p.split_price[(n, sp)].copies:  # a time split: one per chunk
+                    if (src, dst) in spared:
+                        continue
                     if label in p.hops(src, dst):
                         terms.append((scale * p.hop_s(nbytes, src, dst, label), v))
         for n in p.nodes:  # gradients out (streamed or offloaded), updated weights back (offloaded)

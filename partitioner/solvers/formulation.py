@@ -66,6 +66,9 @@ memory ``unit.memory`` per byte, chosen by ``ilp.py`` so that the numbers stay w
   such column: its pipelined chunks' time on its home, the bias resident there and the weight on
   the host, its working set with its chunk buffers one more ``work`` item of the home's staircase,
   and one copy per chunk on the link;
+* split regions (:mod:`partitioner.solvers.split_region_rows`): ``g[row][split]``, the AND of a
+  region's members' ``k`` and its interior nodes' ``x``, with the region's saving in the time,
+  link and memory rows;
 
 With a ``cutoff`` (the objective of a known placement, seconds), an option that alone would add
 more than that to the objective (a node on a device, a copy over a route, a stream, a shared
@@ -87,6 +90,7 @@ from collections.abc import Mapping
 from partitioner.solvers.milp import Column, Milp, Term, value
 from cost_models.precision import FLOAT32, LOW, activations
 from partitioner.solvers.problem import Objective, Placement, Problem, StreamMode, list_schedule, node_dtypes
+from partitioner.solvers.split_region_rows import RegionColumns
 from partitioner.solvers.train_state_rows import TrainStateColumns
 
 
@@ -134,6 +138,7 @@ class Formulation:
         self._error_budget()
         self._streaming()
         self._splits()
+        self.regions = RegionColumns(self)
         self.ts = TrainStateColumns(self)
         self._copies()
         self._halves()
@@ -188,7 +193,7 @@ class Formulation:
                      for d in p.allowed[n]}
             cheap = tuple(d for d in p.allowed[n]
                           if (not self.too_dear(min(p.compute_in[n][d].values())) and p.fits_alone(n, d))
-                          or any(not self.too_dear(p.split_cost(n, sp)) for sp in homed[d]))
+                          or any(not self.too_dear(p.split_floor(n, sp)) for sp in homed[d]))
             out[n] = cheap or p.allowed[n]
         return out
 
@@ -327,7 +332,7 @@ class Formulation:
             for sp in choices:
                 home = self.x(n, sp.home)
                 if isinstance(home, float) and home == 0.0 or not p.split_fits(n, sp) \
-                        or self.too_dear(p.split_cost(n, sp)):
+                        or self.too_dear(p.split_floor(n, sp)):
                     continue
                 k = cols[sp] = self.milp.column(_name("k", n, sp.label), upper=1.0, integer=True)
                 if isinstance(home, Column):
@@ -354,7 +359,7 @@ class Formulation:
                     terms.append((tu * (price.shard_s[0] - whole), k))
                 elif device in sp.others:
                     terms.append((tu * price.shard_s[sp.devices.index(device)], k))
-        return terms
+        return terms + self.regions.time_terms(device)
 
     def split_memory_terms(self, device: str) -> list[Term]:
         """Parameter bytes the chosen splits move on ``device``: the home shard in place of the whole
@@ -379,7 +384,7 @@ class Formulation:
                 for src, dst, nbytes, _ in p.split_price[(n, sp)].copies:  # a time split: one per chunk
                     if label in p.hops(src, dst):
                         terms.append((mu * nbytes if budget else tu * p.hop_s(nbytes, src, dst, label), k))
-        return terms
+        return terms + self.regions.link_terms(label, budget)
 
     def _copies(self) -> None:
         """One ``Copy`` per (tensor, source, destination) that may happen; see the module docstring."""
@@ -538,6 +543,7 @@ class Formulation:
             work += [(n, mu * p.split_price[(n, sp)].work_bytes[0], k)  # a time split's chunk buffers
                      for n, cols in self.kv.items() for sp, k in cols.items()
                      if sp.home == d and p.split_price[(n, sp)].work_bytes[0] > p.work_mem[n]]
+            work += self.regions.work_items(d)  # a region's interior shards
             work = [(n, w, z) for n, w, z in work if w > 0]
             streamed = [(n, mu * p.stream_buffer_bytes(n, StreamMode.PREFETCH, d, a), q)
                         for n in self.sv if d in self.sv[n] for a, q in self.streams(n, d)]

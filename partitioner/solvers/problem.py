@@ -70,6 +70,10 @@ Semantics (documented once, here):
   An embedding split by table rows or an elementwise op or norm split by batch
   (:mod:`partitioner.solvers.split_axes`) is priced and placed the same way: its home copies the
   indices or the rows out, and the partial outputs or output rows come back.
+  Column splits feeding a row split through elementwise ops, all over the same devices and
+  fractions with those ops on the home, form a *region* (:mod:`partitioner.solvers.split_regions`):
+  the columns' outputs are never rejoined, each device runs the ops between on its shard, and the
+  columns' copies back and the row's copies out are not made (``region_effect``).
 """
 
 from __future__ import annotations
@@ -100,6 +104,7 @@ from partitioner.solvers.pipeline import PipelineSpec, evaluate_pipeline
 from partitioner.solvers.chunked_streaming import AXIS as TIME_AXIS
 from partitioner.solvers.chunked_streaming import TimeSplit, price_time_split, time_split_choices
 from partitioner.solvers.split_offers import split_choices
+from partitioner.solvers.split_regions import RegionOffer, offer_regions, region_effect
 from partitioner.solvers.splits import Split, SplitOptions, SplitPrice, price_split, split_op, splits_it_takes
 from partitioner.solvers.train_state import (
     cost_training_state, grad_hop_s, grad_s, gradient_leaves, offloaded, saved_buffer_bytes, saved_hop_s, saved_issue_s,
@@ -300,6 +305,8 @@ class Problem:
         """``split_choices[node]``: the splits each node may take, and ``split_price[(node, split)]``."""
         self.split_choices: dict[str, tuple[Split | TimeSplit, ...]] = {}
         self.split_price: dict[tuple[str, Split | TimeSplit], SplitPrice] = {}
+        self.region_offer = RegionOffer()  # column splits into a row split, nothing rejoined between
+        self._region_linears: frozenset[str] = frozenset()
         opts = self.options.splits
         if opts is None:
             return
@@ -325,12 +332,23 @@ class Problem:
                 self.split_price[(n, sp)] = price_time_split(self, n, sp)
             if choices or in_time:
                 self.split_choices[n] = choices + in_time
+        self.region_offer = offer_regions(self)
+        self._region_linears = self.region_offer.linears()
 
     def split_cost(self, node: str, split: Split) -> float:
-        """What ``split`` of ``node`` adds to the objective at least (bounds, cutoffs): its latency
-        with ``latency``, its longest shard with ``throughput``."""
+        """What ``split`` of ``node`` adds to the objective: its latency with ``latency``, its longest
+        shard with ``throughput``."""
         price = self.split_price[(node, split)]
         return price.latency_s if self.options.objective is Objective.LATENCY else price.critical_s
+
+    def split_floor(self, node: str, split: Split) -> float:
+        """The least ``split`` of ``node`` can add to the objective (bounds, cutoffs): :meth:`split_cost`,
+        or with ``latency`` for a col or the row of a region candidate its shortest shard, the least a
+        region's longest branch charges it (:mod:`partitioner.solvers.split_regions`)."""
+        price = self.split_price[(node, split)]
+        if self.options.objective is Objective.LATENCY and node in self._region_linears:
+            return min(price.shard_s)
+        return self.split_cost(node, split)
 
     def split_fits(self, node: str, split: Split) -> bool:
         """Whether ``split`` of ``node`` alone fits on each of its devices."""
@@ -893,6 +911,9 @@ def evaluate(problem: Problem, placement: Placement) -> Evaluation:
         for src, dst, nbytes, _ in price.copies if price is not None else ():
             for label in p.hops(src, dst):
                 link_load[label] += p.hop_s(nbytes, src, dst, label)
+    regions = region_effect(p, placement)  # copies a column split into a row split does not make
+    for label, seconds in regions.link_s.items():
+        link_load[label] += seconds
     violations += _state_violations(p, placement)
     busy = {d: 0.0 for d in p.device_names}
     opt = {d: 0.0 for d in p.device_names}
@@ -912,6 +933,9 @@ def evaluate(problem: Problem, placement: Placement) -> Evaluation:
             busy[x[n]] += saved_issue_s(p, n, dtype[n], x[n])
         home = placement.state_device(n)
         opt[home] += p.opt_step[n][home]
+    for d, seconds in regions.busy_s.items():  # interior ops on their shards
+        busy[d] += seconds
+    split_extra += regions.extra_s
     for t in transfers:
         if t.kind == "param":
             busy[t.dst] += t.seconds
@@ -999,6 +1023,7 @@ def _transfers(p: Problem, placement: Placement) -> list[Transfer]:
     x = placement.device
     out: list[Transfer] = []
     dtype = node_dtypes(p, placement) if p.precision is not None else {}
+    dropped = region_effect(p, placement).dropped if placement.split else frozenset()
     for t in p.tensors:
         src = x[t.producer] if t.producer is not None else p.host
         nbytes = p.copy_bytes(t, p.tensor_dtype(t, dtype)) if dtype else t.bytes
@@ -1010,7 +1035,8 @@ def _transfers(p: Problem, placement: Placement) -> list[Transfer]:
         if price is not None:  # named after the split linear (a coarse node's member)
             op = split_op(p, n).name
             for src, dst, nbytes, seconds in split_transfers(sp, price):
-                out.append(Transfer(op, src, dst, nbytes, seconds, "split"))
+                if (n, src, dst) not in dropped:
+                    out.append(Transfer(op, src, dst, nbytes, seconds, "split"))
     for n, home in placement.streamed.items():
         if home != x[n] and p.param_bytes[n]:
             a = p.dtype_of(placement, n)  # the weights cross in the form the node computes with
@@ -1154,6 +1180,8 @@ def memory_use(p: Problem, placement: Placement) -> dict[str, int]:
             saved_buffers[d] = max(saved_buffers[d], saved_buffer_bytes(p, n, a))
         elif n not in placement.recompute:
             saved[d] += p.saved_at[n].get(a, p.saved[n])
+    for d, nbytes in (region_effect(p, placement).work_bytes if placement.split else {}).items():
+        work[d] = max(work[d], nbytes)  # interior ops' shards
     return {d: params[d] + buffers[d] + state_buffers[d] + saved_buffers[d] + work[d] + saved[d]
             for d in p.device_names}
 

@@ -5,6 +5,7 @@ none) for each splittable linear, leaves the rest on the host, checks the placem
 ``verify_placement``, the plan's own checks on save and load) and returns the loaded plan.
 :func:`alternating` splits every one in halves, cycling through both axes and both homes;
 :func:`even_over` splits every one evenly over ``n`` devices, cycling through both axes and the homes.
+:func:`region_plan` forms every split region (a model's MLPs) instead.
 """
 
 from __future__ import annotations
@@ -71,3 +72,42 @@ def split_plan(module: torch.nn.Module, inputs: tuple, path: Path, choose: Choos
     verify_placement(problem, placement, ev)
     Plan.from_solution(problem, Solution("by hand", placement, Status.HEURISTIC), ev, **plan_keywords).save(path)
     return Plan.load(path)
+
+
+def region_plan(module: torch.nn.Module, inputs: tuple, path: Path | None = None, *,
+                fractions: Sequence[float] = (0.25, 0.5, 0.75), disagree: bool = False, heads: bool = True,
+                **plan_keywords: Any) -> tuple[Plan, Problem, Placement]:
+    """A plan with every split region of ``module`` (:mod:`partitioner.solvers.split_regions`: its
+    MLPs) formed: each region's cols split ``cols`` and its row ``rows`` over one pair of devices at
+    one fraction, its interior ops on the home (homes alternating between cuda:0 and cpu, fractions
+    cycling through ``fractions``), everything else on the host. With ``disagree`` each row off the
+    fraction 0.5 takes 0.5 instead (no region forms there); without ``heads`` regions cut by heads
+    (attention) are left whole. Checked like :func:`split_plan`; saved
+    to ``path`` and loaded from it when given. Returns the plan, its problem and placement."""
+    problem = Problem(from_module(module, inputs), load_profile("h200-host"),
+                      Options(streaming=False, splits=SplitOptions(fractions=tuple(fractions), proportional=False,
+                                                                   balanced=False)))
+    offer = problem.region_offer
+    device = {n: problem.host for n in problem.nodes}
+    split = {}
+    kinds = zip(itertools.cycle([("cuda:0", "cpu"), ("cpu", "cuda:0")]), itertools.cycle(fractions))
+    for region in offer.regions:
+        if region.granule > 1 and not heads:
+            continue
+        devices, f = next(kinds)
+        cols = Split("cols", devices, (f, round(1.0 - f, 10)))
+        row = Split("rows", devices, (0.5, 0.5) if disagree and f != 0.5 else cols.fractions)
+        for op in region.cols:
+            split[offer.node_of[op]] = cols
+        split[offer.node_of[region.row]] = row
+        for op in region.members:
+            device[offer.node_of[op]] = devices[0]
+    placement = Placement(device, split=split)
+    ev = evaluate(problem, placement)
+    assert ev.feasible, ev.violations
+    verify_placement(problem, placement, ev)
+    plan = Plan.from_solution(problem, Solution("by hand", placement, Status.HEURISTIC), ev, **plan_keywords)
+    if path is not None:
+        plan.save(path)
+        plan = Plan.load(path)
+    return plan, problem, placement

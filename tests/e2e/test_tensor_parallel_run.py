@@ -23,7 +23,7 @@ from backends.tensor_parallel.runtime import ERROR_PREFIX
 from backends.pipeline.check import read_results
 from backends.pipeline.launch import rank_errors
 from partitioner import Plan
-from tests.e2e.split_plans import even_over, split_plan
+from tests.e2e.split_plans import even_over, region_plan, split_plan
 
 HERE = Path(__file__).resolve().parent
 CPU_RANKS = {"cuda:0": "cpu"}
@@ -146,3 +146,33 @@ def test_hetpart_launch_runs_and_checks_a_plan_with_splits(tmp_path: Path, capsy
     out = capsys.readouterr().out
     assert "ran 1 step on 2 local ranks" in out and "tensor-parallel group of 2 ranks (2 linears sharded)" in out
     assert "rank 1 0.weight" in out and "rank 0 loss" in out
+
+
+@pytest.mark.slow
+def test_gpt_small_with_its_mlps_as_split_regions_on_two_ranks_equals_the_model(tmp_path: Path) -> None:
+    """Each MLP as Megatron runs it (ColwiseParallel with its output left sharded, gelu on each rank's
+    block, RowwiseParallel with its input sharded): outputs, loss and gathered gradients equal the model."""
+    model, inputs = models.get("gpt", "small")
+    plan, _, _ = region_plan(model, inputs, tmp_path / "gpt-regions.json", fractions=(0.5,), heads=False,
+                             model_name="gpt:small")
+    layout = layout_of(plan, model, inputs)
+    assert all(s.region for s in layout.linears) and len(layout.linears) == 8
+    blocks = {f"blocks.{i}.mlp.{m}" for i in range(4) for m in ("ff1", "ff2")}
+    (tmp_path / "run").mkdir()
+    _run_and_compare(plan, model, inputs, "gpt:small", blocks, tmp_path / "run")
+
+
+@pytest.mark.slow
+def test_an_hf_llama_with_its_swiglu_as_a_split_region_on_two_ranks_equals_the_model(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    from tests.e2e.tensor_parallel_models import llama
+
+    model, inputs = llama()
+    plan, _, _ = region_plan(model, inputs, tmp_path / "llama-regions.json", fractions=(0.5,), heads=False)
+    layout = layout_of(plan, model, inputs)
+    assert {s.module for s in layout.linears} == {f"lm.model.layers.0.mlp.{m}" for m in ("gate_proj", "up_proj",
+                                                                                       "down_proj")}
+    assert all(s.region for s in layout.linears)
+    report = check_ranks(plan, model, inputs, model_spec=f"{HERE / 'tensor_parallel_models.py'}:llama",
+                         options=RunOptions(training=True, device_map=CPU_RANKS, timeout_s=120), run_timeout_s=300)
+    assert report.passed, report.to_text()
