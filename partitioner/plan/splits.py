@@ -7,11 +7,15 @@ runs on ``devices[0]`` in ``placement`` (its home, where its input arrives and i
 rejoined). A time split (:mod:`partitioner.solvers.chunked_streaming`) is ``{"axis": "time",
 "devices": [accelerator, host], "chunks": n, "bytes": [b_accelerator, b_host]}``: the op computes on
 the accelerator from ``n`` row chunks of its weight held on the host (``bytes``: the bias kept on the
-accelerator, the weight on the host). :func:`check_splits` runs when a plan is built or loaded:
+accelerator, the weight on the host). A time split by expert (a fused experts op, its experts streamed
+group by group, :mod:`partitioner.solvers.expert_streaming`) adds ``"by": "expert"``: ``chunks`` groups of
+whole experts; its op computes on the accelerator and the view owning its fused weight (the op's producer
+holding ``bytes[1]``) is placed with it. :func:`check_splits` runs when a plan is built or loaded:
 fractions in (0, 1) summing to one (a time split: a whole number of chunks, at least 2, an
 accelerator then the plan's host), two distinct devices of the plan, a known axis, the home being
 the op's device, no streaming, inference. :func:`check_splits_against_graph` runs with the graph (``plan.check_graph``, emission):
-the op takes splits (an aten linear with its own 2-D weight) along that axis. Every refusal names
+the op takes splits (an aten linear with its own 2-D weight) along that axis (``by: expert``: a grouped
+matmul whose weight view owns a 3-D parameter, with at least ``chunks`` experts). Every refusal names
 the op, the split and the splits it can take.
 """
 
@@ -30,7 +34,7 @@ if TYPE_CHECKING:
     from partitioner.solvers.problem import Placement, Problem
     from partitioner.solvers.splits import Split
 
-__all__ = ["check_splits", "check_splits_against_graph", "read_splits", "refuse_splits", "split_of", "splits_record"]
+__all__ = ["check_splits", "check_splits_against_graph", "expert_weight_op", "read_splits", "refuse_splits", "split_of", "splits_record"]
 
 _KEYS = ("axis", "devices", "fractions")
 _TIME_KEYS = ("axis", "devices", "chunks")
@@ -52,10 +56,15 @@ def read_splits(r: FieldReader, value: Any) -> dict[str, Any]:
     for op, entry in r.mapping(value, "splits").items():
         path = _key("splits", op)
         timed = isinstance(entry, Mapping) and entry.get("axis") == "time"
-        e = r.keys(entry, path, _TIME_KEYS if timed else _KEYS, ("bytes",))
+        e = r.keys(entry, path, _TIME_KEYS if timed else _KEYS, ("bytes", "by") if timed else ("bytes",))
         devices = [r.string(d, f"{path}.devices[{i}]") for i, d in enumerate(r.array(e["devices"], f"{path}.devices"))]
         if timed:
             out[op] = {"axis": "time", "devices": devices, "chunks": r.count(e["chunks"], f"{path}.chunks")}
+            if "by" in e:
+                if e["by"] != "expert":
+                    r.fail(f"{path}.by", f"{e['by']!r}: a time split's chunks are a linear's weight rows (no 'by' "
+                                         f"key) or groups of a fused experts op's experts (\"by\": \"expert\")")
+                out[op]["by"] = "expert"
             if "bytes" in e:
                 out[op]["bytes"] = [r.count(b, f"{path}.bytes[{i}]")
                                     for i, b in enumerate(r.array(e["bytes"], f"{path}.bytes"))]
@@ -127,7 +136,9 @@ def _check_time_split(plan: Any, r: FieldReader, op: str, entry: Mapping[str, An
         r.fail(f"{path}.devices", f"{what}: the op runs on {plan.placement[op]!r} in placement, but a time-split op "
                                   f"runs on its first device, {devices[0]!r}")
     total = plan.op_bytes.get(op, (0, None))[1]
-    if "bytes" in entry and total is not None and (len(entry["bytes"]) != 2 or sum(entry["bytes"]) != total):
+    if entry.get("by") == "expert":
+        _check_expert_weight(plan, r, op, entry)
+    elif "bytes" in entry and total is not None and (len(entry["bytes"]) != 2 or sum(entry["bytes"]) != total):
         r.fail(f"{path}.bytes", f"{what}: bytes {list(entry['bytes'])} (kept on the accelerator, held on the host) do "
                                 f"not add up to the op's {total:,} parameter bytes (model.op_bytes)")
     if op in plan.weights:
@@ -136,12 +147,47 @@ def _check_time_split(plan: Any, r: FieldReader, op: str, entry: Mapping[str, An
         r.fail(path, f"{what}: time splits are planned for inference, and this plan is a training plan")
 
 
+def expert_weight_op(plan: Any, op: str, entry: Mapping[str, Any]) -> str | None:
+    """The op owning the fused weight of ``op``, split in time by expert: its producer (``model.edges``)
+    whose parameter bytes are the host's share ``bytes[1]`` (without ``bytes``: its producer with the
+    most parameter bytes); None when no producer holds parameters."""
+    producers = [u for u, v in plan.edges if v == op and plan.op_bytes.get(u, (0, 0))[1] > 0]
+    if "bytes" in entry and len(entry["bytes"]) == 2:
+        producers = [u for u in producers if plan.op_bytes[u][1] == entry["bytes"][1]]
+    return max(producers, key=lambda u: plan.op_bytes[u][1], default=None)
+
+
+def _check_expert_weight(plan: Any, r: FieldReader, op: str, entry: Mapping[str, Any]) -> None:
+    """A time split by expert: its weight's view is a producer of the op holding ``bytes[1]``, placed
+    with it, and ``bytes[0]`` is the op's own parameter bytes."""
+    path = _key("splits", op)
+    what = f"op {op!r} split {_label(entry)}"
+    if not plan.op_bytes or not plan.edges:
+        return  # a plan without op sizes or edges (hand-made, or older): checked with the graph
+    view = expert_weight_op(plan, op, entry)
+    if view is None:
+        r.fail(f"{path}.bytes", f"{what}: no producer of the op holds the {entry.get('bytes', [0, 0])[1]:,} bytes of "
+                                f"a fused expert weight (model.edges, model.op_bytes); a time split by expert takes an "
+                                f"experts op whose weight's view owns the weight, with bytes [the op's own, the "
+                                f"weight's]")
+    own = plan.op_bytes.get(op, (0, 0))[1]
+    if "bytes" in entry and entry["bytes"][0] != own:
+        r.fail(f"{path}.bytes", f"{what}: bytes {list(entry['bytes'])} keep {entry['bytes'][0]:,} on the accelerator, "
+                                f"but the op owns {own:,} parameter bytes (model.op_bytes)")
+    if plan.placement[view] != plan.placement[op]:
+        r.fail(_key("placement", view), f"{plan.placement[view]!r}, but {view!r} owns the weight of {what}, which "
+                                        f"runs on {plan.placement[op]!r}: the view is placed with its experts op")
+
+
 def split_of(entry: Mapping[str, Any]) -> Split | TimeSplit:
     """The :class:`~partitioner.solvers.splits.Split` (or
     :class:`~partitioner.solvers.chunked_streaming.TimeSplit`) an entry of the section stands for."""
     from partitioner.solvers.chunked_streaming import TimeSplit
+    from partitioner.solvers.expert_streaming import ExpertTimeSplit
     from partitioner.solvers.splits import Split
 
+    if entry["axis"] == "time" and entry.get("by") == "expert":
+        return ExpertTimeSplit("time", tuple(entry["devices"]), int(entry["chunks"]))
     if entry["axis"] == "time":
         return TimeSplit("time", tuple(entry["devices"]), int(entry["chunks"]))
     return Split(entry["axis"], tuple(entry["devices"]), tuple(float(f) for f in entry["fractions"]))
@@ -151,12 +197,28 @@ def check_splits_against_graph(plan: Any, graph: OpGraph) -> None:
     """Each split op takes that split on ``graph``: an aten linear with its own 2-D weight, whose
     split dimension has room for two shards; else :class:`PlanMismatch` naming the op, the split
     and the splits it can take."""
+    from partitioner.solvers.expert_streaming import experts_weight
     from partitioner.solvers.splits import split_weight, why_not_splittable
 
     for op, entry in plan.splits.items():
         node = graph.ops.get(op)
         if node is None:
             continue  # the fingerprint check names a graph that is not the plan's
+        found = experts_weight(graph, node)
+        if entry.get("by") == "expert":
+            if found is None:
+                raise PlanMismatch(f"{plan.source}: op {op!r} cannot take split {_label(entry)}: it is {node.kind}, "
+                                   f"not a grouped matmul reading a fused 3-D expert weight through a view that owns "
+                                   f"it; keep it whole (remove it from the splits section), or re-plan")
+            experts = graph.params[found[1]].shape[0]
+            if entry["chunks"] > experts:
+                raise PlanMismatch(f"{plan.source}: op {op!r} cannot take split {_label(entry)}: its weight has "
+                                   f"{experts} experts, fewer than {entry['chunks']} groups; it can take time splits "
+                                   f"by expert of 2 to {experts} chunks")
+            continue
+        if found is not None:
+            raise PlanMismatch(f"{plan.source}: op {op!r} cannot take split {_label(entry)}: it is a fused experts op "
+                               f"({node.kind}); it can take time splits by expert only (\"by\": \"expert\")")
         why = why_not_splittable(node, graph.params)
         if why is not None:
             raise PlanMismatch(f"{plan.source}: op {op!r} cannot take split {_label(entry)}: {why}; it can take "
@@ -194,6 +256,7 @@ def refuse_splits(plan: Any, backend: str) -> None:
 def _label(entry: Mapping[str, Any]) -> str:
     if entry.get("axis") == "time":
         devices = list(entry.get("devices", [])) + ["?", "?"]
-        return f"time[{devices[0]}<-{devices[1]},{entry.get('chunks')}]"
+        by = ",by=expert" if entry.get("by") == "expert" else ""
+        return f"time[{devices[0]}<-{devices[1]},{entry.get('chunks')}{by}]"
     devices, fractions = entry.get("devices", []), entry.get("fractions", [])
     return f"{entry.get('axis')}[" + ",".join(f"{d}={f:g}" for d, f in zip(devices, fractions)) + "]"

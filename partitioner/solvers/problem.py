@@ -65,7 +65,9 @@ Semantics (documented once, here):
   A time split (axis ``time``, :mod:`partitioner.solvers.chunked_streaming`) computes the linear on
   an accelerator from chunks of its weight held on the host and streamed in one after another: its
   pipelined time on the accelerator, the weight in host memory, its chunk buffers in the working set,
-  one ``"split"`` transfer of the weight's bytes (each chunk's copy on the link).
+  one ``"split"`` transfer of the weight's bytes (each chunk's copy on the link). A fused experts op
+  (a grouped matmul, in one node with the view owning its weight) takes time splits by expert alike
+  (:mod:`partitioner.solvers.expert_streaming`): its chunks are groups of whole experts.
 """
 
 from __future__ import annotations
@@ -95,6 +97,7 @@ from partitioner.ir import OpGraph
 from partitioner.solvers.pipeline import PipelineSpec, evaluate_pipeline
 from partitioner.solvers.chunked_streaming import AXIS as TIME_AXIS
 from partitioner.solvers.chunked_streaming import TimeSplit, price_time_split, time_split_choices
+from partitioner.solvers.expert_streaming import expert_split_choices, price_expert_split
 from partitioner.solvers.splits import Split, SplitOptions, SplitPrice, price_split, split_choices, split_op
 from partitioner.solvers.train_state import (
     cost_training_state, grad_hop_s, grad_s, gradient_leaves, offloaded, saved_buffer_bytes, saved_hop_s, saved_issue_s,
@@ -314,10 +317,14 @@ class Problem:
         for n in self.nodes:
             choices = split_choices(self, n, opts)
             in_time = time_split_choices(self, n, opts.chunks) if timed else ()
+            by_expert = expert_split_choices(self, n, opts.chunks) if timed else ()
             for sp in choices:
                 self.split_price[(n, sp)] = price_split(self, n, sp)
             for sp in in_time:
                 self.split_price[(n, sp)] = price_time_split(self, n, sp)
+            for sp in by_expert:
+                self.split_price[(n, sp)] = price_expert_split(self, n, sp)
+            in_time += by_expert
             if choices or in_time:
                 self.split_choices[n] = choices + in_time
 
