@@ -83,7 +83,8 @@ def memory_floor(plan: Any) -> dict[str, tuple[int, int, int, str | None]]:
         params[home] += par
         if par > heaviest.get(home, (0, ""))[0]:
             heaviest[home] = (par, op)
-        largest[device] = max(largest[device], int(out * share))
+        if op not in viewed:  # a view of a weight held on the host, chunk by chunk: nothing on the device
+            largest[device] = max(largest[device], int(out * share))
     return {d: (params[d], buffers[d], largest[d], heaviest.get(d, (0, None))[1]) for d in names}
 
 
