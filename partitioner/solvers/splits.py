@@ -59,8 +59,9 @@ from partitioner.errors import HetpartError
 AXES: dict[str, str] = {
     "cols": "output features: weight rows split, the output shards concatenated",
     "rows": "reduction dimension: weight columns and the input split, the partial outputs summed",
-    "time": "in time: the weight's row chunks streamed from the host one after another through a few chunk "
-            "buffers on one accelerator (partitioner/solvers/chunked_streaming.py)",
+    "time": "in time: the weight's row chunks (a fused experts op's expert groups) streamed from the host one "
+            "after another through a few chunk buffers on one accelerator (partitioner/solvers/chunked_streaming.py, "
+            "expert_streaming.py)",
 }
 #: Op kinds (aten base names) that take splits.
 SPLITTABLE_OPS = frozenset({"linear"})
