@@ -13,7 +13,7 @@ solvers, gap 0), and both lower bounds stay below the optimum.
 from __future__ import annotations
 
 import dataclasses
-import itertools
+import functools
 
 import pytest
 import torch
@@ -46,14 +46,21 @@ class Experts(torch.nn.Module):
         return torch.relu(torch.ops.transformers.grouped_mm_fallback(x, self.w.transpose(-2, -1), offs))
 
 
+@functools.cache
+def _experts_graph() -> OpGraph:
+    """The module docstring's graph (captured once: every test reads it, none changes it)."""
+    torch.manual_seed(0)
+    offs = torch.tensor([32 * (i + 1) for i in range(8)], dtype=torch.int32)
+    graph = from_module(Experts(), (torch.randn(256, 1024), offs))
+    return OpGraph(graph.name, [dataclasses.replace(op, flops=op.flops * 1000) if "grouped" in op.kind else op
+                                for op in graph.topological_order()],
+                   graph.tensors.values(), graph.params.values(), graph.inputs, graph.outputs)
+
+
 def experts_problem(objective: Objective = Objective.LATENCY, chunks: tuple[int, ...] = (4, 8),
                     cap: int = 32 << 20) -> Problem:
     """The module docstring's instance, folded (each experts op with its weight's view)."""
-    offs = torch.tensor([32 * (i + 1) for i in range(8)], dtype=torch.int32)
-    graph = from_module(Experts(), (torch.randn(256, 1024), offs))
-    graph = OpGraph(graph.name, [dataclasses.replace(op, flops=op.flops * 1000) if "grouped" in op.kind else op
-                                 for op in graph.topological_order()],
-                    graph.tensors.values(), graph.params.values(), graph.inputs, graph.outputs)
+    graph = _experts_graph()
     folded = fold_expert_weights(graph)
     return Problem(folded.graph, load_profile("h200-host").with_memory({"cuda:0": cap}),
                    Options(objective=objective, splits=SplitOptions(axes=("time",), chunks=chunks)),
@@ -61,9 +68,7 @@ def experts_problem(objective: Objective = Objective.LATENCY, chunks: tuple[int,
 
 
 def test_the_captured_form_is_a_grouped_matmul_over_a_transposed_fused_weight() -> None:
-    from tests.e2e.test_expert_split_emit import tiny_mixtral
-
-    graph = from_module(*tiny_mixtral())
+    graph = _plan_json()[1]  # the tiny Mixtral of tests/e2e/test_expert_split_emit.py
     views = weight_views(graph)
     assert len(views) == 4  # two a layer: gate_up_proj and down_proj
     for op, view in views.items():
@@ -126,6 +131,7 @@ def test_the_ilp_splits_by_expert_as_brute_force_does(solver: str, objective: Ob
     assert memory_aware_lower_bound(p) <= best * (1 + 1e-6)
 
 
+@functools.cache
 def _plan_json() -> tuple[dict, object]:
     from tests.e2e.test_expert_split_emit import hand_expert_plan, tiny_mixtral
 
