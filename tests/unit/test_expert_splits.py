@@ -133,10 +133,9 @@ def test_the_ilp_splits_by_expert_as_brute_force_does(solver: str, objective: Ob
 
 @functools.cache
 def _plan_json() -> tuple[dict, object]:
-    from tests.e2e.test_expert_split_emit import hand_expert_plan, tiny_mixtral
+    from tests.e2e.test_expert_split_emit import tiny_plan
 
-    model, inputs = tiny_mixtral()
-    plan = hand_expert_plan(model, inputs)
+    plan, model, inputs = tiny_plan()
     return plan.to_dict(), from_module(model, inputs)
 
 
