@@ -8,7 +8,8 @@ computed from a weight left on the host, or fetched twice, fails the run. The mo
 experts op is split by hand into 2, 3 or 4 groups of experts (even and uneven), the rest on the host:
 outputs and every parameter's gradient equal the original model's, the run's copies (one per
 group) and the bytes resident per device equal the plan's, and ``state_dict`` keeps the original's
-keys and values. A plan the ILP makes (the experts modules pinned to a capped ``cuda:0``) runs too.
+keys and values. A plan the ILP makes (the experts modules pinned to a capped ``cuda:0``) runs too, and
+so does the model in bfloat16, where the captured op is torch's ``aten._grouped_mm``.
 """
 
 from __future__ import annotations
@@ -128,3 +129,19 @@ def test_the_ilps_split_by_expert_runs_and_equals_the_original() -> None:
         got = strict_step(run, emitted, inputs)
     for e, g in zip(expected, got, strict=True):
         torch.testing.assert_close(g.cpu(), e, rtol=1e-4, atol=1e-5)
+
+
+def test_in_bfloat16_the_captured_aten_grouped_mm_is_split_alike() -> None:
+    """In bfloat16 transformers calls torch's grouped matmul (``aten._grouped_mm``, the Mixtral rows of
+    ``bench/plan_quality.py --split`` capture it so); each group runs it on its rows: the same values."""
+    model, inputs = tiny_mixtral()
+    model = model.to(torch.bfloat16)
+    plan = hand_expert_plan(model, inputs)
+    graph = from_module(model, inputs)
+    assert {graph.ops[op].kind for op in plan.splits} == {"aten._grouped_mm.default"}
+    emitted, run = emit_strict(plan, model)
+    with torch.no_grad():
+        expected = _outputs(model(*inputs))
+        got = strict_step(run, emitted, inputs)
+    for e, g in zip(expected, got, strict=True):
+        torch.testing.assert_close(g.cpu(), e)
