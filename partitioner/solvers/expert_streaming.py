@@ -32,7 +32,8 @@ and ``chunks = n``:
   every expert's weights are copied whatever the routing (a step's routing is known only on the
   device, after the router ran);
 * memory, copies and time as for a time split of a linear: the host holds ``W``; ``home`` the
-  op's other tensors and its working set ``x + 2 y`` plus
+  op's other tensors and its working set ``x + offs + 2 y`` (never the view of ``W``, which only the
+  whole op reads: the ILP counts the node's whole working set only while it is whole) plus
   :data:`~partitioner.solvers.chunked_streaming.SLOTS` chunk buffers of the largest chunk; each chunk
   one pinned ``"split"`` copy host -> home; the op takes ``K_n`` of the two-stage flow-shop
   recursion (:func:`~partitioner.solvers.chunked_streaming.pipeline_s`), equal chunks giving
