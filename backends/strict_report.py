@@ -220,9 +220,10 @@ def planned_parameters(plan: Any) -> dict[str, int]:
     low = plan.precision.get("ops", {}) if plan.precision and not plan.training else {}
     packed = plan.precision.get("weight_bytes", {}) if plan.precision and not plan.training else {}
     from partitioner.plan.splits import expert_weight_op
+    from partitioner.solvers.expert_streaming import entry_cuts_experts
 
-    # a time split by expert lists its bytes at its op; the view owning the fused weight holds them
-    by_view = {expert_weight_op(plan, op, e): op for op, e in plan.splits.items() if e.get("by") == "expert"}
+    # a split of a fused experts op lists its bytes at its op; the view owning the fused weight holds them
+    by_view = {expert_weight_op(plan, op, e): op for op, e in plan.splits.items() if entry_cuts_experts(e)}
     for op in plan.param_ops:
         nbytes = plan.op_bytes.get(op, (0, 0))[1]
         if op in by_view:
@@ -230,7 +231,7 @@ def planned_parameters(plan: Any) -> dict[str, int]:
             for d, b in zip(entry["devices"], entry.get("bytes", (0, nbytes))):
                 out[d] += b
             continue
-        if plan.splits.get(op, {}).get("by") == "expert":
+        if op in plan.splits and entry_cuts_experts(plan.splits[op]):
             continue
         if op in packed:  # held packed (precision.weight_bytes)
             nbytes = packed[op]

@@ -53,7 +53,8 @@ Mixtral-8x7B shape cut to 4 layers in bfloat16 (``torch.export`` captures a laye
 ``gate_up_proj`` ``[8, 28672, 4096]`` (1.9 GB) and ``down_proj`` through ``aten.transpose`` views) with
 ``cuda:0`` at 4 GB, for one token and a 512-token prefill: whole ops against time splits, where an
 experts op may compute on cuda:0 from groups of its experts streamed from the host
-(``partitioner/solvers/expert_streaming.py``). ``--split-cases Mixtral`` runs those rows alone.
+(``partitioner/solvers/expert_streaming.py``), and experts splits, its experts divided between cuda:0
+and the CPU (``partitioner/solvers/expert_devices.py``). ``--split-cases Mixtral`` runs those rows alone.
 
 Precision rows (``--precision``): the seed case (emb-transformer ``base``, GPU capped to the
 embedding plus half the layers) and ``gpt:small`` on ``h200-host`` and ``cpu-gpu-npu`` (whose NPU
@@ -506,6 +507,11 @@ def _mixtral_bf16(tokens: int) -> tuple[torch.nn.Module, tuple]:
     return module.to(torch.bfloat16), (torch.zeros(1, tokens, dtype=torch.long, device="meta"),)
 
 
+#: The Mixtral rows' split settings: time splits (by expert for the experts ops), experts divided between
+#: devices, and both beside the linears' two-device splits.
+MIXTRAL_SPLITS = (("time split", "time"), ("experts split", "experts"), ("experts + time", "experts,time"),
+                  ("splits + time", "cols,rows,experts,time"))
+
 #: The split table's cases: label, model builder, cap on cuda:0, objectives, time-split settings (label, axes),
 #: the ops shown (``lm_head``: the LM head; ``experts``: every fused experts op).
 SPLIT_CASES = (
@@ -517,9 +523,9 @@ SPLIT_CASES = (
      ("latency",), (("time split", "time"),), "lm_head"),
     # issue 34's Mixtral case: one token (a decode-shaped step reads 2 of 8 experts, the CPU's share) and a prefill
     ("Mixtral-8x7B shape, 4 layers, bf16, cuda:0 4 GB, 1 token", lambda: _mixtral_bf16(1), "4GB", ("latency",),
-     (("time split", "time"), ("splits + time", "cols,rows,time")), "experts"),
+     MIXTRAL_SPLITS, "experts"),
     ("Mixtral-8x7B shape, 4 layers, bf16, cuda:0 4 GB, 512 tokens", lambda: _mixtral_bf16(512), "4GB", ("latency",),
-     (("time split", "time"), ("splits + time", "cols,rows,time")), "experts"),
+     MIXTRAL_SPLITS, "experts"),
 )
 
 
@@ -571,7 +577,8 @@ def split_rows(time_limit: float, only: list[str] | None = None) -> None:
           "on cuda:0 from row chunks of its weight streamed from the host (partitioner/solvers/chunked_streaming.py), "
           "an experts op from groups of its experts (partitioner/solvers/expert_streaming.py, priced with uniform "
           "routing, every expert copied); its time: the first chunk's copy, then the slower of the copies and the "
-          "computes, then the last compute)")
+          "computes, then the last compute. experts split: an experts op's experts divided between cuda:0 and the "
+          "CPU, the routed rows copied over and the outputs summed back (partitioner/solvers/expert_devices.py))")
 
 
 def _shown_cell(problem, placement, ops: list[str]) -> tuple[str, float]:  # noqa: ANN001

@@ -218,7 +218,9 @@ class PlanOptions:
         "chosen by the solver: True (offered fractions 0.25, 0.5, 0.75, each pair's rate-proportional one and the "
         "one whose branches end together, both axes), 'cols:0.5' or {'fractions': [...], 'axes': ['cols']}; axis "
         "'time' adds time splits (a linear computed on one accelerator from its weight's row chunks streamed from "
-        "the host, a fused experts op from groups of its experts: 'cols,time', 'time:8/16' or {'axes': ['time'], 'chunks': [8, 16]}); None: every op whole"))
+        "the host, a fused experts op from groups of its experts: 'cols,time', 'time:8/16' or {'axes': ['time'], "
+        "'chunks': [8, 16]}); axis 'experts' divides a fused experts op's experts between two devices ('experts', "
+        "'cols,rows,experts,time'); None: every op whole"))
     batch: Any = _field(None, flag="hetpart fit --micro-batch", compile="a compiled graph runs the batch it is given",
                         doc=("size the micro-batch from memory (training): 'auto' (the largest dividing the example "
                              "batch that fits) or a micro-batch; the plan records the accumulation steps"))

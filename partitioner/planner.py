@@ -378,7 +378,7 @@ def _coarsen(
     """The coarsening a plan is solved on; pinned ops and ``separate`` ones stay out of every group."""
     keep = frozenset(_pinned_ops(graph, pins or {})) | separate
     aligned = _aligned(graph, align, keep)
-    if options.splits is not None and "time" in options.splits.axes:
+    if options.splits is not None and {"time", "experts"} & set(options.splits.axes):
         # each fused experts op and the view owning its weight: one node, which a time split by expert cuts
         experts = fold_expert_weights(aligned.graph)
         if experts is not None:

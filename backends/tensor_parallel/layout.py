@@ -115,6 +115,11 @@ def mesh_devices(plan: Any) -> tuple[str, ...]:
                            f"partitioner/solvers/chunked_streaming.py): tensor-parallel ranks run splits over devices "
                            f"only; run the plan in one process (plan.emit), or re-plan without time splits "
                            f"(--split cols,rows)")
+    experts = [op for op, e in splits.items() if e["axis"] == "experts"]
+    if experts:
+        raise PlanMismatch(f"{plan.source} divides the experts of op {experts[0]!r} between devices "
+                           f"(partitioner/solvers/expert_devices.py): tensor-parallel ranks run split linears only; "
+                           f"run the plan in one process (plan.emit), or re-plan with --split cols,rows")
     sets = {op: frozenset(e["devices"]) for op, e in splits.items()}
     first_op, first = next(iter(sets.items()))
     for op, devices in sets.items():

@@ -40,7 +40,7 @@ from backends.torch.splits import SPLIT_ATTR, replace_with_pieces, shard_site
 from partitioner.errors import PlanMismatch
 from partitioner.solvers.chunked_streaming import chunk_sizes
 
-__all__ = ["chunk_experts", "expert_rows"]
+__all__ = ["chunk_experts", "expert_rows", "operands"]
 
 #: the grouped matmuls this rewrite takes (as ``namespace.op.overload``), resolved on use
 _GROUPED = ("aten._grouped_mm.default", "transformers.grouped_mm_fallback.default")
@@ -62,9 +62,7 @@ def expert_rows(op: str, x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, f
     stop = ends[last - 1]
     namespace, name, overload = op.split(".")
     rows = getattr(getattr(getattr(torch.ops, namespace), name), overload)(x[start:stop], w, offs[first:last] - start)
-    if pad and stop < x.shape[0]:
-        rows = torch.cat([rows, rows.new_zeros(x.shape[0] - stop, rows.shape[1])])
-    return rows
+    return torch.nn.functional.pad(rows, (0, 0, 0, x.shape[0] - stop)) if pad and stop < x.shape[0] else rows
 
 
 def chunk_experts(gm: torch.fx.GraphModule, plan: Any, physical: Mapping[str, torch.device]
@@ -92,7 +90,7 @@ def chunk_experts(gm: torch.fx.GraphModule, plan: Any, physical: Mapping[str, to
     fetches: dict[str, list[tuple[str, str]]] = {}
     for op, entry in entries.items():
         node = nodes.get(op)
-        x, view, offs = _operands(op, node)
+        x, view, offs = operands(op, node, "split in time by expert")
         attr = view.args[0]
         home = entry["devices"][0]
         weight = attribute(gm, str(attr.target))
@@ -126,13 +124,14 @@ def chunk_experts(gm: torch.fx.GraphModule, plan: Any, physical: Mapping[str, to
     return placed, homes, fetches
 
 
-def _operands(op: str, node: torch.fx.Node | None) -> tuple[Any, torch.fx.Node, Any]:
-    """``(x, the weight's view, offs)`` of the grouped matmul ``node``, or PlanMismatch naming ``op``."""
+def operands(op: str, node: torch.fx.Node | None, how: str) -> tuple[Any, torch.fx.Node, Any]:
+    """``(x, the weight's view, offs)`` of the grouped matmul ``node``, or PlanMismatch naming ``op``
+    and ``how`` the plan splits it."""
     target = str(getattr(node, "target", "missing"))
     if node is None or node.op != "call_function" or target not in _GROUPED:
-        raise PlanMismatch(f"plan.emit: op {op!r} is split in time by expert in the plan, but the captured graph's "
-                           f"{op!r} is {target}: only grouped matmuls ({', '.join(_GROUPED)}) take time splits by "
-                           f"expert; re-plan (hetpart plan MODEL --split time)")
+        raise PlanMismatch(f"plan.emit: op {op!r} is {how} in the plan, but the captured graph's {op!r} is "
+                           f"{target}: only grouped matmuls ({', '.join(_GROUPED)}) take splits by expert; re-plan "
+                           f"(hetpart plan MODEL --split)")
     args = list(node.args)
     offs = node.kwargs.get("offs", args[2] if len(args) > 2 else None)
     extra = {k: v for k, v in node.kwargs.items() if k != "offs" and v is not None}
@@ -140,7 +139,7 @@ def _operands(op: str, node: torch.fx.Node | None) -> tuple[Any, torch.fx.Node, 
     if offs is None or extra or len(args) > 3 or not isinstance(view, torch.fx.Node) or view.op != "call_function" \
             or not view.args or not isinstance(view.args[0], torch.fx.Node) or view.args[0].op != "get_attr" \
             or len(view.users) != 1:
-        raise PlanMismatch(f"plan.emit: op {op!r} is split in time by expert, but the captured call is not "
+        raise PlanMismatch(f"plan.emit: op {op!r} is {how}, but the captured call is not "
                            f"op(x, view(weight), offs) with the weight read by that view alone (it is "
-                           f"{node.format_node()}); re-plan without --split time")
+                           f"{node.format_node()}); re-plan without --split")
     return args[0], view, offs

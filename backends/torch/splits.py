@@ -67,7 +67,7 @@ def split_linears(gm: torch.fx.GraphModule, plan: Any,
     placed: dict[str, str] = {}
     joined: dict[str, tuple[int | None, tuple[str, ...]]] = dict(getattr(gm, SPLIT_ATTR, {}))
     for op, entry in plan.splits.items():
-        if entry["axis"] == "time":  # in time, on one device: backends/torch/chunked.py
+        if entry["axis"] in ("time", "experts"):  # backends/torch/chunked.py, expert_chunks.py, expert_devices.py
             continue
         node = nodes.get(op)
         if node is None or node.op != "call_function" or node.target not in _LINEARS:

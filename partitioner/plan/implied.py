@@ -92,7 +92,9 @@ def _expert_weight_views(plan: Any) -> set[str]:
     """The ops owning the fused weights of ops split in time by expert (held on the host, chunk by chunk)."""
     from partitioner.plan.splits import expert_weight_op
 
-    return {view for op, e in plan.splits.items() if e.get("by") == "expert"
+    from partitioner.solvers.expert_streaming import entry_cuts_experts
+
+    return {view for op, e in plan.splits.items() if entry_cuts_experts(e)
             and (view := expert_weight_op(plan, op, e)) is not None}
 
 
@@ -232,7 +234,7 @@ def _evaluate(plan: Any, graph: OpGraph) -> Any:
     from partitioner.solvers.pipeline import PipelineSpec
     from partitioner.plan.splits import split_of
     from partitioner.solvers.problem import Objective, Options, Placement, Problem, StreamMode, evaluate
-    from partitioner.solvers.expert_streaming import fold_expert_weights
+    from partitioner.solvers.expert_streaming import entry_cuts_experts, fold_expert_weights
     from partitioner.solvers.splits import SplitOptions
 
     section = plan.pipeline
@@ -255,7 +257,7 @@ def _evaluate(plan: Any, graph: OpGraph) -> Any:
         options = dataclasses.replace(options, splits=SplitOptions(
             **({"fractions": fractions} if fractions else {}), **({"chunks": chunks} if chunks else {}),
             proportional=False, balanced=False, axes=tuple(sorted({sp.axis for sp in split.values()}))))
-    by_expert = any(e.get("by") == "expert" for e in plan.splits.values())
+    by_expert = any(entry_cuts_experts(e) for e in plan.splits.values())
     folded = fold_expert_weights(graph) if by_expert else None
     if folded is not None:  # a time split by expert cuts an experts op and its weight's view as one node
         return _evaluate_folded(plan, graph, folded, options, split)

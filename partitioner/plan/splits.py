@@ -10,7 +10,10 @@ the accelerator from ``n`` row chunks of its weight held on the host (``bytes``:
 accelerator, the weight on the host). A time split by expert (a fused experts op, its experts streamed
 group by group, :mod:`partitioner.solvers.expert_streaming`) adds ``"by": "expert"``: ``chunks`` groups of
 whole experts; its op computes on the accelerator and the view owning its fused weight (the op's producer
-holding ``bytes[1]``) is placed with it. :func:`check_splits` runs when a plan is built or loaded:
+holding ``bytes[1]``) is placed with it. An experts split (:mod:`partitioner.solvers.expert_devices`) is
+``{"axis": "experts", "devices": [home, other], "fractions": [f, 1 - f], "bytes": [b_home, b_other]}``: each
+device's share of the experts (``bytes``: its experts' bytes, home's with the op's own), the view placed
+with the op too. :func:`check_splits` runs when a plan is built or loaded:
 fractions in (0, 1) summing to one (a time split: a whole number of chunks, at least 2, an
 accelerator then the plan's host), two distinct devices of the plan, a known axis, the home being
 the op's device, no streaming, inference. :func:`check_splits_against_graph` runs with the graph (``plan.check_graph``, emission):
@@ -107,7 +110,9 @@ def check_splits(plan: Any, r: FieldReader) -> None:
             r.fail(f"{path}.devices", f"{what}: the op runs on {plan.placement[op]!r} in placement, but a split op "
                                       f"runs on its first device, {devices[0]!r}")
         total = plan.op_bytes.get(op, (0, None))[1]
-        if "bytes" in entry and total is not None and (len(entry["bytes"]) != 2 or sum(entry["bytes"]) != total):
+        if entry["axis"] == "experts":
+            _check_expert_weight(plan, r, op, entry)
+        elif "bytes" in entry and total is not None and (len(entry["bytes"]) != 2 or sum(entry["bytes"]) != total):
             r.fail(f"{path}.bytes", f"{what}: shard bytes {list(entry['bytes'])} do not add up to the op's "
                                     f"{total:,} parameter bytes (model.op_bytes)")
         if op in plan.weights:
@@ -148,30 +153,31 @@ def _check_time_split(plan: Any, r: FieldReader, op: str, entry: Mapping[str, An
 
 
 def expert_weight_op(plan: Any, op: str, entry: Mapping[str, Any]) -> str | None:
-    """The op owning the fused weight of ``op``, split in time by expert: its producer (``model.edges``)
-    whose parameter bytes are the host's share ``bytes[1]`` (without ``bytes``: its producer with the
-    most parameter bytes); None when no producer holds parameters."""
+    """The op owning the fused weight of ``op``, split by expert (in time, or between devices): its
+    producer (``model.edges``) whose parameter bytes are the split's ``bytes`` less the op's own
+    (without ``bytes``: its producer with the most parameter bytes); None when no producer holds
+    parameters."""
     producers = [u for u, v in plan.edges if v == op and plan.op_bytes.get(u, (0, 0))[1] > 0]
     if "bytes" in entry and len(entry["bytes"]) == 2:
-        producers = [u for u in producers if plan.op_bytes[u][1] == entry["bytes"][1]]
+        weight = sum(entry["bytes"]) - plan.op_bytes.get(op, (0, 0))[1]
+        producers = [u for u in producers if plan.op_bytes[u][1] == weight]
     return max(producers, key=lambda u: plan.op_bytes[u][1], default=None)
 
 
 def _check_expert_weight(plan: Any, r: FieldReader, op: str, entry: Mapping[str, Any]) -> None:
-    """A time split by expert: its weight's view is a producer of the op holding ``bytes[1]``, placed
-    with it, and ``bytes[0]`` is the op's own parameter bytes."""
+    """A split by expert: its weight's view is a producer of the op holding the weight's bytes, placed
+    with it; in time, ``bytes[0]`` is the op's own parameter bytes (between devices, home's experts too)."""
     path = _key("splits", op)
     what = f"op {op!r} split {_label(entry)}"
     if not plan.op_bytes or not plan.edges:
         return  # a plan without op sizes or edges (hand-made, or older): checked with the graph
     view = expert_weight_op(plan, op, entry)
     if view is None:
-        r.fail(f"{path}.bytes", f"{what}: no producer of the op holds the {entry.get('bytes', [0, 0])[1]:,} bytes of "
-                                f"a fused expert weight (model.edges, model.op_bytes); a time split by expert takes an "
-                                f"experts op whose weight's view owns the weight, with bytes [the op's own, the "
-                                f"weight's]")
+        r.fail(f"{path}.bytes", f"{what}: no producer of the op holds the bytes of a fused expert weight that "
+                                f"{list(entry.get('bytes', []))} make (model.edges, model.op_bytes); a split by expert "
+                                f"takes an experts op whose weight's view owns the weight")
     own = plan.op_bytes.get(op, (0, 0))[1]
-    if "bytes" in entry and entry["bytes"][0] != own:
+    if "bytes" in entry and entry["axis"] == "time" and entry["bytes"][0] != own:
         r.fail(f"{path}.bytes", f"{what}: bytes {list(entry['bytes'])} keep {entry['bytes'][0]:,} on the accelerator, "
                                 f"but the op owns {own:,} parameter bytes (model.op_bytes)")
     if plan.placement[view] != plan.placement[op]:
@@ -183,8 +189,12 @@ def split_of(entry: Mapping[str, Any]) -> Split | TimeSplit:
     """The :class:`~partitioner.solvers.splits.Split` (or
     :class:`~partitioner.solvers.chunked_streaming.TimeSplit`) an entry of the section stands for."""
     from partitioner.solvers.chunked_streaming import TimeSplit
+    from partitioner.solvers.expert_devices import ExpertSplit
     from partitioner.solvers.expert_streaming import ExpertTimeSplit
     from partitioner.solvers.splits import Split
+
+    if entry["axis"] == "experts":
+        return ExpertSplit("experts", tuple(entry["devices"]), tuple(float(f) for f in entry["fractions"]))
 
     if entry["axis"] == "time" and entry.get("by") == "expert":
         return ExpertTimeSplit("time", tuple(entry["devices"]), int(entry["chunks"]))
@@ -197,7 +207,7 @@ def check_splits_against_graph(plan: Any, graph: OpGraph) -> None:
     """Each split op takes that split on ``graph``: an aten linear with its own 2-D weight, whose
     split dimension has room for two shards; else :class:`PlanMismatch` naming the op, the split
     and the splits it can take."""
-    from partitioner.solvers.expert_streaming import experts_weight
+    from partitioner.solvers.expert_streaming import entry_cuts_experts, experts_weight
     from partitioner.solvers.splits import split_weight, why_not_splittable
 
     for op, entry in plan.splits.items():
@@ -205,20 +215,24 @@ def check_splits_against_graph(plan: Any, graph: OpGraph) -> None:
         if node is None:
             continue  # the fingerprint check names a graph that is not the plan's
         found = experts_weight(graph, node)
-        if entry.get("by") == "expert":
+        if entry_cuts_experts(entry):
             if found is None:
                 raise PlanMismatch(f"{plan.source}: op {op!r} cannot take split {_label(entry)}: it is {node.kind}, "
                                    f"not a grouped matmul reading a fused 3-D expert weight through a view that owns "
                                    f"it; keep it whole (remove it from the splits section), or re-plan")
             experts = graph.params[found[1]].shape[0]
-            if entry["chunks"] > experts:
+            if entry["axis"] == "experts" and experts < 2:
+                raise PlanMismatch(f"{plan.source}: op {op!r} cannot take split {_label(entry)}: its weight has "
+                                   f"{experts} expert; keep it whole (remove it from the splits section)")
+            if entry["axis"] == "time" and entry["chunks"] > experts:
                 raise PlanMismatch(f"{plan.source}: op {op!r} cannot take split {_label(entry)}: its weight has "
                                    f"{experts} experts, fewer than {entry['chunks']} groups; it can take time splits "
                                    f"by expert of 2 to {experts} chunks")
             continue
         if found is not None:
             raise PlanMismatch(f"{plan.source}: op {op!r} cannot take split {_label(entry)}: it is a fused experts op "
-                               f"({node.kind}); it can take time splits by expert only (\"by\": \"expert\")")
+                               f"({node.kind}); it can take time splits by expert (\"by\": \"expert\") or experts splits "
+                               f"(axis \"experts\") only")
         why = why_not_splittable(node, graph.params)
         if why is not None:
             raise PlanMismatch(f"{plan.source}: op {op!r} cannot take split {_label(entry)}: {why}; it can take "

@@ -55,8 +55,8 @@ from partitioner.frontends.aten_costs import GROUPED_MM, grouped_weight_share
 from partitioner.solvers.chunked_streaming import AXIS, SLOTS, chunk_sizes, pipeline_s
 from partitioner.solvers.splits import SplitPrice
 
-__all__ = ["BY", "ExpertTimeSplit", "expert_split_choices", "experts_weight", "fold_expert_weights",
-           "is_experts_op", "price_expert_split", "weight_views"]
+__all__ = ["BY", "ExpertTimeSplit", "cuts_experts", "entry_cuts_experts", "expert_split_choices", "experts_weight",
+           "fold_expert_weights", "is_experts_op", "node_experts", "price_expert_split", "weight_views"]
 
 #: The ``by`` word of a time split whose chunks are groups of experts (a linear's are rows).
 BY = "expert"
@@ -131,6 +131,17 @@ def experts_weight(graph: Any, op: Any) -> tuple[str, str] | None:
     return view.name, param.name
 
 
+def cuts_experts(split: Any) -> bool:
+    """Whether ``split`` (a split choice) cuts a fused experts op: a time split by expert, or an experts split
+    (:mod:`partitioner.solvers.expert_devices`)."""
+    return getattr(split, "by", None) == BY or split.axis == "experts"
+
+
+def entry_cuts_experts(entry: Any) -> bool:
+    """Whether a plan's ``splits`` entry cuts a fused experts op (``by: expert``, or axis ``experts``)."""
+    return entry.get("by") == BY or entry.get("axis") == "experts"
+
+
 def weight_views(graph: Any) -> dict[str, str]:
     """Every grouped matmul of ``graph`` that can take a time split by expert -> the view owning its weight."""
     out = {}
@@ -158,7 +169,7 @@ def fold_expert_weights(graph: Any) -> Coarsening | None:
     return coarsen(graph, CoarsenOptions(fold_views=True, merge_chains=False, keep_separate=keep))
 
 
-def _node_experts(problem: Any, node: str) -> tuple[Any, Any] | None:
+def node_experts(problem: Any, node: str) -> tuple[Any, Any] | None:
     """``(experts op, its weight parameter)`` when ``node`` is exactly one experts op and its weight's view."""
     g = problem.original
     ops = [g.ops[m] for m in problem.members[node]]
@@ -173,7 +184,7 @@ def _node_experts(problem: Any, node: str) -> tuple[Any, Any] | None:
 
 def price_expert_split(problem: Any, node: str, split: ExpertTimeSplit) -> SplitPrice:
     """The price of ``split`` for ``node`` in ``problem`` (see the module docstring)."""
-    found = _node_experts(problem, node)
+    found = node_experts(problem, node)
     if found is None:
         raise HetpartError(f"node {node!r} is not a fused experts op with its weight's view: it takes no time "
                            f"split by expert")
@@ -209,7 +220,7 @@ def price_expert_split(problem: Any, node: str, split: ExpertTimeSplit) -> Split
 def expert_split_choices(problem: Any, node: str, chunks: Sequence[int]) -> tuple[ExpertTimeSplit, ...]:
     """Every time split by expert ``node`` may take: one experts op and its weight's view, each
     accelerator that can run it, each offered chunk count up to its number of experts."""
-    found = _node_experts(problem, node)
+    found = node_experts(problem, node)
     if found is None:
         return ()
     experts = found[1].shape[0]

@@ -62,6 +62,8 @@ AXES: dict[str, str] = {
     "time": "in time: the weight's row chunks (a fused experts op's expert groups) streamed from the host one "
             "after another through a few chunk buffers on one accelerator (partitioner/solvers/chunked_streaming.py, "
             "expert_streaming.py)",
+    "experts": "a fused experts op's experts divided between two devices, the routed rows copied to the other "
+               "and its output summed back (partitioner/solvers/expert_devices.py)",
 }
 #: Op kinds (aten base names) that take splits.
 SPLITTABLE_OPS = frozenset({"linear"})

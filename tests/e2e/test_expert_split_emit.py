@@ -9,7 +9,8 @@ experts op is split by hand into 2, 3 or 4 groups of experts (even and uneven), 
 outputs and every parameter's gradient equal the original model's, the run's copies (one per
 group) and the bytes resident per device equal the plan's, and ``state_dict`` keeps the original's
 keys and values. A plan the ILP makes (the experts modules pinned to a capped ``cuda:0``) runs too, and
-so does the model in bfloat16, where the captured op is torch's ``aten._grouped_mm``.
+so does the model in bfloat16, where the captured op is torch's ``aten._grouped_mm``, and a plan whose
+experts splits (axis ``experts``) divide each op's experts between two devices.
 """
 
 from __future__ import annotations
@@ -145,3 +146,42 @@ def test_in_bfloat16_the_captured_aten_grouped_mm_is_split_alike() -> None:
         got = strict_step(run, emitted, inputs)
     for e, g in zip(expected, got, strict=True):
         torch.testing.assert_close(g.cpu(), e)
+
+
+def test_a_mixtral_with_its_experts_divided_between_devices_equals_the_original() -> None:
+    """Experts splits (axis ``experts``) by hand: each experts op's experts divided between ``cuda:0``
+    and the host (3:1, 2:2, 1:3, either one home): the routed rows copied over and the outputs summed
+    back; outputs, gradients, copies and resident bytes as the plan says."""
+    model, inputs = tiny_mixtral()
+    graph = from_module(model, inputs)
+    folded = fold_expert_weights(graph)
+    problem = Problem(folded.graph, load_profile("h200-host"),
+                      Options(splits=SplitOptions(axes=("experts",), fractions=(0.25, 0.5, 0.75))),
+                      members=folded.members, original=graph)
+    device = {n: problem.host for n in problem.nodes}
+    split = {}
+    kinds = itertools.cycle([(0.75, True), (0.5, False), (0.25, True), (0.75, False)])
+    for n, choices in problem.split_choices.items():
+        share, on_accelerator = next(kinds)
+        split[n] = next(sp for sp in choices if sp.fractions[0] == share and (sp.home != problem.host) == on_accelerator)
+        device[n] = split[n].home
+    placement = Placement(device, split=split)
+    ev = evaluate(problem, placement)
+    assert ev.feasible, ev.violations
+    verify_placement(problem, placement, ev)
+    plan = Plan.from_solution(problem, Solution("by hand", placement, Status.HEURISTIC), ev)
+    assert {e["axis"] for e in plan.splits.values()} == {"experts"} and len(plan.splits) == 4
+    emitted, run = emit_strict(Plan.from_json(plan.to_json()), model)  # the section read back and checked
+    with torch.no_grad():
+        expected = _outputs(model(*inputs))
+        got = strict_step(run, emitted, inputs)  # copies and resident bytes equal the plan's
+    for e, g in zip(expected, got, strict=True):
+        torch.testing.assert_close(g.cpu(), e, rtol=1e-4, atol=1e-5)
+    model.zero_grad()
+    _loss(_outputs(model(*inputs))).backward()
+    _loss(strict_step(run, emitted, inputs)).backward()
+    ours = joined_gradients(emitted)
+    for name, p in model.named_parameters():
+        if p.grad is not None:
+            assert compare(name, ours[name], p.grad, summed=True).passed, name
+    assert list(emitted.state_dict()) == list(model.state_dict())

@@ -165,3 +165,34 @@ def test_hand_edits_to_a_split_by_expert_are_refused(tmp_path) -> None:  # noqa:
 
 def d_edges(data: dict) -> list:
     return [tuple(e[:2]) for e in data["model"]["edges"]]
+
+
+def test_an_experts_split_is_priced_by_hand_and_certified_by_brute_force() -> None:
+    """Axis ``experts`` on the same instance: a quarter of the experts (16 MiB) fits beside the working
+    set on ``cuda:0``, half does not; the brute-force optimum divides the experts 1:3 with ``cuda:0``
+    home (the accelerator's quarter beside the host's three), and the ILP finds it."""
+    from partitioner.solvers.expert_devices import ExpertSplit
+
+    graph = _experts_graph()
+    folded = fold_expert_weights(graph)
+    p = Problem(folded.graph, load_profile("h200-host").with_memory({"cuda:0": 32 << 20}),
+                Options(splits=SplitOptions(axes=("experts",), fractions=(0.25, 0.5), proportional=False,
+                                            balanced=False)), members=folded.members, original=graph)
+    (node,) = p.split_choices
+    sp = ExpertSplit("experts", ("cuda:0", "cpu"), (0.25, 0.75))
+    price = p.split_price[(node, sp)]
+    weight, x, y = 8 * 2048 * 1024 * 4, 256 * 1024 * 4, 256 * 2048 * 4
+    assert price.param_bytes == (weight // 4, 3 * weight // 4) and (price.copy_in, price.copy_out) == (x, y)
+    assert price.latency_s == pytest.approx(p.transfer_s(x, "cuda:0", "cpu")
+                                            + max(price.shard_s[0], price.shard_s[1] + p.transfer_s(y, "cpu", "cuda:0")))
+    best, arg = float("inf"), None
+    for candidate in placements(p):
+        ev = evaluate(p, candidate)
+        if ev.feasible and ev.total_s < best:
+            best, arg = ev.total_s, candidate
+    assert dict(arg.split) == {node: sp}
+    sol = solve_ilp(p, gap=0.0)
+    assert dict(sol.placement.split) == {node: sp}
+    assert evaluate(p, sol.placement).total_s == pytest.approx(best, rel=1e-6)
+    assert sol.bound is not None and sol.bound <= best * (1 + 1e-6)
+    assert memory_aware_lower_bound(p) <= best * (1 + 1e-6)
