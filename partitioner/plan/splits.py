@@ -37,7 +37,8 @@ if TYPE_CHECKING:
     from partitioner.solvers.problem import Placement, Problem
     from partitioner.solvers.splits import Split
 
-__all__ = ["check_splits", "check_splits_against_graph", "expert_weight_op", "read_splits", "refuse_splits", "split_of", "splits_record"]
+__all__ = ["check_splits", "check_splits_against_graph", "expert_weight_op", "read_splits", "refuse_splits", "split_of",
+           "splits_record"]
 
 _KEYS = ("axis", "devices", "fractions")
 _TIME_KEYS = ("axis", "devices", "chunks")
@@ -195,7 +196,6 @@ def split_of(entry: Mapping[str, Any]) -> Split | TimeSplit:
 
     if entry["axis"] == "experts":
         return ExpertSplit("experts", tuple(entry["devices"]), tuple(float(f) for f in entry["fractions"]))
-
     if entry["axis"] == "time" and entry.get("by") == "expert":
         return ExpertTimeSplit("time", tuple(entry["devices"]), int(entry["chunks"]))
     if entry["axis"] == "time":
