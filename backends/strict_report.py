@@ -222,8 +222,20 @@ def planned_parameters(plan: Any) -> dict[str, int]:
     out = {d: 0 for d in plan.devices.names()}
     low = plan.precision.get("ops", {}) if plan.precision and not plan.training else {}
     packed = plan.precision.get("weight_bytes", {}) if plan.precision and not plan.training else {}
+    from partitioner.plan.splits import expert_weight_op
+    from partitioner.solvers.expert_streaming import entry_cuts_experts
+
+    # a split of a fused experts op lists its bytes at its op; the view owning the fused weight holds them
+    by_view = {expert_weight_op(plan, op, e): op for op, e in plan.splits.items() if entry_cuts_experts(e)}
     for op in plan.param_ops:
         nbytes = plan.op_bytes.get(op, (0, 0))[1]
+        if op in by_view:
+            entry = plan.splits[by_view[op]]
+            for d, b in zip(entry["devices"], entry.get("bytes", (0, nbytes))):
+                out[d] += b
+            continue
+        if op in plan.splits and entry_cuts_experts(plan.splits[op]):
+            continue
         if op in packed:  # held packed (precision.weight_bytes)
             nbytes = packed[op]
         elif op in low:  # (streamed too: the host keeps it in its op's dtype)

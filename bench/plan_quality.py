@@ -35,7 +35,8 @@ module timed alone at one thread and its actions timed during the run.
     python bench/plan_quality.py --part clusters,measured --steps 5      # the pipeline rows only
     python bench/plan_quality.py --precision                            # the precision table only
     python bench/plan_quality.py --training                             # training under a cap (training_plans.py)
-    python bench/plan_quality.py --split                                # split vs whole: the LM-head case
+    python bench/plan_quality.py --split                                # split vs whole: LM head, Mixtral
+    python bench/plan_quality.py --split --split-cases Mixtral          # the Mixtral rows only
 
 Split rows (``--split``): issue 34's LM-head case, a Llama shape (hidden 4,096, one decoder layer,
 a 128,256 x 4,096 LM head: 2.1 GB in float32, untied) on ``h200-host`` with ``cuda:0`` capped at
@@ -46,11 +47,14 @@ cuda:0 and the CPU at the share where both branches end together), with ``splits
 (linears split by columns or rows over cpu and cuda:0, chosen by the ILP) and with time splits
 (``splits="time"``: a linear computed on cuda:0 from row chunks of its weight streamed from the
 host, alone and beside the two-device splits): predicted time, the head's placement and time, and
-memory per device (predictions of the cost model, not measurements). Issue 34's Mixtral case has no
-row: ``torch.export`` captures a layer's experts as ``transformers.grouped_mm_fallback`` custom ops
-reading the fused ``gate_up_proj`` (``[8, 28672, 4096]``) and ``down_proj`` through ``aten.transpose``
-views (which own the parameters), with the routing offsets from ``histc``/``cumsum`` as inputs: not a
-linear, and time splits chunk linears only.
+memory per device (predictions of the cost model, not measurements). Issue 34's Mixtral case: the
+Mixtral-8x7B shape cut to 4 layers in bfloat16 (``torch.export`` captures a layer's experts as two
+``aten._grouped_mm`` ops, ``transformers.grouped_mm_fallback`` in float32, reading the fused
+``gate_up_proj`` ``[8, 28672, 4096]`` (1.9 GB) and ``down_proj`` through ``aten.transpose`` views) with
+``cuda:0`` at 4 GB, for one token and a 512-token prefill: whole ops against time splits, where an
+experts op may compute on cuda:0 from groups of its experts streamed from the host
+(``partitioner/solvers/expert_streaming.py``), and experts splits, its experts divided between cuda:0
+and the CPU (``partitioner/solvers/expert_devices.py``). ``--split-cases Mixtral`` runs those rows alone.
 
 Precision rows (``--precision``): the seed case (emb-transformer ``base``, GPU capped to the
 embedding plus half the layers) and ``gpt:small`` on ``h200-host`` and ``cpu-gpu-npu`` (whose NPU
@@ -351,12 +355,15 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=10, help="measured rows: timed steps per run")
     parser.add_argument("--precision", action="store_true", help="only the precision table: auto vs all-fp32")
     parser.add_argument("--split", action="store_true", help="only the split table: split vs whole (issue 34)")
+    parser.add_argument("--split-cases", default="",
+                        help="split table: only the cases whose label contains one of these comma-separated words "
+                             "(e.g. Mixtral)")
     parser.add_argument("--training", action="store_true",
                         help="only the training table: memory-capped training beside the offload baselines "
                              "(bench/training_plans.py)")
     args = parser.parse_args()
     if args.split:
-        split_rows(args.time_limit)
+        split_rows(args.time_limit, [w for w in args.split_cases.split(",") if w])
         return 0
     if args.precision:
         precision_rows(args.time_limit)
@@ -492,28 +499,52 @@ def _llama_head(layers: int = 1, tokens: int = 512) -> tuple[torch.nn.Module, tu
     return module, (torch.zeros(1, tokens, dtype=torch.long, device="meta"),)
 
 
-#: The split table's cases: label, model builder, cap on cuda:0, objectives, time-split settings (label, axes).
+def _mixtral_bf16(tokens: int) -> tuple[torch.nn.Module, tuple]:
+    """The Mixtral-8x7B shape cut to 4 layers in bfloat16 on the meta device (its experts captured as
+    ``aten._grouped_mm`` over transposed fused weights, ``gate_up_proj`` [8, 28672, 4096]: 1.9 GB), and
+    ``tokens`` tokens."""
+    module, _ = _mixtral_4_layers()
+    return module.to(torch.bfloat16), (torch.zeros(1, tokens, dtype=torch.long, device="meta"),)
+
+
+#: The Mixtral rows' split settings: time splits (by expert for the experts ops), experts divided between
+#: devices, and both beside the linears' two-device splits.
+MIXTRAL_SPLITS = (("time split", "time"), ("experts split", "experts"), ("experts + time", "experts,time"),
+                  ("splits + time", "cols,rows,experts,time"))
+
+#: The split table's cases: label, model builder, cap on cuda:0, objectives, time-split settings (label, axes),
+#: the ops shown (``lm_head``: the LM head; ``experts``: every fused experts op).
 SPLIT_CASES = (
     ("Llama LM head, fp32, cuda:0 2 GB, 512 tokens", lambda: _llama_head(), "2GB", ("latency", "throughput"),
-     (("time split", "time"), ("splits + time", "cols,rows,time"))),
+     (("time split", "time"), ("splits + time", "cols,rows,time")), "lm_head"),
     # time and two-device splits offered together there: the multilevel solver runs HiGHS level by level, each to its
     # limit (minutes in all), so that row is left out
     ("HeteGen's setting: Llama shape, 2 layers, fp32, cuda:0 2 GB, 1 token", lambda: _llama_head(2, 1), "2GB",
-     ("latency",), (("time split", "time"),)),
+     ("latency",), (("time split", "time"),), "lm_head"),
+    # issue 34's Mixtral case: one token (a decode-shaped step reads 2 of 8 experts, the CPU's share) and a prefill
+    ("Mixtral-8x7B shape, 4 layers, bf16, cuda:0 4 GB, 1 token", lambda: _mixtral_bf16(1), "4GB", ("latency",),
+     MIXTRAL_SPLITS, "experts"),
+    ("Mixtral-8x7B shape, 4 layers, bf16, cuda:0 4 GB, 512 tokens", lambda: _mixtral_bf16(512), "4GB", ("latency",),
+     MIXTRAL_SPLITS, "experts"),
 )
 
 
-def split_rows(time_limit: float) -> None:
-    """The split table (see the module docstring): every op whole, HeteGen's rule, and ``splits=True``."""
+def split_rows(time_limit: float, only: list[str] | None = None) -> None:
+    """The split table (see the module docstring): every op whole, HeteGen's rule, ``splits=True`` and
+    time splits; ``only``: the cases whose label contains one of these words."""
     from cost_models.units import format_bytes
+    from partitioner.solvers.expert_streaming import is_experts_op
 
-    header = ["case", "plan", "time", "vs whole", "lm_head (128,256 x 4,096)", "head time", "splits",
-              "memory per device", "status"]
+    header = ["case", "plan", "time", "vs whole", "shown ops: where", "their time", "splits", "memory per device",
+              "status"]
     rows = []
-    for case, build, cap, objectives, in_time in SPLIT_CASES:
+    for case, build, cap, objectives, in_time, shown in SPLIT_CASES:
+        if only and not any(word in case for word in only):
+            continue
         module, inputs = build()
-        graph = from_module(module, inputs, name="llama-head")
-        head = next(op.name for op in graph.ops.values() if op.module_path == "lm_head")
+        graph = from_module(module, inputs, name=case)
+        ops = [op.name for op in graph.ops.values()
+               if (op.module_path == "lm_head" if shown == "lm_head" else is_experts_op(op))]
         for objective in objectives:
             whole = partition_outcome(graph, devices="h200-host", memory={"cuda:0": cap}, objective=objective,
                                       time_limit=time_limit)
@@ -529,30 +560,47 @@ def split_rows(time_limit: float) -> None:
                     ("hetegen", split, hetegen_sol.placement, hetegen_ev, None),
                     ("splits", split, split.solution.placement, split.evaluation, split.plan),
                     *((lbl, o, o.solution.placement, o.evaluation, o.plan) for lbl, o in timed.items())):
-                node = next(n for n in out.problem.nodes if head in out.problem.members[n])
-                sp = placement.split.get(node)
-                head_s = (out.problem.split_cost(node, sp) if sp else
-                          out.problem.compute[node][placement.device[node]] if placement.device else 0.0)
-                if sp is not None and sp.axis == "time":
-                    where = f"time: {sp.chunks} chunks {sp.other}->{sp.home}"
-                elif sp is not None:
-                    where = f"{sp.axis} " + " + ".join(f"{d} {f:g}" for d, f in zip(sp.devices, sp.fractions))
-                else:
-                    where = f"whole on {placement.device.get(node, '?')}"
+                where, seconds = _shown_cell(out.problem, placement, ops)
                 fits = "" if ev.feasible else "* "
                 status = ("heuristic" if plan is None else f"{plan.solver.status} (gap {plan.solver.gap:.2%})"
                           if plan.solver.gap is not None else plan.solver.status)
                 rows.append([f"{case}, {objective}", label, fits + format_seconds(ev.total_s),
-                             f"{base / ev.total_s:.2f}x", where, format_seconds(head_s),
+                             f"{base / ev.total_s:.2f}x", where, format_seconds(seconds),
                              str(len(placement.split)),
                              ", ".join(f"{d} {format_bytes(m)}" for d, m in ev.memory.items()), status])
     _print(header, rows)
-    print("(predicted on h200-host by the analytic cost model; * = over a device's memory; a split head's time: "
-          "latency, its input copy plus the longer of its home shard and its other shard with the copy back; "
-          "throughput, its longer shard. hetegen: every linear split by columns between cuda:0 and the CPU at "
-          "the share where both branches end together, shards resident. time split: the head computed on cuda:0 "
-          "from row chunks of its weight streamed from the host (partitioner/solvers/chunked_streaming.py); its "
-          "time: the first chunk's copy, then the slower of the copies and the computes, then the last compute)")
+    print("(predicted on h200-host by the analytic cost model; * = over a device's memory. Shown ops: the LM head "
+          "(128,256 x 4,096), or the fused experts ops (two a layer: gate_up_proj [8, 28672, 4096] and down_proj). "
+          "A split op's time: latency, its input copy plus the longer of its home shard and its other shard with "
+          "the copy back; throughput, its longer shard. hetegen: every linear split by columns between cuda:0 and "
+          "the CPU at the share where both branches end together, shards resident. time split: a linear computed "
+          "on cuda:0 from row chunks of its weight streamed from the host (partitioner/solvers/chunked_streaming.py), "
+          "an experts op from groups of its experts (partitioner/solvers/expert_streaming.py, priced with uniform "
+          "routing, every expert copied); its time: the first chunk's copy, then the slower of the copies and the "
+          "computes, then the last compute. experts split: an experts op's experts divided between cuda:0 and the "
+          "CPU, the routed rows copied over and the outputs summed back (partitioner/solvers/expert_devices.py))")
+
+
+def _shown_cell(problem, placement, ops: list[str]) -> tuple[str, float]:  # noqa: ANN001
+    """Where the shown ops run (in words) and the time they add, under ``placement``."""
+    nodes = list(dict.fromkeys(n for n in problem.nodes for op in ops if op in problem.members[n]))
+    words: dict[str, int] = {}
+    seconds = 0.0
+    for node in nodes:
+        sp = placement.split.get(node)
+        device = placement.device.get(node, "?")
+        if sp is not None and sp.axis == "time":
+            by = " by expert" if getattr(sp, "by", None) == "expert" else ""
+            word = f"time{by}: {sp.chunks} chunks {sp.devices[1]}->{sp.devices[0]}"
+        elif sp is not None:
+            word = f"{sp.axis} " + " + ".join(f"{d} {f:g}" for d, f in zip(sp.devices, sp.fractions))
+        else:
+            streamed = placement.streamed.get(node)
+            word = f"whole on {device}" + (f", streamed from {streamed}" if streamed and streamed != device else "")
+        seconds += problem.split_cost(node, sp) if sp is not None else problem.compute[node].get(device, 0.0)
+        words[word] = words.get(word, 0) + 1
+    where = "; ".join(w if len(nodes) == 1 else f"{n}x {w}" for w, n in words.items())
+    return where, seconds
 
 
 def _llama_8b(tokens: int = 1) -> tuple[torch.nn.Module, tuple]:

@@ -220,9 +220,10 @@ class PlanOptions:
         "in even shares), 'cols:0.5', 'cols,rows@8' (degrees after '@') or {'fractions': [...], 'axes': ['cols'], "
         "'degrees': [2, 8]}; axis "
         "'time' adds time splits (a linear computed on one accelerator from its weight's row chunks streamed from "
-        "the host: 'cols,time', 'time:8/16' or {'axes': ['time'], 'chunks': [8, 16]}); axes 'table' (an embedding's "
-        "table rows) and 'batch' (elementwise ops and norms by rows) add splits of those ops: 'cols,rows,table,batch'; "
-        "None: every op whole"))
+        "the host, a fused experts op from groups of its experts: 'cols,time', 'time:8/16' or {'axes': ['time'], "
+        "'chunks': [8, 16]}); axes 'table' (an embedding's table rows) and 'batch' (elementwise ops and norms by rows) "
+        "add splits of those ops: 'cols,rows,table,batch'; axis 'experts' divides a fused experts op's experts between "
+        "two devices ('experts', 'cols,rows,experts,time'); None: every op whole"))
     batch: Any = _field(None, flag="hetpart fit --micro-batch", compile="a compiled graph runs the batch it is given",
                         doc=("size the micro-batch from memory (training): 'auto' (the largest dividing the example "
                              "batch that fits) or a micro-batch; the plan records the accumulation steps"))

@@ -32,6 +32,7 @@ from partitioner.plan.values import InputSpec
 from partitioner.solvers import (BASELINE_NAMES, ONNX_BASELINE_NAMES, SPLIT_BASELINE_NAMES, TRAINING_BASELINES,
                                  run_baseline)
 from partitioner.solvers.problem import accelerator_devices
+from partitioner.solvers.expert_streaming import fold_expert_weights
 from partitioner.solvers.split_regions import interior_ops
 from partitioner.solvers.splits import resolve_splits, splittable_ops
 from partitioner.solvers.train_state import tidy
@@ -379,6 +380,12 @@ def _coarsen(
     """The coarsening a plan is solved on; pinned ops and ``separate`` ones stay out of every group."""
     keep = frozenset(_pinned_ops(graph, pins or {})) | separate
     aligned = _aligned(graph, align, keep)
+    if options.splits is not None and {"time", "experts"} & set(options.splits.axes):
+        # each fused experts op and the view owning its weight: one node, which a time split by expert cuts
+        experts = fold_expert_weights(aligned.graph)
+        if experts is not None:
+            aligned = _compose(aligned, experts)
+            keep = keep | frozenset(op for g in experts.members.values() if len(g) > 1 for op in g)
     if mode is False or mode == "off":
         return aligned
     keep_groups = frozenset(aligned.group_of[op] for op in keep)

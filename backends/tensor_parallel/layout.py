@@ -134,6 +134,11 @@ def mesh_devices(plan: Any) -> tuple[str, ...]:
         raise PlanMismatch(f"{plan.source} splits op {op!r} along {axis} ({what}, partitioner/solvers/split_axes.py): "
                            f"tensor-parallel ranks shard linears only (cols, rows); run the plan in one process "
                            f"(plan.emit, CLI hetpart run), or re-plan without {axis} splits (--split cols,rows)")
+    experts = [op for op, e in splits.items() if e["axis"] == "experts"]
+    if experts:
+        raise PlanMismatch(f"{plan.source} divides the experts of op {experts[0]!r} between devices "
+                           f"(partitioner/solvers/expert_devices.py): tensor-parallel ranks run split linears only; "
+                           f"run the plan in one process (plan.emit), or re-plan with --split cols,rows")
     sets = {op: frozenset(e["devices"]) for op, e in splits.items()}
     first_op, first = next(iter(sets.items()))
     for op, devices in sets.items():

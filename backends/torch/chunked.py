@@ -61,7 +61,7 @@ def chunk_linears(gm: torch.fx.GraphModule, plan: Any, physical: Mapping[str, to
     Raises:
         PlanMismatch: a time-split op of the plan is not an aten linear in ``gm``.
     """
-    timed = {op: e for op, e in plan.splits.items() if e["axis"] == "time"}
+    timed = {op: e for op, e in plan.splits.items() if e["axis"] == "time" and e.get("by") != "expert"}
     if not timed:
         return {}, {}, {}
     host = plan.devices.host_device().name

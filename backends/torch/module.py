@@ -56,6 +56,8 @@ from backends.torch.replaced import remember
 from backends.torch.saved_on_host import hold_saved_on_host
 from backends.torch.sparse_grads import mark_sparse_gradients
 from backends.torch.chunked import chunk_linears, label_fetches
+from backends.torch.expert_chunks import chunk_experts
+from backends.torch.expert_devices import split_experts
 from backends.torch.split_regions import ANCHOR_META
 from backends.torch.splits import split_linears
 from partitioner.plan.splits import refuse_splits
@@ -179,7 +181,12 @@ def place_module(
     if move_state is not None:  # weights read from a checkpoint (or shared) are never cut into shards here
         refuse_splits(plan, "a module built from a checkpoint or sharing its weights")
     shard_nodes, shard_homes = split_linears(gm, plan, physical)
+    expert_nodes, expert_homes = split_experts(gm, plan, physical)  # fused experts ops divided between devices
+    shard_nodes.update(expert_nodes)
+    shard_homes.update(expert_homes)
     chunk_nodes, chunk_homes, chunk_fetches = chunk_linears(gm, plan, physical)
+    for part, more in zip((chunk_nodes, chunk_homes, chunk_fetches), chunk_experts(gm, plan, physical)):
+        part.update(more)  # fused experts ops split in time by expert: their expert groups, streamed alike
     shard_nodes.update(chunk_nodes)
     shard_homes.update(chunk_homes)
     home = _parameter_homes(gm, plan)

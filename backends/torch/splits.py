@@ -76,7 +76,7 @@ def split_linears(gm: torch.fx.GraphModule, plan: Any,
     regions = plan_regions(gm, plan)  # found before the rewrite, by the rule evaluate prices
     remember_inputs(gm, regions)
     for op, entry in plan.splits.items():
-        if entry["axis"] == "time":  # in time, on one device: backends/torch/chunked.py
+        if entry["axis"] in ("time", "experts"):  # backends/torch/chunked.py, expert_chunks.py, expert_devices.py
             continue
         if entry["axis"] in OP_AXES:  # an embedding by table rows, an elementwise op or norm by batch
             placed.update(rewrite_op_split(gm, nodes.get(op), op, entry, physical, joined))

@@ -69,21 +69,33 @@ def memory_floor(plan: Any) -> dict[str, tuple[int, int, int, str | None]]:
     params, buffers, largest = dict.fromkeys(names, 0), dict.fromkeys(names, 0), dict.fromkeys(names, 0)
     heaviest: dict[str, tuple[int, str]] = {}
     packed = plan.precision.get("weights", {}) if plan.precision else {}
+    viewed = _expert_weight_views(plan)
     for op, device in plan.placement.items():
         out, par = plan.op_bytes.get(op, (0, 0))
         share = itemsize_factor(low[op]) if op in low else 1.0
         home = plan.weights.get(op, device)
         if not plan.training:  # training keeps float32 master weights; inference holds them as computed
             par = int(par * (PACKED_FLOOR[packed[op]] if op in packed else share))
-        if op in plan.splits:  # its shards' bytes need the weight's shape: checked with the graph
+        if op in plan.splits or op in viewed:  # its shards' bytes need the weight's shape: checked with the graph
             par = 0
         if home != device:  # streamed: held on its home in that form, copied into a reused buffer where it runs
             buffers[device] = max(buffers[device], buffers_of * par)
         params[home] += par
         if par > heaviest.get(home, (0, ""))[0]:
             heaviest[home] = (par, op)
-        largest[device] = max(largest[device], int(out * share))
+        if op not in viewed:  # a view of a weight held on the host, chunk by chunk: nothing on the device
+            largest[device] = max(largest[device], int(out * share))
     return {d: (params[d], buffers[d], largest[d], heaviest.get(d, (0, None))[1]) for d in names}
+
+
+def _expert_weight_views(plan: Any) -> set[str]:
+    """The ops owning the fused weights of ops split in time by expert (held on the host, chunk by chunk)."""
+    from partitioner.plan.splits import expert_weight_op
+
+    from partitioner.solvers.expert_streaming import entry_cuts_experts
+
+    return {view for op, e in plan.splits.items() if entry_cuts_experts(e)
+            and (view := expert_weight_op(plan, op, e)) is not None}
 
 
 def check_implied(plan: Any, r: FieldReader) -> None:
@@ -222,6 +234,7 @@ def _evaluate(plan: Any, graph: OpGraph) -> Any:
     from partitioner.solvers.pipeline import PipelineSpec
     from partitioner.plan.splits import split_of
     from partitioner.solvers.problem import Objective, Options, Placement, Problem, StreamMode, evaluate
+    from partitioner.solvers.expert_streaming import entry_cuts_experts, fold_expert_weights
     from partitioner.solvers.splits import SplitOptions, even_shares
 
     section = plan.pipeline
@@ -249,6 +262,10 @@ def _evaluate(plan: Any, graph: OpGraph) -> Any:
             **({"fractions": fractions} if fractions else {}), **({"chunks": chunks} if chunks else {}),
             **({"degrees": degrees} if degrees else {}), proportional=uneven, balanced=False,
             axes=tuple(sorted({sp.axis for sp in split.values()}))))
+    by_expert = any(entry_cuts_experts(e) for e in plan.splits.values())
+    folded = fold_expert_weights(graph) if by_expert else None
+    if folded is not None:  # a time split by expert cuts an experts op and its weight's view as one node
+        return _evaluate_folded(plan, graph, folded, options, split)
     problem = Problem(graph, plan.devices, options)
     ops = plan.precision.get("ops", {}) if plan.precision else {}
     packed = plan.precision.get("weights", {}) if plan.precision else {}
@@ -261,6 +278,20 @@ def _evaluate(plan: Any, graph: OpGraph) -> Any:
     return evaluate(problem, Placement(dict(plan.placement), dict(plan.weights), StreamMode(plan.stream_mode),
                                        precision=dtypes, state=offloaded, recompute=recompute,
                                        streamed_state=streamed_state, split=split, saved_on_host=saved_on_host))
+
+
+def _evaluate_folded(plan: Any, graph: OpGraph, folded: Any, options: Any, split: dict[str, Any]) -> Any:
+    """``evaluate`` of the plan's placement on ``graph`` with each experts op and its weight's view in
+    one node (:func:`~partitioner.solvers.expert_streaming.fold_expert_weights`); a node whose ops the
+    plan places apart takes its experts op's device, and the split then names the view's misplacement."""
+    from partitioner.solvers.problem import Placement, Problem, StreamMode, evaluate
+
+    problem = Problem(folded.graph, plan.devices, options, members=folded.members, original=graph)
+    group = folded.group_of
+    device = {g: plan.placement[ops[-1]] for g, ops in folded.members.items()}
+    streamed = {group[op]: home for op, home in plan.weights.items()}
+    return evaluate(problem, Placement(device, streamed, StreamMode(plan.stream_mode),
+                                       split={group[op]: sp for op, sp in split.items()}))
 
 
 def _copies(transfers: Iterable[Any]) -> dict[tuple[str, ...], int]:

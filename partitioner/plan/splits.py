@@ -8,15 +8,22 @@ runs on ``devices[0]`` in ``placement`` (its home, where its input arrives and i
 rejoined). A time split (:mod:`partitioner.solvers.chunked_streaming`) is ``{"axis": "time",
 "devices": [accelerator, host], "chunks": n, "bytes": [b_accelerator, b_host]}``: the op computes on
 the accelerator from ``n`` row chunks of its weight held on the host (``bytes``: the bias kept on the
-accelerator, the weight on the host). :func:`check_splits` runs when a plan is built or loaded:
+accelerator, the weight on the host). A time split by expert (a fused experts op, its experts streamed
+group by group, :mod:`partitioner.solvers.expert_streaming`) adds ``"by": "expert"``: ``chunks`` groups of
+whole experts; its op computes on the accelerator and the view owning its fused weight (the op's producer
+holding ``bytes[1]``) is placed with it. An experts split (:mod:`partitioner.solvers.expert_devices`) is
+``{"axis": "experts", "devices": [home, other], "fractions": [f, 1 - f], "bytes": [b_home, b_other]}``: each
+device's share of the experts (``bytes``: its experts' bytes, home's with the op's own), the view placed
+with the op too. :func:`check_splits` runs when a plan is built or loaded:
 fractions in (0, 1) summing to one, one per device (a time split: a whole number of chunks, at least
 2, an accelerator then the plan's host), two or more distinct devices of the plan, a known axis, the home being
 the op's device, no streaming, inference. :func:`check_splits_against_graph` runs with the graph (``plan.check_graph``, emission):
 the op takes splits along that axis (cols, rows, time: an aten linear with its own 2-D weight;
 table: an embedding alone reading its table; batch: an elementwise op or a norm,
-:mod:`partitioner.solvers.split_axes`). A batch split's ``bytes`` are the op's parameters on each
-device (a norm's weight and bias on all of them). Every refusal names the op, the split and the
-splits it can take.
+:mod:`partitioner.solvers.split_axes`; ``by: expert`` and experts: a grouped matmul whose weight view
+owns a 3-D parameter, with at least ``chunks`` experts). A batch split's ``bytes`` are the op's
+parameters on each device (a norm's weight and bias on all of them). Every refusal names the op, the
+split and the splits it can take.
 """
 
 from __future__ import annotations
@@ -34,7 +41,8 @@ if TYPE_CHECKING:
     from partitioner.solvers.problem import Placement, Problem
     from partitioner.solvers.splits import Split
 
-__all__ = ["check_splits", "check_splits_against_graph", "read_splits", "refuse_splits", "split_of", "splits_record"]
+__all__ = ["check_splits", "check_splits_against_graph", "expert_weight_op", "read_splits", "refuse_splits", "split_of",
+           "splits_record"]
 
 _KEYS = ("axis", "devices", "fractions")
 _TIME_KEYS = ("axis", "devices", "chunks")
@@ -57,10 +65,15 @@ def read_splits(r: FieldReader, value: Any) -> dict[str, Any]:
     for op, entry in r.mapping(value, "splits").items():
         path = _key("splits", op)
         timed = isinstance(entry, Mapping) and entry.get("axis") == "time"
-        e = r.keys(entry, path, _TIME_KEYS if timed else _KEYS, ("bytes",))
+        e = r.keys(entry, path, _TIME_KEYS if timed else _KEYS, ("bytes", "by") if timed else ("bytes",))
         devices = [r.string(d, f"{path}.devices[{i}]") for i, d in enumerate(r.array(e["devices"], f"{path}.devices"))]
         if timed:
             out[op] = {"axis": "time", "devices": devices, "chunks": r.count(e["chunks"], f"{path}.chunks")}
+            if "by" in e:
+                if e["by"] != "expert":
+                    r.fail(f"{path}.by", f"{e['by']!r}: a time split's chunks are a linear's weight rows (no 'by' "
+                                         f"key) or groups of a fused experts op's experts (\"by\": \"expert\")")
+                out[op]["by"] = "expert"
             if "bytes" in e:
                 out[op]["bytes"] = [r.count(b, f"{path}.bytes[{i}]")
                                     for i, b in enumerate(r.array(e["bytes"], f"{path}.bytes"))]
@@ -106,7 +119,9 @@ def check_splits(plan: Any, r: FieldReader) -> None:
             r.fail(f"{path}.devices", f"{what}: the op runs on {plan.placement[op]!r} in placement, but a split op "
                                       f"runs on its first device, {devices[0]!r}")
         total = plan.op_bytes.get(op, (0, None))[1]
-        if entry["axis"] == "batch":
+        if entry["axis"] == "experts":
+            _check_expert_weight(plan, r, op, entry)
+        elif entry["axis"] == "batch":
             if "bytes" in entry and total is not None and list(entry["bytes"]) != [total] * len(devices):
                 r.fail(f"{path}.bytes", f"{what}: bytes {list(entry['bytes'])} are not the op's {total:,} parameter "
                                         f"bytes on each device (model.op_bytes): a batch split copies them to each")
@@ -140,7 +155,9 @@ def _check_time_split(plan: Any, r: FieldReader, op: str, entry: Mapping[str, An
         r.fail(f"{path}.devices", f"{what}: the op runs on {plan.placement[op]!r} in placement, but a time-split op "
                                   f"runs on its first device, {devices[0]!r}")
     total = plan.op_bytes.get(op, (0, None))[1]
-    if "bytes" in entry and total is not None and (len(entry["bytes"]) != 2 or sum(entry["bytes"]) != total):
+    if entry.get("by") == "expert":
+        _check_expert_weight(plan, r, op, entry)
+    elif "bytes" in entry and total is not None and (len(entry["bytes"]) != 2 or sum(entry["bytes"]) != total):
         r.fail(f"{path}.bytes", f"{what}: bytes {list(entry['bytes'])} (kept on the accelerator, held on the host) do "
                                 f"not add up to the op's {total:,} parameter bytes (model.op_bytes)")
     if op in plan.weights:
@@ -149,12 +166,51 @@ def _check_time_split(plan: Any, r: FieldReader, op: str, entry: Mapping[str, An
         r.fail(path, f"{what}: time splits are planned for inference, and this plan is a training plan")
 
 
+def expert_weight_op(plan: Any, op: str, entry: Mapping[str, Any]) -> str | None:
+    """The op owning the fused weight of ``op``, split by expert (in time, or between devices): its
+    producer (``model.edges``) whose parameter bytes are the split's ``bytes`` less the op's own
+    (without ``bytes``: its producer with the most parameter bytes); None when no producer holds
+    parameters."""
+    producers = [u for u, v in plan.edges if v == op and plan.op_bytes.get(u, (0, 0))[1] > 0]
+    if "bytes" in entry and len(entry["bytes"]) == 2:
+        weight = sum(entry["bytes"]) - plan.op_bytes.get(op, (0, 0))[1]
+        producers = [u for u in producers if plan.op_bytes[u][1] == weight]
+    return max(producers, key=lambda u: plan.op_bytes[u][1], default=None)
+
+
+def _check_expert_weight(plan: Any, r: FieldReader, op: str, entry: Mapping[str, Any]) -> None:
+    """A split by expert: its weight's view is a producer of the op holding the weight's bytes, placed
+    with it; in time, ``bytes[0]`` is the op's own parameter bytes (between devices, home's experts too)."""
+    path = _key("splits", op)
+    what = f"op {op!r} split {_label(entry)}"
+    if not plan.op_bytes or not plan.edges:
+        return  # a plan without op sizes or edges (hand-made, or older): checked with the graph
+    view = expert_weight_op(plan, op, entry)
+    if view is None:
+        r.fail(f"{path}.bytes", f"{what}: no producer of the op holds the bytes of a fused expert weight that "
+                                f"{list(entry.get('bytes', []))} make (model.edges, model.op_bytes); a split by expert "
+                                f"takes an experts op whose weight's view owns the weight")
+    own = plan.op_bytes.get(op, (0, 0))[1]
+    if "bytes" in entry and entry["axis"] == "time" and entry["bytes"][0] != own:
+        r.fail(f"{path}.bytes", f"{what}: bytes {list(entry['bytes'])} keep {entry['bytes'][0]:,} on the accelerator, "
+                                f"but the op owns {own:,} parameter bytes (model.op_bytes)")
+    if plan.placement[view] != plan.placement[op]:
+        r.fail(_key("placement", view), f"{plan.placement[view]!r}, but {view!r} owns the weight of {what}, which "
+                                        f"runs on {plan.placement[op]!r}: the view is placed with its experts op")
+
+
 def split_of(entry: Mapping[str, Any]) -> Split | TimeSplit:
     """The :class:`~partitioner.solvers.splits.Split` (or
     :class:`~partitioner.solvers.chunked_streaming.TimeSplit`) an entry of the section stands for."""
     from partitioner.solvers.chunked_streaming import TimeSplit
+    from partitioner.solvers.expert_devices import ExpertSplit
+    from partitioner.solvers.expert_streaming import ExpertTimeSplit
     from partitioner.solvers.splits import Split
 
+    if entry["axis"] == "experts":
+        return ExpertSplit("experts", tuple(entry["devices"]), tuple(float(f) for f in entry["fractions"]))
+    if entry["axis"] == "time" and entry.get("by") == "expert":
+        return ExpertTimeSplit("time", tuple(entry["devices"]), int(entry["chunks"]))
     if entry["axis"] == "time":
         return TimeSplit("time", tuple(entry["devices"]), int(entry["chunks"]))
     return Split(entry["axis"], tuple(entry["devices"]), tuple(float(f) for f in entry["fractions"]))
@@ -165,6 +221,7 @@ def check_splits_against_graph(plan: Any, graph: OpGraph) -> None:
     own 2-D weight, whose split dimension has room for one shard per device; along table or batch an op
     :mod:`partitioner.solvers.split_axes` names; else :class:`PlanMismatch` naming the op, the split
     and the splits it can take."""
+    from partitioner.solvers.expert_streaming import entry_cuts_experts, experts_weight
     from partitioner.solvers.split_axes import OP_AXES
     from partitioner.solvers.splits import split_weight, splits_it_takes, why_not_split
 
@@ -172,6 +229,25 @@ def check_splits_against_graph(plan: Any, graph: OpGraph) -> None:
         node = graph.ops.get(op)
         if node is None:
             continue  # the fingerprint check names a graph that is not the plan's
+        found = experts_weight(graph, node)
+        if entry_cuts_experts(entry):
+            if found is None:
+                raise PlanMismatch(f"{plan.source}: op {op!r} cannot take split {_label(entry)}: it is {node.kind}, "
+                                   f"not a grouped matmul reading a fused 3-D expert weight through a view that owns "
+                                   f"it; keep it whole (remove it from the splits section), or re-plan")
+            experts = graph.params[found[1]].shape[0]
+            if entry["axis"] == "experts" and experts < 2:
+                raise PlanMismatch(f"{plan.source}: op {op!r} cannot take split {_label(entry)}: its weight has "
+                                   f"{experts} expert; keep it whole (remove it from the splits section)")
+            if entry["axis"] == "time" and entry["chunks"] > experts:
+                raise PlanMismatch(f"{plan.source}: op {op!r} cannot take split {_label(entry)}: its weight has "
+                                   f"{experts} experts, fewer than {entry['chunks']} groups; it can take time splits "
+                                   f"by expert of 2 to {experts} chunks")
+            continue
+        if found is not None:
+            raise PlanMismatch(f"{plan.source}: op {op!r} cannot take split {_label(entry)}: it is a fused experts op "
+                               f"({node.kind}); it can take time splits by expert (\"by\": \"expert\") or experts splits "
+                               f"(axis \"experts\") only")
         why = why_not_split(node, graph, entry["axis"], len(entry["devices"]))
         if why is not None:
             takes = splits_it_takes(node, graph)
@@ -217,6 +293,7 @@ def refuse_splits(plan: Any, backend: str) -> None:
 def _label(entry: Mapping[str, Any]) -> str:
     if entry.get("axis") == "time":
         devices = list(entry.get("devices", [])) + ["?", "?"]
-        return f"time[{devices[0]}<-{devices[1]},{entry.get('chunks')}]"
+        by = ",by=expert" if entry.get("by") == "expert" else ""
+        return f"time[{devices[0]}<-{devices[1]},{entry.get('chunks')}{by}]"
     devices, fractions = entry.get("devices", []), entry.get("fractions", [])
     return f"{entry.get('axis')}[" + ",".join(f"{d}={f:g}" for d, f in zip(devices, fractions)) + "]"

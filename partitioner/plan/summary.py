@@ -52,7 +52,8 @@ def summary_text(plan: Any) -> str:
     if plan.weights:
         lines.append(f"  streamed weights: {len(plan.weights)} ops ({plan.stream_mode})")
     if plan.splits:
-        shown = [one_line(f"{op} time: {e['chunks']} chunks {e['devices'][1]}->{e['devices'][0]}" if e["axis"] == "time"
+        shown = [one_line(f"{op} time: {e['chunks']} {'expert groups' if e.get('by') == 'expert' else 'chunks'} "
+                          f"{e['devices'][1]}->{e['devices'][0]}" if e["axis"] == "time"
                           else f"{op} {e['axis']} " + "+".join(f"{d} {f:g}" for d, f in zip(e["devices"], e["fractions"])))
                  for op, e in list(plan.splits.items())[:4]]
         more = f" and {len(plan.splits) - 4} more" if len(plan.splits) > 4 else ""

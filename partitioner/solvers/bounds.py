@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import logging
 
+from partitioner.solvers.expert_streaming import cuts_experts, fold_expert_weights
 from partitioner.solvers.milp import Milp, Term
 from partitioner.solvers.pipeline import Schedule
 from partitioner.solvers.problem import Objective, Problem
@@ -125,6 +126,11 @@ def memory_aware_lower_bound(problem: Problem, *, time_limit: float = 10.0) -> f
 
 def _original(problem: Problem) -> Problem:
     pins = {op: d for n, d in problem.pins.items() for op in problem.members[n]}
+    experts = fold_expert_weights(problem.original) if any(
+        cuts_experts(sp) for choices in problem.split_choices.values() for sp in choices) else None
+    if experts is not None:  # a time split by expert cuts an experts op and its weight's view as one node
+        return Problem(experts.graph, problem.devices, problem.options, pins=pins, members=experts.members,
+                       original=problem.original)
     return Problem(problem.original, problem.devices, problem.options, pins=pins)
 
 

@@ -41,11 +41,9 @@ still computes there. For ``y = x W^T + b`` with ``W`` of shape ``[out, in]`` pl
 
 Chunk counts offered: ``SplitOptions.chunks`` (each at most the weight's rows), on every accelerator
 the op may run on, with the host holding the chunks; a pinned op keeps its pin (its home). Only
-linears take a time split. A fused experts op of a mixture-of-experts layer stays whole:
-``torch.export`` of transformers' Mixtral captures it as ``transformers.grouped_mm_fallback`` (a
-custom op) reading the fused ``[8, 28672, 4096]`` ``gate_up_proj`` through an ``aten.transpose``
-view that owns the parameter, with the routing's per-expert offsets as another input; chunking it
-by expert would mean rewriting that custom op per expert, which no generic rule here knows how to do.
+linears take a time split by rows. A fused experts op of a mixture-of-experts layer (transformers'
+grouped matmul over a transposed fused weight) takes a time split by expert instead, its chunks groups
+of whole experts: :mod:`partitioner.solvers.expert_streaming`.
 """
 
 from __future__ import annotations

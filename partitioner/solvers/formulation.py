@@ -537,7 +537,8 @@ class Formulation:
                         terms.append((mu * p.saved_at[n][a], self.r(n, d, a)))
                 terms += self.ts.memory_terms(n, d)
             terms += self.split_memory_terms(d)
-            work = [(n, mu * p.work_mem_at[n][a], self.r(n, d, a)) for n in p.nodes for a in self.dtypes_on(n, d)]
+            work = [(n, mu * p.work_mem_at[n][a], self._whole_work(n, d, a)) for n in p.nodes
+                    for a in self.dtypes_on(n, d)]
             work += [(n, mu * p.split_price[(n, sp)].work_bytes[sp.devices.index(d)], k)
                      for n, cols in self.kv.items() for sp, k in cols.items() if d in sp.others]
             work += [(n, mu * p.split_price[(n, sp)].work_bytes[0], k)  # a time split's chunk buffers
@@ -557,6 +558,20 @@ class Formulation:
             terms += self.largest("work", d, work) + self.largest("stream_buffer", d, streamed) \
                 + self.largest("state_buffer", d, states) + self.largest("saved_buffer", d, saved)
             self.milp.at_most(_name("mem_cap", d), terms, mu * p.capacity[d])
+
+    def _whole_work(self, n: str, d: str, a: str) -> Column | float:
+        """What says ``n``'s own working set is on ``d``: ``r[n,d,a]``, or, where a split homed on ``d``
+        needs less than the whole op (a time split by expert holds expert groups, not the fused weight's
+        view), a column ``whole_work[n,d] >= r - sum k`` (1 only while ``n`` is whole there; its split's
+        working set is the split's item)."""
+        p, z = self.p, self.r(n, d, a)
+        ks = [k for sp, k in self.kv.get(n, {}).items()
+              if sp.home == d and p.split_price[(n, sp)].work_bytes[0] < p.work_mem[n]]
+        if not ks or not isinstance(z, Column):
+            return z
+        whole = self.milp.column(_name("whole_work", n, d), upper=1.0)
+        self.ge(_name("whole_work", n, d), whole, [(1.0, z)] + [(-1.0, k) for k in ks])
+        return whole
 
     def _most(self, terms: list[Term]) -> float:
         """The largest value ``terms`` can take (columns at their bounds)."""

@@ -47,7 +47,7 @@ def solve_hetegen(problem: Problem) -> Solution:
     device = dict(solve_single(problem, gpu).placement.device)
     split = {}
     for node, choices in problem.split_choices.items():
-        if device[node] != gpu or not any(sp.axis == "cols" for sp in choices):  # HeteGen splits linears only
+        if device[node] != gpu or not any(sp.axis == "cols" for sp in choices):  # HeteGen splits linears by columns
             continue
         share = balanced_share(problem, node, (gpu, problem.host), "cols")
         chosen = [sp for sp in choices if sp.axis == "cols" and sp.devices == (gpu, problem.host)

@@ -66,7 +66,10 @@ Semantics (documented once, here):
   A time split (axis ``time``, :mod:`partitioner.solvers.chunked_streaming`) computes the linear on
   an accelerator from chunks of its weight held on the host and streamed in one after another: its
   pipelined time on the accelerator, the weight in host memory, its chunk buffers in the working set,
-  one ``"split"`` transfer of the weight's bytes (each chunk's copy on the link).
+  one ``"split"`` transfer of the weight's bytes (each chunk's copy on the link). A fused experts op
+  (a grouped matmul, in one node with the view owning its weight) takes time splits by expert alike
+  (:mod:`partitioner.solvers.expert_streaming`): its chunks are groups of whole experts; with axis
+  ``experts`` its experts may be divided between two devices (:mod:`partitioner.solvers.expert_devices`).
   An embedding split by table rows or an elementwise op or norm split by batch
   (:mod:`partitioner.solvers.split_axes`) is priced and placed the same way: its home copies the
   indices or the rows out, and the partial outputs or output rows come back.
@@ -103,6 +106,9 @@ from partitioner.ir import OpGraph
 from partitioner.solvers.pipeline import PipelineSpec, evaluate_pipeline
 from partitioner.solvers.chunked_streaming import AXIS as TIME_AXIS
 from partitioner.solvers.chunked_streaming import TimeSplit, price_time_split, time_split_choices
+from partitioner.solvers.expert_devices import AXIS as EXPERTS_AXIS
+from partitioner.solvers.expert_devices import expert_device_choices, price_expert_devices
+from partitioner.solvers.expert_streaming import expert_split_choices, price_expert_split
 from partitioner.solvers.split_offers import split_choices
 from partitioner.solvers.split_regions import RegionOffer, offer_regions, region_effect
 from partitioner.solvers.splits import Split, SplitOptions, SplitPrice, price_split, split_op, splits_it_takes
@@ -326,10 +332,18 @@ class Problem:
         for n in self.nodes:
             choices = split_choices(self, n, opts)
             in_time = time_split_choices(self, n, opts.chunks) if timed else ()
+            by_expert = expert_split_choices(self, n, opts.chunks) if timed else ()
+            across = expert_device_choices(self, n, opts) if EXPERTS_AXIS in opts.axes else ()
             for sp in choices:
                 self.split_price[(n, sp)] = price_split(self, n, sp)
+            for sp in across:
+                self.split_price[(n, sp)] = price_expert_devices(self, n, sp)
             for sp in in_time:
                 self.split_price[(n, sp)] = price_time_split(self, n, sp)
+            for sp in by_expert:
+                self.split_price[(n, sp)] = price_expert_split(self, n, sp)
+            choices += across
+            in_time += by_expert
             if choices or in_time:
                 self.split_choices[n] = choices + in_time
         self.region_offer = offer_regions(self)

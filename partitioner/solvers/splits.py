@@ -67,8 +67,11 @@ from partitioner.solvers.split_axes import OP_AXES, axis_choices, price_axis_spl
 AXES: dict[str, str] = {
     "cols": "output features: weight rows split, the output shards concatenated",
     "rows": "reduction dimension: weight columns and the input split, the partial outputs summed",
-    "time": "in time: the weight's row chunks streamed from the host one after another through a few chunk "
-            "buffers on one accelerator (partitioner/solvers/chunked_streaming.py)",
+    "time": "in time: the weight's row chunks (a fused experts op's expert groups) streamed from the host one "
+            "after another through a few chunk buffers on one accelerator (partitioner/solvers/chunked_streaming.py, "
+            "expert_streaming.py)",
+    "experts": "a fused experts op's experts divided between two devices, the routed rows copied to the other "
+               "and its output summed back (partitioner/solvers/expert_devices.py)",
     **{axis: what for axis, (what, _) in OP_AXES.items()},
 }
 #: The axes of linears (:data:`SPLITTABLE_OPS`); the others' ops are named in split_axes.py.
@@ -260,6 +263,12 @@ def why_not_split(op: Any, graph: Any, axis: str, n_devices: int = 2) -> str | N
     """Why ``op`` of ``graph`` takes no split along ``axis`` (any of :data:`AXES`; None: it does)."""
     if axis in OP_AXES:
         return why_not_on_axis(op, graph, axis, n_devices)
+    from partitioner.solvers.expert_streaming import experts_weight  # it imports this module
+
+    experts = experts_weight(graph, op) is not None
+    if axis == "experts" or (axis == "time" and experts):
+        return None if experts else f"it is {op.kind}, and only a fused experts op (a grouped matmul over a 3-D " \
+                                    f"weight) takes experts splits"
     why = why_not_splittable(op, graph.params)
     return None if why is None else why.replace("take splits", f"take {axis} splits")
 

@@ -110,7 +110,7 @@ def test_a_split_the_op_cannot_take_is_a_violation_naming_what_it_can() -> None:
 
 def test_the_new_axes_are_opted_in_by_name() -> None:
     assert resolve_splits("cols,rows,table,batch:0.5").axes == ("cols", "rows", "table", "batch")
-    with pytest.raises(HetpartError, match=r"split axes \['heads'\]: each must be one of cols, rows, time, table, "
+    with pytest.raises(HetpartError, match=r"split axes \['heads'\]: each must be one of cols, rows, time, experts, table, "
                                            r"batch"):
         resolve_splits("heads")
     assert resolve_splits(True).axes == ("cols", "rows")
