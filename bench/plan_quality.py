@@ -55,6 +55,10 @@ Mixtral-8x7B shape cut to 4 layers in bfloat16 (``torch.export`` captures a laye
 experts op may compute on cuda:0 from groups of its experts streamed from the host
 (``partitioner/solvers/expert_streaming.py``), and experts splits, its experts divided between cuda:0
 and the CPU (``partitioner/solvers/expert_devices.py``). ``--split-cases Mixtral`` runs those rows alone.
+Then the many-GPU case (``bench/split_stacks.py``, ``--split-cases GPT-3``): a GPT-3-like layer stack
+(GPT-3 175B's width, two layers, 2,048 tokens, bfloat16) on ``8xh100-nvlink`` at one sample's latency:
+whole ops, pipeline stages only, Megatron's uniform tensor-parallel degree 8 (``megatron``) and
+hetpart's splits, each with memory per device.
 
 Precision rows (``--precision``): the seed case (emb-transformer ``base``, GPU capped to the
 embedding plus half the layers) and ``gpt:small`` on ``h200-host`` and ``cpu-gpu-npu`` (whose NPU
@@ -579,6 +583,16 @@ def split_rows(time_limit: float, only: list[str] | None = None) -> None:
           "routing, every expert copied); its time: the first chunk's copy, then the slower of the copies and the "
           "computes, then the last compute. experts split: an experts op's experts divided between cuda:0 and the "
           "CPU, the routed rows copied over and the outputs summed back (partitioner/solvers/expert_devices.py))")
+    if not only or any(word in "GPT-3 8xh100" for word in only):
+        from split_stacks import stack_rows  # bench/split_stacks.py, beside this file
+
+        _print(["case", "plan", "time", "vs whole", "splits", "memory per device", "status"], stack_rows(time_limit))
+        print("(predicted on 8xh100-nvlink by the analytic cost model from datasheet figures; one sample's latency. "
+              "pipeline stages only: hetpart's pipeline plan in 8 stages, one micro-batch; megatron tp=8: every linear "
+              "split evenly over the 8 GPUs, attention (by heads) and MLP column/row pairs not rejoined, every other op "
+              "on cuda:0 (partitioner/solvers/megatron.py); hetpart splits: the ILP offered splits over 2, 4 and 8 GPUs, "
+              "warm-started from megatron. Copies of one split on distinct NVLink pairs overlap (the profile's 450 GB/s "
+              "per pair, a stated simplification); the same model prices both)")
 
 
 def _shown_cell(problem, placement, ops: list[str]) -> tuple[str, float]:  # noqa: ANN001

@@ -75,7 +75,7 @@ class Search:
     solver: Any = _field("auto", flag="--solver", doc=(
         "'auto' (HiGHS if installed, else CBC), 'highs', 'cbc', or a baseline ('greedy', 'sequential-fill', "
         "'heft', 'single:DEVICE'; pipelines: 'pipeline-dp' and the splits of partitioner.solvers.pipeline_baselines; "
-        "with splits: 'hetegen'; "
+        "with splits: 'hetegen', 'megatron'; "
         "generation: 'llama.cpp --fit', 'llama.cpp -ot exps=CPU', 'greedy', 'one placement')"))
     time_limit: Any = _field(60.0, flag="--time-limit", doc=(
         "seconds for everything after capture (coarsening, baselines, the lower bound and the ILP); at the limit "

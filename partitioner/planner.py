@@ -31,10 +31,12 @@ from partitioner.plan import Plan
 from partitioner.plan.values import InputSpec
 from partitioner.solvers import (BASELINE_NAMES, ONNX_BASELINE_NAMES, SPLIT_BASELINE_NAMES, TRAINING_BASELINES,
                                  run_baseline)
+from partitioner.solvers.megatron import NAME as MEGATRON, tensor_parallel_group
 from partitioner.solvers.problem import accelerator_devices
 from partitioner.solvers.expert_streaming import fold_expert_weights
 from partitioner.solvers.split_regions import interior_ops
-from partitioner.solvers.splits import resolve_splits, splittable_ops
+from partitioner.solvers.split_offers import splittable_ops
+from partitioner.solvers.splits import resolve_splits
 from partitioner.solvers.train_state import tidy
 from partitioner.solvers.bounds import memory_aware_lower_bound, physical_lower_bound
 from partitioner.solvers.ilp import ProgressFn, relative_gap, solve_ilp, status_for_gap
@@ -446,6 +448,7 @@ def _baseline_names(problem: Problem) -> list[str]:
     onnx = ONNX_BASELINE_NAMES if is_onnx_graph(problem.original) else ()
     offload = TRAINING_BASELINES if problem.train_state and accelerator_devices(problem.devices) else ()
     split = SPLIT_BASELINE_NAMES if problem.split_choices and accelerator_devices(problem.devices) else ()
+    split = tuple(n for n in split if n != MEGATRON or tensor_parallel_group(problem))  # like accelerators only
     return ([f"single:{d}" for d in problem.device_names] + list(BASELINE_NAMES) + list(onnx) + list(offload)
             + list(split))
 
@@ -510,6 +513,10 @@ def _solve(
     if solver in SPLIT_BASELINE_NAMES and not problem.split_choices:
         raise SolverUnavailable(f"baseline {solver!r} splits linears, and this plan offers no split: add "
                                 f"splits=True (CLI: --split), on a profile with an accelerator")
+    if solver == MEGATRON and not tensor_parallel_group(problem):
+        raise SolverUnavailable("baseline 'megatron' splits every linear evenly over like accelerators, and this plan "
+                                "offers no even split over two or more of them: plan on a host of like GPUs (e.g. "
+                                "8xh100-nvlink) with splits over them (CLI: --split cols,rows@8)")
     if solver.startswith("single:") or solver in BASELINE_NAMES + ONNX_BASELINE_NAMES + SPLIT_BASELINE_NAMES:
         raise SolverUnavailable(f"baseline {solver!r} is not available for this profile: "
                                 f"use one of {', '.join(baselines)}")

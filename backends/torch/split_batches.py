@@ -38,7 +38,7 @@ _aten = torch.ops.aten
 def rewrite_batch_split(gm: torch.fx.GraphModule, node: torch.fx.Node, entry: Mapping[str, Any],
                         physical: Mapping[str, torch.device], joined: dict) -> dict[str, str]:
     """Rewrite ``node`` split by batch (module docstring); the logical device of each new node."""
-    from backends.torch.splits import replace_with_pieces
+    from backends.torch.split_pieces import replace_with_pieces
 
     op, devices = node.name, list(entry["devices"])
     base = getattr(node.target, "__name__", str(node.target)).split(".")[0]

@@ -5,7 +5,9 @@ inserts each new node before the op's node with the metadata the placing and str
 read (``meta["hetpart_device"]``: where its value lives; ``meta["hetpart_split"]``: the site it runs,
 shard ``i``'s ``"<op>.shard<i>"`` or one of the split's copies) and records the logical device each
 runs on (``placed``; a copy runs where its input lives). Used by :mod:`backends.torch.split_tables`
-and :mod:`backends.torch.split_batches`.
+and :mod:`backends.torch.split_batches`. Also the names every split's rewrite shares
+(:func:`shard_site`, :func:`device_word`) and :func:`replace_with_pieces`, which registers a cut
+tensor's pieces on their devices.
 """
 
 from __future__ import annotations
@@ -16,9 +18,39 @@ from typing import Any
 import torch
 import torch.fx
 
-from backends.torch.splits import _word, shard_site
+__all__ = ["Pieces", "device_word", "replace_with_pieces", "shard_site"]
 
-__all__ = ["Pieces"]
+
+def shard_site(op: str, index: int) -> str:
+    """The strict-devices name of shard ``index`` of split op ``op``."""
+    return f"{op}.shard{index}"
+
+
+def device_word(device: str) -> str:
+    """``device`` as a word for node and attribute names (``cuda:0`` -> ``cuda_0``)."""
+    return "".join(c if c.isalnum() else "_" for c in str(device))
+
+
+def replace_with_pieces(gm: torch.fx.GraphModule, target: str, tensor: torch.Tensor, pieces: list[torch.Tensor],
+                        devices: tuple[torch.device, ...], word: str, dim: int | None, joined: dict) -> tuple[str, ...]:
+    """Register each of ``pieces`` (cut from ``tensor``, a parameter or buffer at ``target``) on its
+    device beside it as ``<name>_<word><i>`` (a parameter when ``tensor`` is one, with its
+    ``requires_grad``), remove ``tensor``, and record in ``joined`` the dim they join along and their
+    names (:data:`backends.torch.splits.SPLIT_ATTR`). Returns the new attributes' names."""
+    owner, _, name = target.rpartition(".")
+    module = gm.get_submodule(owner) if owner else gm
+    names = []
+    for i, (piece, device) in enumerate(zip(pieces, devices)):
+        local = f"{name}_{word}{i}"
+        value = piece.detach().to(device).clone()
+        if isinstance(tensor, torch.nn.Parameter):
+            module.register_parameter(local, torch.nn.Parameter(value, requires_grad=tensor.requires_grad))
+        else:
+            module.register_buffer(local, value)
+        names.append(f"{owner}.{local}" if owner else local)
+    delattr(module, name)
+    joined[target] = (dim, tuple(names))
+    return tuple(names)
 
 
 class Pieces:
@@ -54,7 +86,7 @@ class Pieces:
         transfer, each input of a batch split)."""
         tensor = self.op if part is None else f"{self.op}.part{part}"
         return self._make("call_method", "to", (value, self.physical[dst]), {}, src, dst,
-                          {"tensor": tensor, "kind": "split"}, f"{self.op}_to_{_word(dst)}")
+                          {"tensor": tensor, "kind": "split"}, f"{self.op}_to_{device_word(dst)}")
 
     def attr(self, target: str, device: str) -> torch.fx.Node:
         """A ``get_attr`` of ``target``, a tensor made on ``device``."""

@@ -38,6 +38,7 @@ import torch
 import torch.fx
 
 from backends.torch.attributes import attribute
+from backends.torch.split_pieces import device_word, replace_with_pieces, shard_site
 from backends.torch.split_regions import join_regions, plan_regions, remember_inputs
 from partitioner.errors import PlanMismatch
 from partitioner.solvers.split_axes import OP_AXES
@@ -50,10 +51,6 @@ SPLIT_ATTR = "_hetpart_splits"
 
 _LINEARS = (torch.ops.aten.linear.default,)
 
-
-def shard_site(op: str, index: int) -> str:
-    """The strict-devices name of shard ``index`` of split op ``op``."""
-    return f"{op}.shard{index}"
 
 
 def planned_shards(plan: Any) -> dict[str, str]:
@@ -148,7 +145,7 @@ def _rewrite(gm: torch.fx.GraphModule, node: torch.fx.Node, entry: Mapping[str, 
                       home, sites[0], f"{op}_in{i}") for i in range(n)]
     inputs = [parts[0]]
     for d, part in zip(devices[1:], parts[1:]):
-        moved = make("call_method", "to", (part, physical[d]), home, copy, f"{op}_to_{_word(d)}")
+        moved = make("call_method", "to", (part, physical[d]), home, copy, f"{op}_to_{device_word(d)}")
         moved.meta["hetpart_device"] = d  # its input is read on home; the copy lives on d
         inputs.append(moved)
     specs = [("call_function", torch.ops.aten.linear.default,
@@ -160,7 +157,7 @@ def _rewrite(gm: torch.fx.GraphModule, node: torch.fx.Node, entry: Mapping[str, 
     shards = {i: make(*specs[i]) for i in order}
     pieces = [shards[0]]
     for i, d in enumerate(devices[1:], 1):
-        name = f"{op}_to_{_word(home)}" if n == 2 else f"{op}_shard{i}_to_{_word(home)}"
+        name = f"{op}_to_{device_word(home)}" if n == 2 else f"{op}_shard{i}_to_{device_word(home)}"
         back = make("call_method", "to", (shards[i], physical[home]), d, copy, name)
         back.meta["hetpart_device"] = home  # the value lives on home once copied
         pieces.append(back)
@@ -191,9 +188,6 @@ def rewrite_op_split(gm: torch.fx.GraphModule, node: torch.fx.Node | None, op: s
     return rewrite(gm, node, entry, physical, joined)
 
 
-def _word(device: str) -> str:
-    return "".join(c if c.isalnum() else "_" for c in str(device))
-
 
 def _replace(gm: torch.fx.GraphModule, target: str, tensor: torch.Tensor, dim: int | None, sizes: tuple[int, ...],
              devices: tuple[torch.device, ...], joined: dict) -> tuple[str, ...]:
@@ -202,27 +196,6 @@ def _replace(gm: torch.fx.GraphModule, target: str, tensor: torch.Tensor, dim: i
     pieces = [tensor] if dim is None else list(torch.split(tensor, list(sizes), dim=dim))
     return replace_with_pieces(gm, target, tensor, pieces, devices, "split", dim, joined)
 
-
-def replace_with_pieces(gm: torch.fx.GraphModule, target: str, tensor: torch.Tensor, pieces: list[torch.Tensor],
-                        devices: tuple[torch.device, ...], word: str, dim: int | None, joined: dict) -> tuple[str, ...]:
-    """Register each of ``pieces`` (cut from ``tensor``, a parameter or buffer at ``target``) on its
-    device beside it as ``<name>_<word><i>`` (a parameter when ``tensor`` is one, with its
-    ``requires_grad``), remove ``tensor``, and record in ``joined`` the dim they join along and their
-    names (:data:`SPLIT_ATTR`). Returns the new attributes' names."""
-    owner, _, name = target.rpartition(".")
-    module = gm.get_submodule(owner) if owner else gm
-    names = []
-    for i, (piece, device) in enumerate(zip(pieces, devices)):
-        local = f"{name}_{word}{i}"
-        value = piece.detach().to(device).clone()
-        if isinstance(tensor, torch.nn.Parameter):
-            module.register_parameter(local, torch.nn.Parameter(value, requires_grad=tensor.requires_grad))
-        else:
-            module.register_buffer(local, value)
-        names.append(f"{owner}.{local}" if owner else local)
-    delattr(module, name)
-    joined[target] = (dim, tuple(names))
-    return tuple(names)
 
 
 def _join_state(module: torch.nn.Module, state: dict, prefix: str, _meta: Any) -> None:

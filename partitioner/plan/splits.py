@@ -223,7 +223,8 @@ def check_splits_against_graph(plan: Any, graph: OpGraph) -> None:
     and the splits it can take."""
     from partitioner.solvers.expert_streaming import entry_cuts_experts, experts_weight
     from partitioner.solvers.split_axes import OP_AXES
-    from partitioner.solvers.splits import split_weight, splits_it_takes, why_not_split
+    from partitioner.solvers.split_offers import splits_it_takes, why_not_split
+    from partitioner.solvers.splits import split_weight
 
     for op, entry in plan.splits.items():
         node = graph.ops.get(op)

@@ -7,7 +7,9 @@ where placed), ``heft`` (list scheduling by upward rank); for ONNX graphs also `
 (onnxruntime's provider order) and ``openvino-pipeline`` (OpenVINO HETERO's split by weight bytes);
 for pipeline problems the splits users make today (``pipeline_baselines.py``) and the exact chain
 dynamic program (``pipeline_dp.py``); with splits offered, ``hetegen`` (every linear split between
-the accelerator and the host at HeteGen's balanced ratio, ``hetegen.py``); for training, the offload systems ``zero-offload``,
+the accelerator and the host at HeteGen's balanced ratio, ``hetegen.py``) and, where a host has like
+accelerators, ``megatron`` (every linear split evenly over them, column splits into row splits not
+rejoined, ``megatron.py``); for training, the offload systems ``zero-offload``,
 ``fsdp2-offload`` and ``torchao-offload`` (``offload_baselines.py``).
 All are costed by :func:`~partitioner.solvers.problem.evaluate`.
 """
@@ -20,6 +22,7 @@ from partitioner.errors import SolverUnavailable
 from partitioner.solvers.greedy import solve_greedy, solve_sequential_fill
 from partitioner.solvers.heft import solve_heft
 from partitioner.solvers.hetegen import NAME as HETEGEN, solve_hetegen
+from partitioner.solvers.megatron import NAME as MEGATRON, solve_megatron
 from partitioner.solvers.offload_baselines import TRAINING_BASELINES, run_training_baseline
 from partitioner.solvers.openvino_pipeline import solve_openvino_pipeline
 from partitioner.solvers.ort_fallback import solve_ort_fallback
@@ -32,7 +35,7 @@ BASELINE_NAMES: tuple[str, ...] = ("greedy", "sequential-fill", "heft")
 #: Baselines of the placements ONNX users get today, listed after the others in ONNX plans.
 ONNX_BASELINE_NAMES: tuple[str, ...] = ("ort-fallback", "openvino-pipeline")
 #: Baselines of plans that offer splits (``Options.splits``), listed after the others.
-SPLIT_BASELINE_NAMES: tuple[str, ...] = (HETEGEN,)
+SPLIT_BASELINE_NAMES: tuple[str, ...] = (HETEGEN, MEGATRON)
 
 
 def run_baseline(name: str, problem: Problem, *, no_split: Sequence[str] = ()) -> Solution:
@@ -59,6 +62,8 @@ def run_baseline(name: str, problem: Problem, *, no_split: Sequence[str] = ()) -
         return solve_openvino_pipeline(problem)
     if name == HETEGEN:
         return solve_hetegen(problem)
+    if name == MEGATRON:
+        return solve_megatron(problem)
     raise SolverUnavailable(
         f"unknown solver {name!r}: use 'auto', 'highs', 'cbc', "
         f"{', '.join(repr(b) for b in BASELINE_NAMES + ONNX_BASELINE_NAMES + SPLIT_BASELINE_NAMES)} "

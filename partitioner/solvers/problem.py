@@ -109,9 +109,9 @@ from partitioner.solvers.chunked_streaming import TimeSplit, price_time_split, t
 from partitioner.solvers.expert_devices import AXIS as EXPERTS_AXIS
 from partitioner.solvers.expert_devices import expert_device_choices, price_expert_devices
 from partitioner.solvers.expert_streaming import expert_split_choices, price_expert_split
-from partitioner.solvers.split_offers import split_choices
+from partitioner.solvers.split_offers import price_offered, split_choices, splits_it_takes
 from partitioner.solvers.split_regions import RegionOffer, offer_regions, region_effect
-from partitioner.solvers.splits import Split, SplitOptions, SplitPrice, price_split, split_op, splits_it_takes
+from partitioner.solvers.splits import Split, SplitOptions, SplitPrice, split_op
 from partitioner.solvers.train_state import (
     cost_training_state, grad_hop_s, grad_s, gradient_leaves, offloaded, saved_buffer_bytes, saved_hop_s, saved_issue_s,
     saved_s, state_buffer_bytes, state_s, step_schedule, update_hop_s, update_s,
@@ -335,7 +335,7 @@ class Problem:
             by_expert = expert_split_choices(self, n, opts.chunks) if timed else ()
             across = expert_device_choices(self, n, opts) if EXPERTS_AXIS in opts.axes else ()
             for sp in choices:
-                self.split_price[(n, sp)] = price_split(self, n, sp)
+                self.split_price[(n, sp)] = price_offered(self, n, sp)
             for sp in across:
                 self.split_price[(n, sp)] = price_expert_devices(self, n, sp)
             for sp in in_time:

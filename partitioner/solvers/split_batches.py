@@ -94,8 +94,7 @@ def why_not(op: Any, graph: Any, n_devices: int = 2) -> str | None:
 
 def price(problem: Any, node: str, split: Any) -> Any:
     """The :class:`~partitioner.solvers.splits.SplitPrice` of batch split ``split`` of ``node``."""
-    from partitioner.solvers.split_axes import assemble_price
-    from partitioner.solvers.splits import shard_sizes, split_op
+    from partitioner.solvers.splits import assemble_price, shard_sizes, split_op
 
     g = problem.original
     op = split_op(problem, node)

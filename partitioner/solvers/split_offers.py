@@ -3,7 +3,11 @@
 In: a problem (its devices, the devices each node allows, each node's whole-op compute), a node and
 :class:`~partitioner.solvers.splits.SplitOptions`. Out: the node's :class:`Split` choices
 (:func:`split_choices`), which :class:`~partitioner.solvers.problem.Problem` prices with
-:func:`~partitioner.solvers.splits.price_split`.
+:func:`price_offered` (every axis's price), and which splits an op can take at all
+(:func:`why_not_split`, :func:`splits_it_takes`, :func:`splittable_ops`: the refusals and the
+planner's coarsening read them). The layer above the split kinds (linears in
+:mod:`partitioner.solvers.splits`, tables and batches in :mod:`partitioner.solvers.split_axes`,
+fused experts in :mod:`partitioner.solvers.expert_streaming`), so none of them imports another.
 
 Per degree of ``SplitOptions.degrees`` (how many devices a split spans): degree 2, for every ordered
 pair of devices that can run the op and each axis, the home shares ``SplitOptions.fractions``, with
@@ -20,17 +24,22 @@ splits asked, the planner keeps every splittable linear out of coarse groups.
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from partitioner.solvers.splits import Split, SplitOptions, even_shares, price_split, split_weight
+from partitioner.solvers.expert_streaming import experts_weight
+from partitioner.solvers.split_axes import OP_AXES, price_axis_split, splittable_on, why_not_on_axis
+from partitioner.solvers.splits import (AXES, LINEAR_AXES, Split, SplitOptions, SplitPrice, even_shares, price_split,
+                                       split_weight, why_not_splittable)
 
-__all__ = ["balanced_share", "offered_shares", "partners", "peers", "proportional_shares", "split_choices"]
+__all__ = ["axis_choices", "balanced_share", "offered_shares", "partners", "peers", "price_offered", "proportional_shares",
+           "split_choices", "splits_it_takes", "splittable_ops", "why_not_split"]
 
 
 def split_choices(problem: Any, node: str, options: SplitOptions) -> tuple[Split, ...]:
     """Every split ``node`` may take: along ``table`` and ``batch``, a node of one op that takes them over
-    each ordered pair (:func:`~partitioner.solvers.split_axes.axis_choices`); one splittable linear
+    each ordered pair (:func:`axis_choices`); one splittable linear
     (with views folded into it), each axis, and for each degree ``k`` of ``options.degrees`` and each home the node allows:
 
     * ``k == 2``: every other allowed device unlike home and the next one like it (:func:`partners`),
@@ -42,8 +51,6 @@ def split_choices(problem: Any, node: str, options: SplitOptions) -> tuple[Split
       proportional to each device's priced rate (:func:`proportional_shares`). So a host of eight
       like accelerators is offered one split of each degree per home, not every subset.
     """
-    from partitioner.solvers.split_axes import axis_choices
-
     allowed = problem.allowed[node]
     if node in problem.pins or len(allowed) < 2:
         return ()
@@ -117,10 +124,17 @@ def _after(allowed: Sequence[str], home: str) -> list[str]:
 def peers(problem: Any, allowed: Sequence[str], home: str) -> list[str]:
     """The allowed devices after ``home`` (profile order, wrapping) with its figures and capacity
     (on whichever host: the links a split's copies cross are priced on their own)."""
-    mine = problem.devices.device(home)
-    return [d for d in _after(allowed, home)
-            if dataclasses.replace(problem.devices.device(d), name=home, host=mine.host) == mine
-            and problem.capacity[d] == problem.capacity[home]]
+    kinds = _LIKE.get(problem)
+    if kinds is None:  # each device's figures without its name and host, once per problem
+        host = problem.devices.device(problem.device_names[0]).host
+        kinds = {d: (dataclasses.replace(problem.devices.device(d), name="peer", host=host), problem.capacity[d])
+                 for d in problem.device_names}
+        _LIKE[problem] = kinds
+    return [d for d in _after(allowed, home) if kinds[d] == kinds[home]]
+
+
+#: problem -> each device's figures and capacity (peers compares them for every node of a problem)
+_LIKE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def proportional_shares(problem: Any, node: str, devices: Sequence[str]) -> tuple[float, ...] | None:
@@ -139,14 +153,14 @@ def balanced_share(problem: Any, node: str, devices: tuple[str, str], axis: str)
     """Home's share (two decimals, in [0.01, 0.99]) at which, split along ``axis`` over ``devices``,
     the home shard takes as long as the other shard plus its copy back: the share that minimises the
     split's latency ``copy in + max(home, other + copy back)`` up to rounding (each side is monotone
-    in the share). Found by bisection on :func:`price_split` itself.
+    in the share). Found by bisection on :func:`price_offered` itself.
 
     Example:
         >>> balanced_share(problem, "linear", ("cuda:0", "cpu"), "cols")   # doctest: +SKIP
         0.97
     """
     def home_ahead(f: float) -> bool:  # the home shard is still the longer branch at share f
-        price = price_split(problem, node, Split(axis, devices, (f, round(1.0 - f, 10))))
+        price = price_offered(problem, node, Split(axis, devices, (f, round(1.0 - f, 10))))
         return price.shard_s[0] >= price.shard_s[1] + price.copy_out_s  # two devices: one copy back
 
     low, high = 1, 99  # in hundredths: home_ahead(low / 100) may already hold, home_ahead(high / 100) may not
@@ -157,6 +171,65 @@ def balanced_share(problem: Any, node: str, devices: tuple[str, str], axis: str)
     while high - low > 1:  # invariant: not home_ahead(low), home_ahead(high)
         mid = (low + high) // 2
         low, high = (low, mid) if home_ahead(mid / 100) else (mid, high)
-    best = min((low, high), key=lambda h: price_split(
+    best = min((low, high), key=lambda h: price_offered(
         problem, node, Split(axis, devices, (h / 100, round(1.0 - h / 100, 10)))).latency_s)
     return best / 100
+
+
+def price_offered(problem: Any, node: str, split: Split) -> SplitPrice:
+    """The :class:`~partitioner.solvers.splits.SplitPrice` of ``split`` of ``node``, whatever its axis:
+    a linear's (:func:`~partitioner.solvers.splits.price_split`), or a ``table`` or ``batch`` split's
+    (:func:`~partitioner.solvers.split_axes.price_axis_split`)."""
+    if split.axis in OP_AXES:
+        return price_axis_split(problem, node, split)
+    return price_split(problem, node, split)
+
+
+def axis_choices(problem: Any, node: str, options: Any, device_sets: Sequence[tuple[str, ...]]) -> list[Any]:
+    """The splits of ``node`` along the axes of :data:`OP_AXES` in ``options.axes``, over each
+    ordered device tuple of ``device_sets`` (home first), at each offered share of home."""
+    ops = [problem.original.ops[m] for m in problem.members[node]]
+    if len(ops) != 1:
+        return []
+    op, graph = ops[0], problem.original
+    out = []
+    for axis in (a for a in options.axes if a in OP_AXES):
+        for devices in device_sets:
+            if why_not_on_axis(op, graph, axis, len(devices)) is not None:
+                continue
+            balanced = [balanced_share(problem, node, devices, axis)] if options.balanced else []
+            for f in dict.fromkeys(s for s in offered_shares(problem, node, devices, options) + balanced
+                                   if 0.0 < s < 1.0):
+                out.append(Split(axis, devices, (f, round(1.0 - f, 10))))
+    return out
+
+
+def why_not_split(op: Any, graph: Any, axis: str, n_devices: int = 2) -> str | None:
+    """Why ``op`` of ``graph`` takes no split along ``axis`` (any of :data:`AXES`; None: it does)."""
+    if axis in OP_AXES:
+        return why_not_on_axis(op, graph, axis, n_devices)
+    experts = experts_weight(graph, op) is not None
+    if axis == "experts" or (axis == "time" and experts):
+        return None if experts else f"it is {op.kind}, and only a fused experts op (a grouped matmul over a 3-D " \
+                                    f"weight) takes experts splits"
+    why = why_not_splittable(op, graph.params)
+    return None if why is None else why.replace("take splits", f"take {axis} splits")
+
+
+def splits_it_takes(op: Any, graph: Any) -> str:
+    """The axes ``op`` can take, in words for a refusal ("cols, rows or time splits", "batch
+    splits", or "no split")."""
+    axes = [a for a in AXES if why_not_split(op, graph, a) is None]
+    return f"{', '.join(axes[:-1])} or {axes[-1]} splits" if len(axes) > 1 else f"{axes[0]} splits" if axes \
+        else "no split"
+
+
+def splittable_ops(graph: Any, options: SplitOptions | None) -> frozenset[str]:
+    """The ops of ``graph`` that ``options`` may split: its linears (with their own 2-D weight) when
+    ``options.axes`` names an axis of :data:`LINEAR_AXES`, and the ops taking one it names among
+    ``table`` and ``batch`` (None: no op)."""
+    if options is None:
+        return frozenset()
+    linears = any(a in LINEAR_AXES for a in options.axes)
+    return frozenset(op.name for op in graph.ops.values() if linears and split_weight(op, graph.params)) \
+        | splittable_on(graph, options.axes)

@@ -268,6 +268,7 @@ class RegionOffer:
     price: Mapping[tuple[int, Split], RegionPrice] = dataclasses.field(default_factory=dict)  # (index, cols split)
     node_of: Mapping[str, str] = dataclasses.field(default_factory=dict)  # op -> its node
     widths: Mapping[str, tuple[int, int]] = dataclasses.field(default_factory=dict)  # linear -> (out, in)
+    spared: Mapping[tuple[str, Any], frozenset] = dataclasses.field(default_factory=dict)  # (node, split) -> copies
 
     def linears(self) -> frozenset[str]:
         """The nodes that are a col or the row of some candidate (their splits may drop copies)."""
@@ -303,7 +304,13 @@ def offer_regions(problem: Any) -> RegionOffer:
                     sp not in problem.split_choices[node_of[c]] for c in region.cols):
                 continue
             price[(i, sp)] = price_region(problem, offer, region, sp)
-    return dataclasses.replace(offer, price=price)
+    spared: dict[tuple[str, Any], set] = {}  # each member split's copies some region could drop
+    for (i, sp), region_price in price.items():
+        row = dataclasses.replace(sp, axis="rows")
+        for n, src, dst, _, _ in region_price.dropped:
+            for split in (sp, row):
+                spared.setdefault((n, split), set()).add((src, dst))
+    return dataclasses.replace(offer, price=price, spared={k: frozenset(v) for k, v in spared.items()})
 
 
 def _as_triple(sp: Any) -> tuple[str, tuple, tuple] | None:
@@ -394,9 +401,7 @@ def interior_floor(problem: Any, node: str) -> float:
 
 def droppable(problem: Any, node: str, split: Any) -> frozenset[tuple[str, str]]:
     """The ``(src, dst)`` copies of ``node``'s ``split`` some region could drop (bounds leave them out)."""
-    return frozenset((src, dst) for (i, sp), price in problem.region_offer.price.items()
-                     for n, src, dst, _, _ in price.dropped
-                     if n == node and (sp == split or dataclasses.replace(sp, axis="rows") == split))
+    return problem.region_offer.spared.get((node, split), frozenset())
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,7 +1,9 @@
 """Splits: one linear's weight cut over two or more devices, and what such a cut costs.
 
 (Embeddings split by table rows and elementwise ops and norms split by batch are
-:mod:`partitioner.solvers.split_axes`'s; :func:`split_choices` and :func:`price_split` hand them over.)
+:mod:`partitioner.solvers.split_axes`'s, fused experts ops' :mod:`partitioner.solvers.expert_streaming`'s
+and :mod:`partitioner.solvers.expert_devices`'; :mod:`partitioner.solvers.split_offers` offers and
+prices every kind. This module imports none of them: :func:`assemble_price` builds their prices.)
 
 In: an op of the original graph (an aten ``linear`` whose own 2-D weight no other op reads), the
 problem's devices and cost model, and :class:`SplitOptions`. Out: :class:`Split` values (which ones
@@ -60,7 +62,6 @@ from typing import Any
 
 from cost_models.precision import op_base_name
 from partitioner.errors import HetpartError
-from partitioner.solvers.split_axes import OP_AXES, axis_choices, price_axis_split, why_not_on_axis
 
 #: The axes an op may be split along, and what each means (``table`` and ``batch``: ops other than
 #: linears, :mod:`partitioner.solvers.split_axes`).
@@ -72,7 +73,11 @@ AXES: dict[str, str] = {
             "expert_streaming.py)",
     "experts": "a fused experts op's experts divided between two devices, the routed rows copied to the other "
                "and its output summed back (partitioner/solvers/expert_devices.py)",
-    **{axis: what for axis, (what, _) in OP_AXES.items()},
+    "table": "table rows: an embedding's table cut into blocks of rows, the indices copied to each device, each "
+             "block's lookups (others masked to zero) summed at home (partitioner/solvers/split_tables.py)",
+    "batch": "batch: an elementwise op's or a norm's rows (the leading dimension, or the sequence when the batch is "
+             "smaller than the devices) cut over the devices, the outputs concatenated at home; a norm's weight and "
+             "bias on every device (partitioner/solvers/split_batches.py)",
 }
 #: The axes of linears (:data:`SPLITTABLE_OPS`); the others' ops are named in split_axes.py.
 LINEAR_AXES = ("cols", "rows", "time")
@@ -259,41 +264,6 @@ def why_not_splittable(op: Any, params: Mapping[str, Any]) -> str | None:
     return "its 2-D weight is read by another op too (tied), or it owns none"
 
 
-def why_not_split(op: Any, graph: Any, axis: str, n_devices: int = 2) -> str | None:
-    """Why ``op`` of ``graph`` takes no split along ``axis`` (any of :data:`AXES`; None: it does)."""
-    if axis in OP_AXES:
-        return why_not_on_axis(op, graph, axis, n_devices)
-    from partitioner.solvers.expert_streaming import experts_weight  # it imports this module
-
-    experts = experts_weight(graph, op) is not None
-    if axis == "experts" or (axis == "time" and experts):
-        return None if experts else f"it is {op.kind}, and only a fused experts op (a grouped matmul over a 3-D " \
-                                    f"weight) takes experts splits"
-    why = why_not_splittable(op, graph.params)
-    return None if why is None else why.replace("take splits", f"take {axis} splits")
-
-
-def splits_it_takes(op: Any, graph: Any) -> str:
-    """The axes ``op`` can take, in words for a refusal ("cols, rows or time splits", "batch
-    splits", or "no split")."""
-    axes = [a for a in AXES if why_not_split(op, graph, a) is None]
-    return f"{', '.join(axes[:-1])} or {axes[-1]} splits" if len(axes) > 1 else f"{axes[0]} splits" if axes \
-        else "no split"
-
-
-def splittable_ops(graph: Any, options: SplitOptions | None) -> frozenset[str]:
-    """The ops of ``graph`` that ``options`` may split: its linears (with their own 2-D weight) when
-    ``options.axes`` names an axis of :data:`LINEAR_AXES`, and the ops taking one it names among
-    ``table`` and ``batch`` (None: no op)."""
-    if options is None:
-        return frozenset()
-    from partitioner.solvers.split_axes import splittable_on
-
-    linears = any(a in LINEAR_AXES for a in options.axes)
-    return frozenset(op.name for op in graph.ops.values() if linears and split_weight(op, graph.params)) \
-        | splittable_on(graph, options.axes)
-
-
 def shard_sizes(length: int, fractions: Sequence[float]) -> tuple[int, ...]:
     """Rows (``cols``) or columns (``rows``) of the weight each device keeps: the cut after device
     ``i`` at ``round(length * (f_0 + ... + f_i))``, moved so that every device keeps at least one
@@ -349,11 +319,25 @@ def split_path_s(problem: Any, devices: Sequence[str], shard_s: Sequence[float],
     return sent + max([shard_s[0], *ends])
 
 
+def assemble_price(problem: Any, split: Any, shard_s: Sequence[float], param_bytes: Sequence[int],
+                   work_bytes: Sequence[int], out_bytes: Sequence[int], back_bytes: Sequence[int]) -> Any:
+    """A :class:`~partitioner.solvers.splits.SplitPrice` from per-shard values (index 0: home):
+    ``out_bytes[i]`` copied home -> ``devices[i]``, ``back_bytes[i]`` copied back (home's own: 0);
+    its path is :func:`~partitioner.solvers.splits.split_path_s`'s, as a linear's."""
+    others = split.devices[1:]
+    ins = [(split.home, d, int(b), problem.transfer_s(int(b), split.home, d)) for d, b in zip(others, out_bytes[1:])]
+    outs = [(d, split.home, int(b), problem.transfer_s(int(b), d, split.home)) for d, b in zip(others, back_bytes[1:])]
+    return SplitPrice(devices=tuple(split.devices), shard_s=tuple(shard_s),
+                      param_bytes=tuple(int(b) for b in param_bytes), work_bytes=tuple(int(b) for b in work_bytes),
+                      latency_s=split_path_s(problem, split.devices, shard_s, [c[3] for c in ins],
+                                             [c[3] for c in outs]),
+                      copies=tuple(ins) + tuple(outs))
+
+
 def price_split(problem: Any, node: str, split: Split) -> SplitPrice:
     """The :class:`SplitPrice` of ``split`` for ``node`` in ``problem`` (its devices, cost model and
-    transfer times); a ``table`` or ``batch`` split's from :mod:`partitioner.solvers.split_axes`."""
-    if split.axis in OP_AXES:
-        return price_axis_split(problem, node, split)
+    transfer times): a linear's (``cols`` or ``rows``; every axis's:
+    :func:`~partitioner.solvers.split_offers.price_offered`)."""
     g = problem.original
     op = split_op(problem, node)
     weight = g.params[split_weight(op, g.params)]

@@ -13,8 +13,8 @@ from partitioner.errors import HetpartError, PlanMismatch
 from partitioner.solvers.ilp import solve_ilp
 from partitioner.solvers.problem import Objective, Options, Placement, Problem, Solution, Status, evaluate
 from partitioner.solvers.split_batches import cut_dim
-from partitioner.solvers.splits import (Split, SplitOptions, resolve_splits, splits_it_takes, splittable_ops,
-                                       why_not_split)
+from partitioner.solvers.split_offers import splits_it_takes, splittable_ops, why_not_split
+from partitioner.solvers.splits import Split, SplitOptions, resolve_splits
 
 
 def _problem(module: torch.nn.Module, inputs: tuple, objective: Objective = Objective.LATENCY,
