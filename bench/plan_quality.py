@@ -572,7 +572,8 @@ def split_rows(time_limit: float, only: list[str] | None = None) -> None:
                              f"{base / ev.total_s:.2f}x", where, format_seconds(seconds),
                              str(len(placement.split)),
                              ", ".join(f"{d} {format_bytes(m)}" for d, m in ev.memory.items()), status])
-    _print(header, rows)
+    if rows:
+        _print(header, rows)
     print("(predicted on h200-host by the analytic cost model; * = over a device's memory. Shown ops: the LM head "
           "(128,256 x 4,096), or the fused experts ops (two a layer: gate_up_proj [8, 28672, 4096] and down_proj). "
           "A split op's time: latency, its input copy plus the longer of its home shard and its other shard with "
@@ -582,7 +583,8 @@ def split_rows(time_limit: float, only: list[str] | None = None) -> None:
           "an experts op from groups of its experts (partitioner/solvers/expert_streaming.py, priced with uniform "
           "routing, every expert copied); its time: the first chunk's copy, then the slower of the copies and the "
           "computes, then the last compute. experts split: an experts op's experts divided between cuda:0 and the "
-          "CPU, the routed rows copied over and the outputs summed back (partitioner/solvers/expert_devices.py))")
+          "CPU, the routed rows copied over and the outputs summed back (partitioner/solvers/expert_devices.py))") \
+        if rows else None
     if not only or any(word in "GPT-3 8xh100" for word in only):
         from split_stacks import stack_rows  # bench/split_stacks.py, beside this file
 
