@@ -574,17 +574,16 @@ def split_rows(time_limit: float, only: list[str] | None = None) -> None:
                              ", ".join(f"{d} {format_bytes(m)}" for d, m in ev.memory.items()), status])
     if rows:
         _print(header, rows)
-    print("(predicted on h200-host by the analytic cost model; * = over a device's memory. Shown ops: the LM head "
-          "(128,256 x 4,096), or the fused experts ops (two a layer: gate_up_proj [8, 28672, 4096] and down_proj). "
-          "A split op's time: latency, its input copy plus the longer of its home shard and its other shard with "
-          "the copy back; throughput, its longer shard. hetegen: every linear split by columns between cuda:0 and "
-          "the CPU at the share where both branches end together, shards resident. time split: a linear computed "
-          "on cuda:0 from row chunks of its weight streamed from the host (partitioner/solvers/chunked_streaming.py), "
-          "an experts op from groups of its experts (partitioner/solvers/expert_streaming.py, priced with uniform "
-          "routing, every expert copied); its time: the first chunk's copy, then the slower of the copies and the "
-          "computes, then the last compute. experts split: an experts op's experts divided between cuda:0 and the "
-          "CPU, the routed rows copied over and the outputs summed back (partitioner/solvers/expert_devices.py))") \
-        if rows else None
+        print("(predicted on h200-host by the analytic cost model; * = over a device's memory. Shown ops: the LM head "
+              "(128,256 x 4,096), or the fused experts ops (two a layer: gate_up_proj [8, 28672, 4096] and down_proj). "
+              "A split op's time: latency, its input copy plus the longer of its home shard and its other shard with "
+              "the copy back; throughput, its longer shard. hetegen: every linear split by columns between cuda:0 and "
+              "the CPU at the share where both branches end together, shards resident. time split: a linear computed "
+              "on cuda:0 from row chunks of its weight streamed from the host (partitioner/solvers/chunked_streaming.py), "
+              "an experts op from groups of its experts (partitioner/solvers/expert_streaming.py, priced with uniform "
+              "routing, every expert copied); its time: the first chunk's copy, then the slower of the copies and the "
+              "computes, then the last compute. experts split: an experts op's experts divided between cuda:0 and the "
+              "CPU, the routed rows copied over and the outputs summed back (partitioner/solvers/expert_devices.py))")
     if not only or any(word in "GPT-3 8xh100" for word in only):
         from split_stacks import stack_rows  # bench/split_stacks.py, beside this file
 
