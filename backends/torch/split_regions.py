@@ -33,7 +33,7 @@ from cost_models.precision import op_base_name
 from partitioner.solvers.split_regions import Region, Step, formed, region_candidates
 from partitioner.solvers.splits import shard_sizes
 
-__all__ = ["ANCHOR_META", "REGION_SITES_ATTR", "fx_steps", "join_regions", "plan_regions"]
+__all__ = ["ANCHOR_META", "REGION_SITES_ATTR", "cut_literal", "fx_steps", "join_regions", "plan_regions"]
 
 #: node meta: the op a split or region part is issued right before
 ANCHOR_META = "hetpart_anchor"
@@ -138,22 +138,33 @@ def join_regions(gm: torch.fx.GraphModule, regions: tuple[Region, ...], plan: An
     setattr(gm, REGION_SITES_ATTR, sites)
 
 
+def cut_literal(node: torch.fx.Node, dim: int) -> int | None:
+    """The size a reshape node (``unflatten``, ``view``, ``reshape``) writes at its output's cut dim
+    ``dim`` (a head count, or ``-1``); None for any other op (it writes no size there)."""
+    kind = op_base_name(str(node.target))
+    if kind == "unflatten":
+        ndim = node.args[0].meta["val"].dim()
+        return int(node.args[2][dim - node.args[1] % ndim])
+    if kind in ("view", "reshape", "_unsafe_view"):
+        return int(node.args[1][dim])
+    return None
+
+
 def _local_shape(node: torch.fx.Node, dim: int, local: int) -> tuple:
     """``node``'s args for one shard: a reshape's size at the cut dim ``dim`` (its output's) set to
     the shard's ``local`` size (heads), unless it is ``-1``; every other op's args as they are."""
     kind = op_base_name(str(node.target))
     args = list(node.args)
+    if cut_literal(node, dim) in (None, -1):
+        return tuple(args)
     if kind == "unflatten":
         ndim = node.args[0].meta["val"].dim()
         sizes = list(args[2])
-        at = dim - args[1] % ndim
-        if sizes[at] != -1:
-            sizes[at] = local
+        sizes[dim - args[1] % ndim] = local
         args[2] = sizes
-    elif kind in ("view", "reshape", "_unsafe_view"):
+    else:
         shape = list(args[1])
-        if shape[dim] != -1:
-            shape[dim] = local
+        shape[dim] = local
         args[1] = shape
     return tuple(args)
 
