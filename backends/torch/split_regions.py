@@ -96,9 +96,10 @@ def plan_regions(gm: torch.fx.GraphModule, plan: Any) -> tuple[Region, ...]:
 
 
 def join_regions(gm: torch.fx.GraphModule, regions: tuple[Region, ...], plan: Any,
-                 placed: dict[str, str]) -> None:
+                 placed: dict[str, str], physical: Mapping[str, torch.device]) -> None:
     """Join each of ``regions`` in ``gm`` (its splits already cut by :mod:`backends.torch.splits`),
-    in place; ``placed`` (node -> logical device) gains the interior shards and loses what is gone."""
+    in place; ``placed`` (node -> logical device) gains the interior shards and the outside tensors'
+    copies and loses what is gone; ``physical``: each logical device's torch device."""
     graph = gm.graph
     sites: dict[str, str] = dict(getattr(gm, REGION_SITES_ATTR, {}))
     for region in regions:
@@ -108,6 +109,16 @@ def join_regions(gm: torch.fx.GraphModule, regions: tuple[Region, ...], plan: An
                                                   for c in region.cols}
         row_input = nodes[region.row].meta["hetpart_region_input"]
         sizes = shard_sizes(region.width, plan.splits[region.row]["fractions"])
+        for o in region.outside:  # each other device reads its own copy, made from home's
+            shards[o] = [nodes[o]]
+            for j, device in enumerate(devices[1:], 1):
+                with graph.inserting_after(nodes[o]):
+                    copy = graph.create_node("call_method", "to", (nodes[o], physical[device]), {},
+                                             name=f"{o}_to_{region.row}_shard{j}")
+                copy.meta.update({"hetpart_device": device, "hetpart_split": {"tensor": o, "kind": "split"},
+                                  ANCHOR_META: region.row})
+                placed[copy.name] = devices[0]  # read on home, lives on the shard's device
+                shards[o].append(copy)
         for e, (dim, unit) in zip(region.interior, region.layouts):
             node = nodes[e]
             shards[e] = []
@@ -126,6 +137,8 @@ def join_regions(gm: torch.fx.GraphModule, regions: tuple[Region, ...], plan: An
             row_shard = nodes[f"{region.row}_shard{j}"]
             row_shard.args = (shards[row_input][j], *row_shard.args[1:])
         members = set(region.members)
+        for o in region.outside:
+            del shards[o]
         for node in reversed(list(graph.nodes)):
             split = node.meta.get("hetpart_split", {})
             owner = split.get("op", split.get("tensor", "")).split(".shard")[0]

@@ -85,6 +85,7 @@ class Region:
     width: int                  # features of the region's tensors (row's input, each col's output)
     granule: int = 1            # every shard's features a multiple of this (a head's, where heads are cut)
     layouts: tuple[tuple[int, int], ...] = ()  # per interior op: its output's cut dim and features per index
+    outside: tuple[str, ...] = ()  # ops outside the region whose outputs interior ops read whole (rotary tables, masks)
 
     @property
     def members(self) -> tuple[str, ...]:
@@ -99,6 +100,7 @@ class RegionPrice:
     busy_s: tuple[float, ...]              # each shard device's busy time change (split.devices order)
     work_bytes: tuple[int, ...]            # each device's interior working set (home: 0, counted whole)
     dropped: tuple[tuple[str, str, str, int, float], ...]  # copies not made: (split node, src, dst, bytes, s)
+    added: tuple[tuple[str, str, str, int, float], ...] = ()  # outside tensors' copies: (op, home, d, bytes, s)
 
 
 def graph_steps(graph: Any) -> dict[str, Step]:
@@ -141,7 +143,7 @@ def region_candidates(steps: Mapping[str, Step], widths: Mapping[str, tuple[int,
     for row, (_, width) in widths.items():
         if len(steps[row].reads) != 1 or not steps[row].reads[0]:
             continue
-        cols, interior, ok = set(), set(), True
+        cols, maybe, ok = set(), set(), True
         frontier, seen = [steps[row].reads[0]], set()
         while frontier and ok:
             u = frontier.pop()
@@ -154,12 +156,16 @@ def region_candidates(steps: Mapping[str, Step], widths: Mapping[str, tuple[int,
             elif u in widths and widths[u][0] == width and len(step.reads) == 1 and step.shape[-1] == width:
                 cols.add(u)
             elif step.kind in ELEMENTWISE | HEAD_OPS and not step.params and step.reads:
-                interior.add(u)
+                maybe.add(u)
                 frontier.extend(step.reads)
-            else:
-                ok = False
+        interior = set()  # the ops reached from the cols; every other read is an outside tensor
+        for u in sorted(maybe, key=order.get):
+            if set(steps[u].reads) & (cols | interior):
+                interior.add(u)
+        outside = {r for u in interior for r in steps[u].reads} - cols - interior
         inside = interior | {row}
-        if not ok or not cols or any(not set(steps[u].readers) <= inside for u in cols | interior):
+        if not ok or not cols or any(not set(steps[u].readers) <= inside for u in cols | interior) \
+                or any(not r or r not in steps or r in widths for r in outside):
             continue
         ordered = tuple(sorted(interior, key=order.get))
         cut = _cuts(steps, cols, ordered)
@@ -168,14 +174,14 @@ def region_candidates(steps: Mapping[str, Step], widths: Mapping[str, tuple[int,
             continue
         granule = math.lcm(*(unit for _, unit in cut.values()))
         out.append(Region(tuple(sorted(cols, key=order.get)), ordered, row, width, granule,
-                          tuple(cut[e] for e in ordered)))
+                          tuple(cut[e] for e in ordered), tuple(sorted(outside, key=order.get))))
     return tuple(sorted(out, key=lambda r: order[r.row]))
 
 
 #: aten ops between a region's linears that move or regroup the cut dimension (heads): views,
 #: transposes, attention over the heads, copies
 HEAD_OPS = frozenset({"unflatten", "view", "reshape", "_unsafe_view", "flatten", "transpose", "permute",
-                      "scaled_dot_product_attention", "clone", "contiguous", "alias"})
+                      "scaled_dot_product_attention", "clone", "contiguous", "alias", "slice", "cat"})
 _RESHAPES = frozenset({"unflatten", "view", "reshape", "_unsafe_view", "flatten"})
 _PERMUTES = frozenset({"transpose", "permute"})
 
@@ -187,10 +193,25 @@ def _cuts(steps: Mapping[str, Step], cols: set[str], interior: Sequence[str]) ->
     cut: dict[str, tuple[int, int]] = {c: (len(steps[c].shape) - 1, 1) for c in cols}
     for e in interior:
         step = steps[e]
-        ins = [cut[r] for r in step.reads]
+        whole = [shape for r, shape in zip(step.reads, step.in_shapes) if r not in cut]  # outside tensors
+        ins = [cut[r] for r in step.reads if r in cut]
+        shapes = [shape for r, shape in zip(step.reads, step.in_shapes) if r in cut]
+        if whole and step.kind not in ("mul", "add", "sub", "div", "scaled_dot_product_attention"):
+            return None
         if step.kind in ELEMENTWISE or step.kind in ("clone", "contiguous", "alias"):
-            if len(set(ins)) != 1 or any(shape != step.shape for shape in step.in_shapes):
+            if len(set(ins)) != 1 or any(shape != step.shape for shape in shapes) \
+                    or not all(_broadcast(shape, step.shape, ins[0][0]) for shape in whole):
                 return None
+            cut[e] = ins[0]
+        elif step.kind == "slice" and len(ins) == 1:
+            dim, _ = ins[0]
+            if len(step.shape) != len(shapes[0]) or step.shape[dim] != shapes[0][dim]:
+                return None  # the slice cuts the cut dim
+            cut[e] = ins[0]
+        elif step.kind == "cat" and ins:
+            dim, _ = ins[0]
+            if len(set(ins)) != 1 or any(len(s) != len(step.shape) or s[dim] != step.shape[dim] for s in shapes):
+                return None  # joined along the cut dim
             cut[e] = ins[0]
         elif step.kind in _RESHAPES and len(ins) == 1:
             moved = _reshaped(step.in_shapes[0], step.shape, *ins[0])
@@ -203,15 +224,23 @@ def _cuts(steps: Mapping[str, Step], cols: set[str], interior: Sequence[str]) ->
             if sorted(step.in_shapes[0]) != sorted(step.shape) or list(step.shape).count(size) != 1:
                 return None  # not a permutation, or the cut dim cannot be told apart by its size
             cut[e] = (list(step.shape).index(size), unit)
-        elif step.kind == "scaled_dot_product_attention" and len(ins) == 3:
-            q, k, _ = step.in_shapes
+        elif step.kind == "scaled_dot_product_attention" and len(ins) == 3 and len(whole) <= 1:
+            q, k, _ = shapes
             heads = len(q) - 3
-            if len(set(ins)) != 1 or ins[0][0] != heads or q != k or step.shape[:-1] != q[:-1]:
-                return None  # heads cut alike in q, k and v (no mask tensor, no grouped heads)
+            if len(set(ins)) != 1 or ins[0][0] != heads or q != k or step.shape[:-1] != q[:-1] \
+                    or not all(_broadcast(mask, step.shape, heads) for mask in whole):
+                return None  # heads cut alike in q, k and v (no grouped heads), a mask alike for every head
             cut[e] = ins[0]
         else:
             return None
     return cut
+
+
+def _broadcast(shape: Sequence[int], out: Sequence[int], dim: int) -> bool:
+    """Whether an outside tensor of ``shape`` broadcasts against ``out`` alike for every index of
+    its cut dim ``dim`` (size 1 there, or no such dim): each shard reads it whole."""
+    at = dim - (len(out) - len(shape))
+    return len(shape) <= len(out) and (at < 0 or shape[at] == 1)
 
 
 def _reshaped(shape: Sequence[int], out: Sequence[int], dim: int, unit: int) -> tuple[int, int] | None:
@@ -367,15 +396,23 @@ def price_region(problem: Any, offer: RegionOffer, region: Region, split: Split)
     shard_t, shard_work = _interior_shards(problem, region.interior, region.width, split)
     dropped = [(n, src, dst, b, s) for n, price in cols for src, dst, b, s in price.copies if dst == home]
     dropped += [(row_node, src, dst, b, s) for src, dst, b, s in row.copies if src == home]
+    added = [(o, home, d, nbytes, problem.transfer_s(nbytes, home, d))
+             for o, nbytes in outside_bytes(problem.original, region) for d in devices[1:]]
     ins = [sum(s for _, price in cols for src, dst, _, s in price.copies if src == home and dst == d)
-           for d in devices[1:]]
+           + sum(s for _, _, dst, _, s in added if dst == d) for d in devices[1:]]
     backs = [sum(s for src, dst, _, s in row.copies if src == d and dst == home) for d in devices[1:]]
     branches = [sum(price.shard_s[j] for _, price in cols) + shard_t[j] + row.shard_s[j] for j in range(len(devices))]
     path = split_path_s(problem, devices, branches, ins, backs)
     separate = sum(price.latency_s for _, price in cols) + whole + row.latency_s
     busy = tuple(shard_t[j] - (whole if j == 0 else 0.0) for j in range(len(devices)))
-    work = tuple(0 if j == 0 else w for j, w in enumerate(shard_work))
-    return RegionPrice(path - separate, busy, work, tuple(dropped))
+    held = sum(nbytes for _, nbytes in outside_bytes(problem.original, region))  # the copies on each other device
+    work = tuple(0 if j == 0 else w + held for j, w in enumerate(shard_work))
+    return RegionPrice(path - separate, busy, work, tuple(dropped), tuple(added))
+
+
+def outside_bytes(graph: Any, region: Region) -> tuple[tuple[str, int], ...]:
+    """Each outside tensor ``region``'s interior reads (its producing op) and its bytes in ``graph``."""
+    return tuple((o, graph.tensors[graph.ops[o].outputs[0]].nbytes) for o in region.outside)
 
 
 def interior_floor(problem: Any, node: str) -> float:
@@ -408,6 +445,7 @@ class RegionEffect:
     link_s: Mapping[str, float]          # link label -> load change (the dropped copies' hops)
     work_bytes: Mapping[str, int]        # device -> the largest interior shard working set there
     dropped: frozenset[tuple[str, str, str]]  # (split node, src, dst) of each copy not made
+    added: tuple[tuple[str, str, str, int, float], ...] = ()  # outside tensors' copies made: (op, home, d, bytes, s)
 
 
 def region_effect(problem: Any, placement: Any) -> RegionEffect:
@@ -415,7 +453,7 @@ def region_effect(problem: Any, placement: Any) -> RegionEffect:
     busy: dict[str, float] = {}
     links: dict[str, float] = {}
     work: dict[str, int] = {}
-    extra, dropped = 0.0, set()
+    extra, dropped, added = 0.0, set(), []
     for key in regions_of(problem, placement):
         price, split = problem.region_offer.price[key], key[1]
         for d, b, w in zip(split.devices, price.busy_s, price.work_bytes):
@@ -426,7 +464,12 @@ def region_effect(problem: Any, placement: Any) -> RegionEffect:
             dropped.add((n, src, dst))
             for label in problem.hops(src, dst):
                 links[label] = links.get(label, 0.0) - problem.hop_s(nbytes, src, dst, label)
-    return RegionEffect(busy, extra, links, work, frozenset(dropped))
+        for copy in price.added:
+            _, src, dst, nbytes, _ = copy
+            added.append(copy)
+            for label in problem.hops(src, dst):
+                links[label] = links.get(label, 0.0) + problem.hop_s(nbytes, src, dst, label)
+    return RegionEffect(busy, extra, links, work, frozenset(dropped), tuple(added))
 
 
 def interior_ops(graph: Any) -> frozenset[str]:
