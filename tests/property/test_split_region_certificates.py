@@ -2,7 +2,8 @@
 
 Small captured graphs holding a region (:mod:`partitioner.solvers.split_regions`): an MLP
 (``norm -> fc1 -> gelu -> fc2``), a SwiGLU (``silu(gate) * up -> down``), two linears back to
-back and an MLP scaled by a gate computed outside the region (copied home to the other device), at a few widths and token counts, on random two-device profiles (tight caps or not), latency
+back and an MLP scaled by a gate computed outside the region (copied home to the other device), at a
+few widths and token counts, on random two-device profiles (tight caps or not), latency
 and throughput, with column and row splits offered at the same fractions. The brute-force optimum
 runs every split choice through ``evaluate``, which derives the regions a placement forms; the ILP
 at gap 0 must match it, report ``evaluate``'s objective and state a bound no higher (HiGHS cold and
@@ -87,6 +88,7 @@ def region_instances(draw: st.DrawFn) -> tuple[Problem, dict]:
     problem = Problem(graph, profile, Options(objective=objective, streaming=streaming, splits=splits))
     assume(problem.region_offer.price)
     assume(count_candidates(problem) <= 4000)
+    COUNTS["outside tensors"] += bool(any(r.outside for r in problem.region_offer.regions))
     info = {"objective": objective.value, "pipeline": False, "streaming": streaming, "training": False,
             "tied": False, "coarsened": False, "pinned": False, "pinned producer, several consumers": False,
             "nodes": len(problem.nodes), "candidates": count_candidates(problem), "kind": kind}
@@ -105,7 +107,6 @@ def test_region_certificate_holds(case: tuple[Problem, dict], warm: bool, cbc: b
     COUNTS["instances"] += 1
     COUNTS[f"objective {info['objective']}"] += 1
     COUNTS["region in the optimum"] += bool(best is not None and regions_of(problem, best))
-    COUNTS["outside tensors"] += bool(any(r.outside for r in problem.region_offer.regions))
 
 
 def test_region_instances_formed_regions() -> None:
