@@ -8,19 +8,24 @@ region saves against the same splits rejoined one by one (:class:`RegionPrice`, 
 which :func:`~partitioner.solvers.problem.evaluate`, the ILP, the bounds and the oracle all read.
 
 A *region* is a linear ``r`` whose input is produced, through *interior* ops only, by the linears
-``c1..cm``: every tensor an interior op reads is a ``c``'s output or another interior op's, every
-reader of a ``c``'s or an interior op's output is an interior op or ``r`` (never a graph output),
-an interior op reads no parameter, and each ``c``'s output features are ``r``'s input features.
-Interior ops are elementwise aten ops (:data:`ELEMENTWISE`, operands of one shape) or ops that move
-the cut dimension (:data:`HEAD_OPS`: views, transposes, ``scaled_dot_product_attention`` over the
-heads). Each region tensor's *cut* (the dim the shards divide and the ``c`` features per index of
+``c1..cm``: the interior ops are the ops on the paths from the ``c``'s to ``r``; every reader of a
+``c``'s or an interior op's output is an interior op or ``r`` (never a graph output), an interior op
+reads no parameter, and each ``c``'s output features are ``r``'s input features. Interior ops are
+elementwise aten ops (:data:`ELEMENTWISE`, operands of one shape) or ops that move the cut dimension
+or work beside it (:data:`HEAD_OPS`: views, transposes, slices and concatenations along another dim,
+``scaled_dot_product_attention`` over the heads). An interior op may also read an *outside* tensor
+(:attr:`Region.outside`: an op's output that no ``c`` reaches, not a linear the region could take:
+rotary tables, an attention mask, a gate) where it is the same for every index of the cut dim (size
+1 there, or no such dim: ``mul``/``add``/``sub``/``div`` broadcasting, an attention mask): each shard
+reads it whole. Each region tensor's *cut* (the dim the shards divide and the ``c`` features per index of
 it) is followed from the ``c``'s outputs (their last dim) through them, from shapes alone
 (:func:`_cuts`), so the planner's graph and the emitter's fx graph find the same regions; ``r``'s
 input must come back cut along its last dim, and the largest features per index (a head's) is the
 region's *granule*. Cases: an MLP ``fc1 -> gelu -> fc2``, a SwiGLU ``silu(gate) * up -> down``, two
 linears back to back, attention ``q, k, v -> unflatten, transpose -> sdpa -> transpose, flatten ->
-o_proj`` (by heads). A region whose interior reads anything else (rotary tables, a mask tensor, a
-learned scale), or grouped heads, is not found.
+o_proj`` (by heads), HF Llama's attention (the same with rotary tables and a mask from outside). A
+region whose interior reads a parameter (a learned scale), an outside tensor cut like the region's
+(a full-width residual), or grouped key/value heads (k, v narrower than q) is not found.
 
 A candidate *forms* under a placement when every ``c`` is split ``cols`` and ``r`` ``rows`` over the
 same devices with the same fractions (so each device's shard of the ``c``'s outputs is its shard of
@@ -32,17 +37,23 @@ Semantics of a formed region (``devices = (home, d1, ...)``, shares ``s_j``): th
 are never rejoined; each device runs every interior op on its shard (``t_e(d_j, s_j)``: the op's
 cost scaled to the share, like a split's shard) and ``r``'s shard on it; ``r``'s partial outputs are
 summed at home. So each ``c``'s copies back to home and ``r``'s copies out of home are not made
-(:attr:`RegionPrice.dropped`); the ``c``'s input copies and ``r``'s partials back remain. Priced:
+(:attr:`RegionPrice.dropped`); the ``c``'s input copies and ``r``'s partials back remain, and each
+outside tensor (available at home, where the interior ops ran whole) is copied home -> ``d_j`` for
+every other device (:attr:`RegionPrice.added`: ``split`` transfers named after the op making it).
+Priced:
 
 * latency: :func:`~partitioner.solvers.splits.split_path_s` of one split whose shard on ``d_j`` is
   the ``c``'s shards, the interior ops' and ``r``'s shard there, whose copy to ``d_j`` is the ``c``'s
-  input copies to it and whose copy back is ``r``'s partial (copies on distinct links overlap, on a
+  input copies and the outside tensors' copies to it and whose copy back is ``r``'s partial (copies on distinct links overlap, on a
   shared link they wait, as for one split), in place of the separately rejoined splits' latencies
   plus the interior ops on home;
 * busy time: home runs the interior ops' home shards in place of the whole ops, each other device
   its shards;
-* memory: each other device's working set is at least the interior ops' shard working set (home
-  keeps the whole one it already counts: an overestimate by the shards' difference).
+* links: the dropped copies' hops off, the outside tensors' copies' hops on (seconds, or bytes in a
+  link budget), in ``evaluate`` and the ILP alike;
+* memory: each other device's working set is at least the interior ops' shard working set plus the
+  outside tensors' copies (home keeps the whole one it already counts: an overestimate by the
+  shards' difference).
 """
 
 from __future__ import annotations
