@@ -154,20 +154,21 @@ def join_regions(gm: torch.fx.GraphModule, regions: tuple[Region, ...], plan: An
 
 
 def cut_literal(node: torch.fx.Node, dim: int) -> int | None:
-    """The size a reshape node (``unflatten``, ``view``, ``reshape``) writes at its output's cut dim
-    ``dim`` (a head count, or ``-1``); None for any other op (it writes no size there)."""
+    """The size a reshape node (``unflatten``, ``view``, ``reshape``) or an ``expand`` writes at its
+    output's cut dim ``dim`` (a head count, or ``-1``); None for any other op (it writes no size there)."""
     kind = op_base_name(str(node.target))
     if kind == "unflatten":
         ndim = node.args[0].meta["val"].dim()
         return int(node.args[2][dim - node.args[1] % ndim])
-    if kind in ("view", "reshape", "_unsafe_view"):
+    if kind in ("view", "reshape", "_unsafe_view", "expand"):
         return int(node.args[1][dim])
     return None
 
 
 def _local_shape(node: torch.fx.Node, dim: int, local: int) -> tuple:
-    """``node``'s args for one shard: a reshape's size at the cut dim ``dim`` (its output's) set to
-    the shard's ``local`` size (heads), unless it is ``-1``; every other op's args as they are."""
+    """``node``'s args for one shard: a reshape's or expand's size at the cut dim ``dim`` (its
+    output's) set to the shard's ``local`` size (heads, key/value groups), unless it is ``-1``; every
+    other op's args as they are."""
     kind = op_base_name(str(node.target))
     args = list(node.args)
     if cut_literal(node, dim) in (None, -1):

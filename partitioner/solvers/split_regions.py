@@ -164,8 +164,9 @@ def region_candidates(steps: Mapping[str, Step], widths: Mapping[str, tuple[int,
             step = steps.get(u)
             if step is None or u == row or not step.shape:
                 ok = False
-            elif u in widths and widths[u][0] == width and len(step.reads) == 1 and step.shape[-1] == width:
-                cols.add(u)
+            elif u in widths and width % widths[u][0] == 0 and len(step.reads) == 1 \
+                    and step.shape[-1] == widths[u][0]:
+                cols.add(u)  # narrower than the row's input: grouped key/value heads, each feature for several
             elif step.kind in ELEMENTWISE | HEAD_OPS and not step.params and step.reads:
                 maybe.add(u)
                 frontier.extend(step.reads)
@@ -179,7 +180,7 @@ def region_candidates(steps: Mapping[str, Step], widths: Mapping[str, tuple[int,
                 or any(not r or r not in steps or r in widths for r in outside):
             continue
         ordered = tuple(sorted(interior, key=order.get))
-        cut = _cuts(steps, cols, ordered)
+        cut = _cuts(steps, {c: width // widths[c][0] for c in cols}, ordered)
         last = cut.get(steps[row].reads[0]) if cut is not None else None
         if last is None or last != (len(steps[steps[row].reads[0]].shape) - 1, 1):
             continue
@@ -192,16 +193,18 @@ def region_candidates(steps: Mapping[str, Step], widths: Mapping[str, tuple[int,
 #: aten ops between a region's linears that move or regroup the cut dimension (heads): views,
 #: transposes, attention over the heads, copies
 HEAD_OPS = frozenset({"unflatten", "view", "reshape", "_unsafe_view", "flatten", "transpose", "permute",
-                      "scaled_dot_product_attention", "clone", "contiguous", "alias", "slice", "cat"})
+                      "scaled_dot_product_attention", "clone", "contiguous", "alias", "slice", "cat", "unsqueeze",
+                      "expand"})
 _RESHAPES = frozenset({"unflatten", "view", "reshape", "_unsafe_view", "flatten"})
 _PERMUTES = frozenset({"transpose", "permute"})
 
 
-def _cuts(steps: Mapping[str, Step], cols: set[str], interior: Sequence[str]) -> dict[str, tuple[int, int]] | None:
-    """Each region tensor's cut: ``(dim, features per index)``, from the cols' outputs (their last
-    dim, one feature each) through the interior ops in program order, read from shapes alone (so
-    the planner's and the emitter's graphs agree); None where an op cannot run on a shard."""
-    cut: dict[str, tuple[int, int]] = {c: (len(steps[c].shape) - 1, 1) for c in cols}
+def _cuts(steps: Mapping[str, Step], cols: Mapping[str, int], interior: Sequence[str]) -> dict[str, tuple[int, int]] | None:
+    """Each region tensor's cut: ``(dim, row features per index)``, from the cols' outputs (their
+    last dim; ``cols[c]`` row features per feature of ``c``: 1, or a key/value col's query heads per
+    key/value head) through the interior ops in program order, read from shapes alone (so the
+    planner's and the emitter's graphs agree); None where an op cannot run on a shard."""
+    cut: dict[str, tuple[int, int]] = {c: (len(steps[c].shape) - 1, per) for c, per in cols.items()}
     for e in interior:
         step = steps[e]
         whole = [shape for r, shape in zip(step.reads, step.in_shapes) if r not in cut]  # outside tensors
@@ -213,6 +216,19 @@ def _cuts(steps: Mapping[str, Step], cols: set[str], interior: Sequence[str]) ->
             if len(set(ins)) != 1 or any(shape != step.shape for shape in shapes) \
                     or not all(_broadcast(shape, step.shape, ins[0][0]) for shape in whole):
                 return None
+            cut[e] = ins[0]
+        elif step.kind == "unsqueeze" and len(ins) == 1:
+            dim, unit = ins[0]
+            shape = shapes[0]
+            at = next((i for i in range(len(step.shape)) if step.shape[i] == 1
+                       and tuple(step.shape[:i]) + tuple(step.shape[i + 1:]) == tuple(shape)), None)
+            if at is None:
+                return None
+            cut[e] = (dim + (at <= dim), unit)
+        elif step.kind == "expand" and len(ins) == 1:
+            dim, _ = ins[0]
+            if len(step.shape) != len(shapes[0]) or step.shape[dim] != shapes[0][dim]:
+                return None  # repeats along the cut dim
             cut[e] = ins[0]
         elif step.kind == "slice" and len(ins) == 1:
             dim, _ = ins[0]
@@ -231,10 +247,16 @@ def _cuts(steps: Mapping[str, Step], cols: set[str], interior: Sequence[str]) ->
             cut[e] = moved
         elif step.kind in _PERMUTES and len(ins) == 1:
             dim, unit = ins[0]
-            size = step.in_shapes[0][dim]
-            if sorted(step.in_shapes[0]) != sorted(step.shape) or list(step.shape).count(size) != 1:
+            shape = tuple(shapes[0])
+            size = shape[dim]
+            moved = {b if a == dim else a if b == dim else dim for a in range(len(shape)) for b in range(a + 1, len(shape))
+                     if _swapped(shape, a, b) == tuple(step.shape)} if step.kind == "transpose" and shape != step.shape else set()
+            if len(moved) == 1:  # the one swap that gives this shape (heads and tokens told apart by it)
+                cut[e] = (moved.pop(), unit)
+            elif sorted(shape) != sorted(step.shape) or list(step.shape).count(size) != 1:
                 return None  # not a permutation, or the cut dim cannot be told apart by its size
-            cut[e] = (list(step.shape).index(size), unit)
+            else:
+                cut[e] = (list(step.shape).index(size), unit)
         elif step.kind == "scaled_dot_product_attention" and len(ins) == 3 and len(whole) <= 1:
             q, k, _ = shapes
             heads = len(q) - 3
@@ -245,6 +267,12 @@ def _cuts(steps: Mapping[str, Step], cols: set[str], interior: Sequence[str]) ->
         else:
             return None
     return cut
+
+
+def _swapped(shape: tuple[int, ...], a: int, b: int) -> tuple[int, ...]:
+    out = list(shape)
+    out[a], out[b] = out[b], out[a]
+    return tuple(out)
 
 
 def _broadcast(shape: Sequence[int], out: Sequence[int], dim: int) -> bool:
@@ -290,11 +318,18 @@ def formed(candidates: Sequence[Region], split_of: Callable[[str], tuple[str, tu
             continue
         _, devices, fractions = row
         sizes = shard_sizes(widths[region.row][1], fractions)
-        if all(size % region.granule == 0 for size in sizes) and all(split_of(c) is not None and split_of(c)[0] == "cols" and tuple(split_of(c)[1]) == tuple(devices)
-               and tuple(split_of(c)[2]) == tuple(fractions) and shard_sizes(widths[c][0], fractions) == sizes
-               for c in region.cols) and all(device_of(e) == devices[0] for e in region.interior):
+        if all(size % region.granule == 0 for size in sizes) and all(
+                split_of(c) is not None and split_of(c)[0] == "cols" and tuple(split_of(c)[1]) == tuple(devices)
+                and tuple(split_of(c)[2]) == tuple(fractions) and _scaled(widths[c][0], region.width, fractions) == sizes
+                for c in region.cols) and all(device_of(e) == devices[0] for e in region.interior):
             out.append(region)
     return tuple(out)
+
+
+def _scaled(out: int, width: int, fractions: Sequence[float]) -> tuple[int, ...]:
+    """A col of ``out`` features' shard sizes at ``fractions``, in row features (``width`` of them):
+    a key/value col's shards hold whole groups of query heads when these equal the row's."""
+    return tuple(s * (width // out) for s in shard_sizes(out, fractions))
 
 
 # -- a problem's regions ---------------------------------------------------------------------------

@@ -8,8 +8,8 @@ gradients equal the original's. Models: ``gpt:small`` (``fc1 -> gelu -> fc2``, a
 heads: ``q, k, v -> unflatten, transpose -> sdpa -> transpose, flatten -> o_proj`` with each shard's
 head count in its ``unflatten``) and a one-layer HF Llama (``silu(gate) * up -> down``; with as many
 key/value heads as query heads its attention too, reading the rotary tables and the mask from
-outside, each copied from the home to the other device; with grouped key/value heads the attention is
-no region). A plan whose members disagree (the row at another fraction)
+outside, each copied from the home to the other device; with grouped key/value heads each shard
+holds whole groups: its query heads with their key/value head). A plan whose members disagree (the row at another fraction)
 forms no region and runs as separate splits, as it is priced.
 """
 
@@ -103,6 +103,21 @@ def test_an_hf_llama_with_its_attention_and_swiglu_as_regions_equals_the_origina
     names = {n.name for n in emitted.graph.nodes}
     assert {"scaled_dot_product_attention_shard0", "scaled_dot_product_attention_shard1"} <= names
     assert {f"{o}_to_{formed[0].row}_shard1" for o in formed[0].outside} <= names
+
+
+def test_an_hf_llama_with_grouped_key_value_heads_as_an_attention_region_equals_the_original() -> None:
+    """4 query heads over 2 key/value heads, split in halves: each shard one group (2 query heads, 1
+    key/value head, its ``repeat_kv`` expanding 1 head to 2)."""
+    pytest.importorskip("transformers")
+    from tests.e2e.tensor_parallel_models import llama
+
+    model, inputs = llama()
+    plan, problem, placement = region_plan(model, inputs, fractions=(0.5,))
+    formed = [problem.region_offer.regions[i] for i, _ in regions_of(problem, placement)]
+    assert [len(r.cols) for r in formed] == [3, 2] and formed[0].granule == 32  # a group: 2 heads of 16
+    emitted = _check(plan, model, inputs)
+    expands = [n for n in emitted.graph.nodes if n.name.startswith("expand_3_shard")]
+    assert [n.args[1][1] for n in expands] == [1, 1]  # one key/value head per shard
 
 
 @pytest.mark.slow

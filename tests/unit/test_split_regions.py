@@ -69,11 +69,11 @@ class Attention(torch.nn.Module):
 class Rotary(torch.nn.Module):
     """Llama-style attention at 4 heads: rotary tables and an additive mask computed outside the
     region (read whole by every shard), views with ``-1`` heads; ``kv`` key/value heads (fewer:
-    grouped, repeated to the query heads: no region)."""
+    grouped, repeated to the query heads as HF's ``repeat_kv`` does, or by ``repeat_interleave``)."""
 
-    def __init__(self, kv: int = 4) -> None:
+    def __init__(self, kv: int = 4, interleave: bool = False) -> None:
         super().__init__()
-        self.kv = kv
+        self.kv, self.interleave = kv, interleave
         self.q, self.o = torch.nn.Linear(32, 32), torch.nn.Linear(32, 32)
         self.k, self.v = torch.nn.Linear(32, 8 * kv), torch.nn.Linear(32, 8 * kv)
         self.register_buffer("inv", 1.0 / 10000 ** (torch.arange(0, 8, 2) / 8), persistent=False)
@@ -90,7 +90,10 @@ class Rotary(torch.nn.Module):
 
         q, k, v = (p(x).view(b, t, -1, 8).transpose(1, 2) for p in (self.q, self.k, self.v))
         q, k = rotate(q), rotate(k)
-        k, v = (u.repeat_interleave(4 // self.kv, 1) if self.kv < 4 else u for u in (k, v))
+        if self.kv < 4 and self.interleave:
+            k, v = (u.repeat_interleave(4 // self.kv, 1) for u in (k, v))
+        elif self.kv < 4:  # HF's repeat_kv
+            k, v = (u[:, :, None].expand(b, self.kv, 4 // self.kv, t, 8).reshape(b, 4, t, 8) for u in (k, v))
         y = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.o(y.transpose(1, 2).reshape(b, t, -1))
 
@@ -125,7 +128,8 @@ CASES = {
                                        "transpose_3", "flatten"), "linear_3")]),
     "heads as many as tokens": (lambda: Attention(16), []),  # which dim a transpose moves is unclear: no region
     "rotary attention": (Rotary, [(("linear", "linear_1", "linear_2"), None, "linear_3")]),
-    "grouped heads": (lambda: Rotary(kv=2), []),
+    "grouped heads": (lambda: Rotary(kv=2), [(("linear", "linear_1", "linear_2"), None, "linear_3")]),
+    "grouped heads by repeat_interleave": (lambda: Rotary(kv=2, interleave=True), []),  # an index_select: no region
     "a full-width tensor between": (Residual, []),
 }
 INPUTS = {  # (batch, tokens, features); the others take X
@@ -133,6 +137,7 @@ INPUTS = {  # (batch, tokens, features); the others take X
     "heads as many as tokens": X.reshape(4, 16, 32),
     "rotary attention": X.reshape(2, 32, 32),
     "grouped heads": X.reshape(2, 32, 32),
+    "grouped heads by repeat_interleave": X.reshape(2, 32, 32),
 }
 
 
@@ -144,7 +149,8 @@ def test_candidates_are_found_alike_on_the_op_graph_and_on_the_emitters_fx_graph
     found = region_candidates(graph_steps(graph), graph_widths(graph))
     assert [(r.cols, r.interior if e[1] is not None else None, r.row) for r, e in zip(found, expected)] == expected
     assert len(found) == len(expected)
-    assert all(r.granule == (8 if isinstance(module, (Attention, Rotary)) else 1) for r in found)  # a head's features
+    granule = 8 * (4 // module.kv) if isinstance(module, Rotary) else 8 if isinstance(module, Attention) else 1
+    assert all(r.granule == granule for r in found)  # a head's features (grouped: a key/value head's group's)
     assert all(bool(r.outside) == isinstance(module, Rotary) for r in found)  # the rotary tables and the mask
     fx = region_candidates(fx_steps(unlifted_module(graph)), graph_widths(graph))
     assert fx == found
@@ -229,3 +235,19 @@ def test_a_region_reading_outside_tensors_copies_each_home_to_every_other_device
     label = p.link_labels[0]
     assert ev.per_link_s[label] == pytest.approx(sum(t.seconds for t in ev.transfers), rel=1e-9)
     assert price.work_bytes[1] >= sum(sizes.values())
+
+
+def test_a_grouped_heads_region_forms_only_where_each_shard_holds_whole_groups() -> None:
+    """Rotary attention with 2 key/value heads for 4 query heads (q 32 features, k and v 16): the
+    granule is a group (2 query heads, 16 features); at 0.5 each shard holds one group (q 16, k and v
+    8: proportional), at 0.25 a shard would hold one query head of a group: no region."""
+    graph = from_module(Rotary(kv=2).eval(), (X.reshape(2, 32, 32),))
+    p = Problem(graph, load_profile("h200-host"), Options(streaming=False, splits=SplitOptions(
+        fractions=(0.25, 0.5), proportional=False, balanced=False)))
+    (region,) = p.region_offer.regions
+    assert region.granule == 16 and [graph_widths(graph)[c][0] for c in region.cols] == [32, 16, 16]
+    for f, forms in ((0.5, True), (0.25, False)):
+        cols = Split("cols", ("cuda:0", "cpu"), (f, 1 - f))
+        placement = _placement(p, cols, dataclasses.replace(cols, axis="rows"))
+        assert bool(regions_of(p, placement)) == forms, f
+        assert evaluate(p, placement).feasible
