@@ -19,7 +19,11 @@ Megatron's attention computes with its per-partition head count:
   :data:`HEAD_ATTRIBUTES` equal to the graph's literal (the global head count); it is set to
   ``literal * rank's features / region features`` on that rank after ``parallelize_module``;
 * anything else (a literal with no such attribute, or an attribute of another value) is refused
-  (:class:`~partitioner.errors.PlanMismatch`, naming the op, the module and the fix).
+  (:class:`~partitioner.errors.PlanMismatch`, naming the op, the module and the fix). This refuses
+  HF Llama with grouped key/value heads: ``repeat_kv``'s ``expand`` takes its key/value head count
+  from the tensor's shape in HF's code, but the captured graph holds it as a literal, and nothing
+  here tells the two apart (run such a plan in one process, ``plan.emit``, which sets each shard's
+  count in the graph).
 
 Example:
     >>> heads = head_counts(gm, regions, {"linear": ("cpu", "cuda:0"), ...}, model)   # doctest: +SKIP

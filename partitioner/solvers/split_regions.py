@@ -10,28 +10,33 @@ which :func:`~partitioner.solvers.problem.evaluate`, the ILP, the bounds and the
 A *region* is a linear ``r`` whose input is produced, through *interior* ops only, by the linears
 ``c1..cm``: the interior ops are the ops on the paths from the ``c``'s to ``r``; every reader of a
 ``c``'s or an interior op's output is an interior op or ``r`` (never a graph output), an interior op
-reads no parameter, and each ``c``'s output features are ``r``'s input features. Interior ops are
-elementwise aten ops (:data:`ELEMENTWISE`, operands of one shape) or ops that move the cut dimension
-or work beside it (:data:`HEAD_OPS`: views, transposes, slices and concatenations along another dim,
-``scaled_dot_product_attention`` over the heads). An interior op may also read an *outside* tensor
-(:attr:`Region.outside`: an op's output that no ``c`` reaches, not a linear the region could take:
-rotary tables, an attention mask, a gate) where it is the same for every index of the cut dim (size
-1 there, or no such dim: ``mul``/``add``/``sub``/``div`` broadcasting, an attention mask): each shard
-reads it whole. Each region tensor's *cut* (the dim the shards divide and the ``c`` features per index of
-it) is followed from the ``c``'s outputs (their last dim) through them, from shapes alone
-(:func:`_cuts`), so the planner's graph and the emitter's fx graph find the same regions; ``r``'s
-input must come back cut along its last dim, and the largest features per index (a head's) is the
-region's *granule*. Cases: an MLP ``fc1 -> gelu -> fc2``, a SwiGLU ``silu(gate) * up -> down``, two
-linears back to back, attention ``q, k, v -> unflatten, transpose -> sdpa -> transpose, flatten ->
-o_proj`` (by heads), HF Llama's attention (the same with rotary tables and a mask from outside). A
-region whose interior reads a parameter (a learned scale), an outside tensor cut like the region's
-(a full-width residual), or grouped key/value heads (k, v narrower than q) is not found.
+reads no parameter, and each ``c``'s output features are ``r``'s input features, or a divisor of
+them (grouped key/value heads: k and v narrower than q, each of their features standing for a group
+of query heads, repeated to them by ``unsqueeze``/``expand``/``reshape`` as HF's ``repeat_kv``
+does). Interior ops are elementwise aten ops (:data:`ELEMENTWISE`, operands of one shape) or ops
+that move the cut dimension or work beside it (:data:`HEAD_OPS`: views, transposes, slices and
+concatenations along another dim, ``scaled_dot_product_attention`` over the heads). An interior op
+may also read an *outside* tensor (:attr:`Region.outside`: an op's output that no ``c`` reaches, not
+a linear the region could take: rotary tables, an attention mask, a gate) where it is the same for
+every index of the cut dim (size 1 there, or no such dim: ``mul``/``add``/``sub``/``div``
+broadcasting, an attention mask): each shard reads it whole. Each region tensor's *cut* (the dim the
+shards divide and the ``c`` features per index of it) is followed from the ``c``'s outputs (their
+last dim) through them, from shapes alone (:func:`_cuts`), so the planner's graph and the emitter's
+fx graph find the same regions; ``r``'s input must come back cut along its last dim, and the largest
+features per index (a head's, or a key/value head's group's) is the region's *granule*. Cases: an
+MLP ``fc1 -> gelu -> fc2``, a SwiGLU ``silu(gate) * up -> down``, two linears back to back,
+attention ``q, k, v -> unflatten, transpose -> sdpa -> transpose, flatten -> o_proj`` (by heads), HF
+Llama's attention (the same with rotary tables and a mask from outside). A region whose interior
+reads a parameter (a learned scale), an outside tensor cut like the region's (a full-width
+residual), or repeats key/value heads otherwise (``repeat_interleave``) is not found.
 
 A candidate *forms* under a placement when every ``c`` is split ``cols`` and ``r`` ``rows`` over the
 same devices with the same fractions (so each device's shard of the ``c``'s outputs is its shard of
-``r``'s input: :func:`~partitioner.solvers.splits.shard_sizes` of one width), every shard a multiple
-of the granule (whole heads), and every interior op runs on the split's home. Anything else (members split otherwise, a hand-edited plan whose members
-disagree, an interior op elsewhere) is not a region: its splits are priced and emitted one by one.
+``r``'s input: :func:`~partitioner.solvers.splits.shard_sizes` of one width; a narrower ``c``'s
+shards proportional), every shard a multiple of the granule (whole heads, whole groups), and every
+interior op runs on the split's home. Anything else (members split otherwise, a hand-edited plan
+whose members disagree, an interior op elsewhere) is not a region: its splits are priced and emitted
+one by one.
 
 Semantics of a formed region (``devices = (home, d1, ...)``, shares ``s_j``): the ``c``'s shards
 are never rejoined; each device runs every interior op on its shard (``t_e(d_j, s_j)``: the op's
