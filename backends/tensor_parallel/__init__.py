@@ -45,6 +45,6 @@ from backends.tensor_parallel.launch import rank_arguments, run_ranks, world_siz
 from backends.tensor_parallel.layout import Layout, SplitLinear, dtensor_sizes, layout_of, mesh_devices
 from backends.tensor_parallel.runtime import RunOptions, rank_environment, run_rank
 
-__all__ = ["HeadCount", "Layout", "RunOptions", "SplitLinear", "check_ranks", "check_results", "dtensor_sizes", "grid_of",
-           "layout_of", "mesh_devices", "rank_arguments", "rank_environment", "reference_step", "run_grid_rank",
+__all__ = ["HeadCount", "Layout", "RunOptions", "SplitLinear", "check_ranks", "check_results", "dtensor_sizes",
+           "grid_of", "layout_of", "mesh_devices", "rank_arguments", "rank_environment", "reference_step", "run_grid_rank",
            "run_rank", "run_ranks", "set_head_counts", "world_size_of"]

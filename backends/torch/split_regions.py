@@ -16,8 +16,9 @@ col's shard outputs feed them directly (the cols' concatenation and its copy
 back are gone), and the row's shard ``j`` reads the last interior op's shard ``j`` (its input slices
 and copy out are gone). A tensor the interior reads from outside the region (rotary tables, a mask)
 is read by the home's shard as it is and copied home -> each other device once
-(``<op>_to_<row>_shard<j>``, the plan's ``split`` transfer of ``<op>``). Every part of a region is issued right before the row op
-(``meta["hetpart_anchor"]``), which stays the sum of the partials at home. A plan whose members
+(``<op>_to_<row>_shard<j>``, the plan's ``split`` transfer of ``<op>``). Every part of a region is
+issued right before the row op (``meta["hetpart_anchor"]``), which stays the sum of the partials at
+home. A plan whose members
 disagree (other devices, fractions or axes, an interior op elsewhere) forms no region: its splits
 are emitted one by one, as they are priced.
 """

@@ -49,8 +49,8 @@ Priced:
 
 * latency: :func:`~partitioner.solvers.splits.split_path_s` of one split whose shard on ``d_j`` is
   the ``c``'s shards, the interior ops' and ``r``'s shard there, whose copy to ``d_j`` is the ``c``'s
-  input copies and the outside tensors' copies to it and whose copy back is ``r``'s partial (copies on distinct links overlap, on a
-  shared link they wait, as for one split), in place of the separately rejoined splits' latencies
+  input copies and the outside tensors' copies to it and whose copy back is ``r``'s partial (copies
+  on distinct links overlap, on a shared link they wait, as for one split), in place of the separately rejoined splits' latencies
   plus the interior ops on home;
 * busy time: home runs the interior ops' home shards in place of the whole ops, each other device
   its shards;
@@ -204,7 +204,8 @@ _RESHAPES = frozenset({"unflatten", "view", "reshape", "_unsafe_view", "flatten"
 _PERMUTES = frozenset({"transpose", "permute"})
 
 
-def _cuts(steps: Mapping[str, Step], cols: Mapping[str, int], interior: Sequence[str]) -> dict[str, tuple[int, int]] | None:
+def _cuts(steps: Mapping[str, Step], cols: Mapping[str, int],
+          interior: Sequence[str]) -> dict[str, tuple[int, int]] | None:
     """Each region tensor's cut: ``(dim, row features per index)``, from the cols' outputs (their
     last dim; ``cols[c]`` row features per feature of ``c``: 1, or a key/value col's query heads per
     key/value head) through the interior ops in program order, read from shapes alone (so the
@@ -254,8 +255,9 @@ def _cuts(steps: Mapping[str, Step], cols: Mapping[str, int], interior: Sequence
             dim, unit = ins[0]
             shape = tuple(shapes[0])
             size = shape[dim]
-            moved = {b if a == dim else a if b == dim else dim for a in range(len(shape)) for b in range(a + 1, len(shape))
-                     if _swapped(shape, a, b) == tuple(step.shape)} if step.kind == "transpose" and shape != step.shape else set()
+            swaps = [(a, b) for a in range(len(shape)) for b in range(a + 1, len(shape))
+                     if _swapped(shape, a, b) == tuple(step.shape)] if step.kind == "transpose" and shape != step.shape else []
+            moved = {b if a == dim else a if b == dim else dim for a, b in swaps}
             if len(moved) == 1:  # the one swap that gives this shape (heads and tokens told apart by it)
                 cut[e] = (moved.pop(), unit)
             elif sorted(shape) != sorted(step.shape) or list(step.shape).count(size) != 1:

@@ -9,8 +9,8 @@ heads: ``q, k, v -> unflatten, transpose -> sdpa -> transpose, flatten -> o_proj
 head count in its ``unflatten``) and a one-layer HF Llama (``silu(gate) * up -> down``; with as many
 key/value heads as query heads its attention too, reading the rotary tables and the mask from
 outside, each copied from the home to the other device; with grouped key/value heads each shard
-holds whole groups: its query heads with their key/value head). A plan whose members disagree (the row at another fraction)
-forms no region and runs as separate splits, as it is priced.
+holds whole groups: its query heads with their key/value head). A plan whose members disagree (the
+row at another fraction) forms no region and runs as separate splits, as it is priced.
 """
 
 from __future__ import annotations
