@@ -215,3 +215,17 @@ def test_an_attention_region_whose_head_count_cannot_be_set_is_refused_by_name()
     with pytest.raises(PlanMismatch, match=r"op 'unflatten' of the attention region .* writes 4 heads .* module "
                                            r"'\(the model\)' \(_Heads\), which has no attribute named n_heads"):
         layout_of(plan, model, inputs)
+
+
+def test_an_hf_llama_attention_region_with_grouped_heads_is_refused_across_ranks_by_name() -> None:
+    """Its ``repeat_kv`` expands a key/value head count the captured graph holds as a literal and
+    LlamaAttention keeps in no head count attribute: refused, naming the op and the module."""
+    pytest.importorskip("transformers")
+    from tests.e2e.split_plans import region_plan
+    from tests.e2e.tensor_parallel_models import llama
+
+    model, inputs = llama()
+    plan, _, _ = region_plan(model, inputs, fractions=(0.5,))
+    with pytest.raises(PlanMismatch, match=r"op 'expand_3' of the attention region .* writes 2 heads .* module "
+                                           r"'lm.model.layers.0.self_attn' \(LlamaAttention\)"):
+        layout_of(plan, model, inputs)
