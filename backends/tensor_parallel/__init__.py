@@ -15,6 +15,8 @@ module        what it does
 ============  ===================================================================================
 ``layout``    :func:`layout_of`: each split op as the model's ``nn.Linear`` and its style; the
               mesh's devices; what cannot run exactly (uneven fractions, shared weights) refused
+``heads``     :func:`set_head_counts`: an attention region's module computing with the rank's heads
+              (its ``n_heads`` set per rank; ``-1`` views need nothing; anything else refused)
 ``runtime``   :func:`run_rank`: one rank: the launch checked against the mesh, process group,
               ``parallelize_module``, one step, gradients gathered (``full_tensor``)
 ``grid``      :func:`run_grid_rank`: a plan with pipeline stages as stages x 2 ranks on a 2-D mesh
@@ -38,10 +40,11 @@ from __future__ import annotations
 
 from backends.tensor_parallel.check import check_ranks, check_results, reference_step
 from backends.tensor_parallel.grid import grid_of, run_grid_rank
+from backends.tensor_parallel.heads import HeadCount, set_head_counts
 from backends.tensor_parallel.launch import rank_arguments, run_ranks, world_size_of
 from backends.tensor_parallel.layout import Layout, SplitLinear, dtensor_sizes, layout_of, mesh_devices
 from backends.tensor_parallel.runtime import RunOptions, rank_environment, run_rank
 
-__all__ = ["Layout", "RunOptions", "SplitLinear", "check_ranks", "check_results", "dtensor_sizes", "grid_of",
-           "layout_of", "mesh_devices", "rank_arguments", "rank_environment", "reference_step", "run_grid_rank",
-           "run_rank", "run_ranks", "world_size_of"]
+__all__ = ["HeadCount", "Layout", "RunOptions", "SplitLinear", "check_ranks", "check_results", "dtensor_sizes",
+           "grid_of", "layout_of", "mesh_devices", "rank_arguments", "rank_environment", "reference_step", "run_grid_rank",
+           "run_rank", "run_ranks", "set_head_counts", "world_size_of"]

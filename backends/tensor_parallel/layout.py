@@ -21,8 +21,12 @@ A split region (:mod:`partitioner.solvers.split_regions`: column splits feeding 
 the same devices and fractions through elementwise ops, as in Megatron's MLP) runs as Megatron
 does: its cols ``ColwiseParallel()`` (output left sharded, the local block), the ops between on
 each rank's block, its row ``RowwiseParallel()`` (input sharded: no all-gather before it, one
-all-reduce after). A region cut by heads (attention) runs as separate splits across ranks (its
-module's head counts are fixed in its code).
+all-reduce after). A region cut by heads (attention: q/k/v cols, views, attention, o_proj row) runs
+the same way, the module computing with the rank's heads: its views use ``-1`` heads (HF Llama), or
+its head count attribute (the zoo's ``n_heads``) is set to the rank's count on each rank
+(:mod:`~backends.tensor_parallel.heads`, :attr:`Layout.heads`); a module whose count can be set
+neither way is refused by name. Inside a pipeline grid (:mod:`~backends.tensor_parallel.grid`, which
+runs the stage graphs, head counts written in) a region cut by heads runs as separate splits.
 
 Every other op is replicated: each rank runs it whole on the same values (as Megatron-LM does for
 the layers it does not split), so those parameters' gradients are the same on every rank.
@@ -57,10 +61,12 @@ from typing import Any
 import torch
 import torch.fx
 
+from backends.tensor_parallel.heads import HeadCount, head_counts
 from partitioner.errors import PlanMismatch
+from partitioner.solvers.split_regions import Region
 from partitioner.solvers.splits import shard_sizes
 
-__all__ = ["Layout", "SplitLinear", "dtensor_sizes", "layout_of", "mesh_devices", "split_linears"]
+__all__ = ["Layout", "SplitLinear", "dtensor_sizes", "layout_of", "mesh_devices", "sharded_regions", "split_linears"]
 
 _FIX = ('re-plan with even fractions (two devices: splits={"fractions": [0.5]}, CLI --split cols,rows:0.5; more: '
         'splits over like devices are offered in even shares, CLI --split cols,rows@4) or set this op\'s fractions '
@@ -96,6 +102,7 @@ class Layout:
 
     devices: tuple[str, ...]          # rank r of the group runs devices[r]
     linears: tuple[SplitLinear, ...]  # in the plan's order
+    heads: tuple[HeadCount, ...] = () # attention modules' head counts per rank (regions cut by heads)
 
     @property
     def world_size(self) -> int:
@@ -172,33 +179,49 @@ def layout_of(plan: Any, model: torch.nn.Module, inputs: Sequence[Any] | None = 
     Raises:
         PlanMismatch: a split the tensor-parallel styles cannot run exactly (named, with the fix).
     """
+    from backends.torch.module import capture_for, unlifted_module
+
     devices = mesh_devices(plan)
-    return Layout(devices, split_linears(plan, model, inputs, {op: devices for op in plan.splits}))
+    groups = {op: devices for op in plan.splits}
+    gm = unlifted_module(capture_for(plan, model, tuple(inputs) if inputs is not None else None))
+    linears = split_linears(plan, model, inputs, groups, captured=gm, heads=True)
+    sizes = {s.op: s.sizes for s in linears if s.axis == "rows"}
+    return Layout(devices, linears, head_counts(gm, sharded_regions(plan, gm, groups, heads=True), sizes, model))
+
+
+def sharded_regions(plan: Any, gm: torch.fx.GraphModule, groups: Mapping[str, Sequence[str]], *,
+                    heads: bool) -> tuple[Region, ...]:
+    """The regions of ``plan`` (:func:`~backends.torch.split_regions.plan_regions` on ``gm``) whose
+    every member is sharded in ``groups``: nothing rejoined between them across ranks. Without
+    ``heads``, only regions of elementwise ops (the module's code runs unchanged)."""
+    from backends.torch.split_regions import fx_steps, plan_regions
+    from partitioner.solvers.split_regions import ELEMENTWISE
+
+    steps = fx_steps(gm)
+    return tuple(r for r in plan_regions(gm, plan) if set(r.cols) | {r.row} <= set(groups)
+                 and (heads or all(steps[e].kind in ELEMENTWISE for e in r.interior)))
 
 
 def split_linears(plan: Any, model: torch.nn.Module, inputs: Sequence[Any] | None,
                   groups: Mapping[str, Sequence[str]], *,
-                  captured: torch.fx.GraphModule | None = None) -> tuple[SplitLinear, ...]:
+                  captured: torch.fx.GraphModule | None = None, heads: bool = False) -> tuple[SplitLinear, ...]:
     """The split ops ``groups`` names as ``model``'s ``nn.Linear`` modules, each sharded over the
     devices ``groups`` gives it (its tensor-parallel group, in rank order), checked as
     :func:`layout_of` says. ``captured``: the model's graph as the plan captured it, with the
-    parameter names (default: captured here from ``inputs``).
+    parameter names (default: captured here from ``inputs``). ``heads``: a region cut by heads
+    keeps its shards across ranks too (the caller sets the head counts, :func:`layout_of`);
+    without it such a region's linears run as separate splits.
 
     Raises:
         PlanMismatch: a split the tensor-parallel styles cannot run exactly (named, with the fix).
     """
     from backends.torch.module import capture_for, unlifted_module
-    from backends.torch.split_regions import fx_steps, plan_regions
-    from partitioner.solvers.split_regions import ELEMENTWISE
 
     if captured is None:
         captured = unlifted_module(capture_for(plan, model, tuple(inputs) if inputs is not None else None))
     gm = captured
     nodes = {n.name: n for n in gm.graph.nodes}
-    steps = fx_steps(gm)  # regions of elementwise ops only: a module's head counts are its own (not -1 everywhere)
-    in_region = {op for r in plan_regions(gm, plan) if set(r.cols) | {r.row} <= set(groups)
-                 and all(steps[e].kind in ELEMENTWISE for e in r.interior)
-                 for op in (*r.cols, r.row)}  # every member sharded in this group: nothing rejoined between
+    in_region = {op for r in sharded_regions(plan, gm, groups, heads=heads) for op in (*r.cols, r.row)}
     names: dict[int, list[str]] = {}
     for name, p in model.named_parameters(remove_duplicate=False):
         names.setdefault(id(p), []).append(name)

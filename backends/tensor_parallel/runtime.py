@@ -18,7 +18,8 @@ What runs (``torch.distributed.tensor``, nothing home-made):
 * a one-dimensional ``DeviceMesh`` over the ranks; ``parallelize_module`` with each split's style
   (:class:`~backends.tensor_parallel.layout.Layout`): the split weights become ``DTensor``
   parameters sharded ``Shard(0)`` / ``Shard(1)``, every other parameter stays a plain tensor and
-  every other op runs whole on every rank;
+  every other op runs whole on every rank; an attention region's module gets the rank's head count
+  (:mod:`~backends.tensor_parallel.heads`: Megatron's per-partition heads);
 * training: the loss of :mod:`backends.pipeline.loss` (the same target on every process), one
   backward; a sharded weight's gradient is a ``DTensor``, gathered with ``full_tensor()``.
 """
@@ -41,6 +42,7 @@ from torch.utils import _pytree as pytree
 from backends.pipeline.join import join
 from backends.pipeline.loss import first_output, loss_function, make_target
 from backends.pipeline.runtime import physical_device
+from backends.tensor_parallel.heads import set_head_counts
 from backends.tensor_parallel.layout import layout_of, mesh_devices
 from partitioner.errors import HetpartError, PipelineRunError
 
@@ -143,6 +145,7 @@ def run_rank(plan: Any, model: torch.nn.Module, inputs: Sequence[Any], options: 
     try:
         mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("tp",))
         model = parallelize_module(model.to(device), mesh, layout.plan())
+        set_head_counts(model, layout.heads, rank)  # attention regions: each rank computes with its heads
         args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in inputs)
         start = time.perf_counter()
         try:

@@ -14,8 +14,11 @@ Each interior op is replicated per shard (``<op>_shard<j>``, on the shard's devi
 ``<op>.shard<j>``; a reshape's size at the cut dimension, a head count, set to the shard's), each
 col's shard outputs feed them directly (the cols' concatenation and its copy
 back are gone), and the row's shard ``j`` reads the last interior op's shard ``j`` (its input slices
-and copy out are gone). Every part of a region is issued right before the row op
-(``meta["hetpart_anchor"]``), which stays the sum of the partials at home. A plan whose members
+and copy out are gone). A tensor the interior reads from outside the region (rotary tables, a mask)
+is read by the home's shard as it is and copied home -> each other device once
+(``<op>_to_<row>_shard<j>``, the plan's ``split`` transfer of ``<op>``). Every part of a region is
+issued right before the row op (``meta["hetpart_anchor"]``), which stays the sum of the partials at
+home. A plan whose members
 disagree (other devices, fractions or axes, an interior op elsewhere) forms no region: its splits
 are emitted one by one, as they are priced.
 """
@@ -33,7 +36,7 @@ from cost_models.precision import op_base_name
 from partitioner.solvers.split_regions import Region, Step, formed, region_candidates
 from partitioner.solvers.splits import shard_sizes
 
-__all__ = ["ANCHOR_META", "REGION_SITES_ATTR", "fx_steps", "join_regions", "plan_regions"]
+__all__ = ["ANCHOR_META", "REGION_SITES_ATTR", "cut_literal", "fx_steps", "join_regions", "plan_regions"]
 
 #: node meta: the op a split or region part is issued right before
 ANCHOR_META = "hetpart_anchor"
@@ -96,9 +99,10 @@ def plan_regions(gm: torch.fx.GraphModule, plan: Any) -> tuple[Region, ...]:
 
 
 def join_regions(gm: torch.fx.GraphModule, regions: tuple[Region, ...], plan: Any,
-                 placed: dict[str, str]) -> None:
+                 placed: dict[str, str], physical: Mapping[str, torch.device]) -> None:
     """Join each of ``regions`` in ``gm`` (its splits already cut by :mod:`backends.torch.splits`),
-    in place; ``placed`` (node -> logical device) gains the interior shards and loses what is gone."""
+    in place; ``placed`` (node -> logical device) gains the interior shards and the outside tensors'
+    copies and loses what is gone; ``physical``: each logical device's torch device."""
     graph = gm.graph
     sites: dict[str, str] = dict(getattr(gm, REGION_SITES_ATTR, {}))
     for region in regions:
@@ -108,6 +112,16 @@ def join_regions(gm: torch.fx.GraphModule, regions: tuple[Region, ...], plan: An
                                                   for c in region.cols}
         row_input = nodes[region.row].meta["hetpart_region_input"]
         sizes = shard_sizes(region.width, plan.splits[region.row]["fractions"])
+        for o in region.outside:  # each other device reads its own copy, made from home's
+            shards[o] = [nodes[o]]
+            for j, device in enumerate(devices[1:], 1):
+                with graph.inserting_after(nodes[o]):
+                    copy = graph.create_node("call_method", "to", (nodes[o], physical[device]), {},
+                                             name=f"{o}_to_{region.row}_shard{j}")
+                copy.meta.update({"hetpart_device": device, "hetpart_split": {"tensor": o, "kind": "split"},
+                                  ANCHOR_META: region.row})
+                placed[copy.name] = devices[0]  # read on home, lives on the shard's device
+                shards[o].append(copy)
         for e, (dim, unit) in zip(region.interior, region.layouts):
             node = nodes[e]
             shards[e] = []
@@ -126,6 +140,8 @@ def join_regions(gm: torch.fx.GraphModule, regions: tuple[Region, ...], plan: An
             row_shard = nodes[f"{region.row}_shard{j}"]
             row_shard.args = (shards[row_input][j], *row_shard.args[1:])
         members = set(region.members)
+        for o in region.outside:
+            del shards[o]
         for node in reversed(list(graph.nodes)):
             split = node.meta.get("hetpart_split", {})
             owner = split.get("op", split.get("tensor", "")).split(".shard")[0]
@@ -138,22 +154,34 @@ def join_regions(gm: torch.fx.GraphModule, regions: tuple[Region, ...], plan: An
     setattr(gm, REGION_SITES_ATTR, sites)
 
 
+def cut_literal(node: torch.fx.Node, dim: int) -> int | None:
+    """The size a reshape node (``unflatten``, ``view``, ``reshape``) or an ``expand`` writes at its
+    output's cut dim ``dim`` (a head count, or ``-1``); None for any other op (it writes no size there)."""
+    kind = op_base_name(str(node.target))
+    if kind == "unflatten":
+        ndim = node.args[0].meta["val"].dim()
+        return int(node.args[2][dim - node.args[1] % ndim])
+    if kind in ("view", "reshape", "_unsafe_view", "expand"):
+        return int(node.args[1][dim])
+    return None
+
+
 def _local_shape(node: torch.fx.Node, dim: int, local: int) -> tuple:
-    """``node``'s args for one shard: a reshape's size at the cut dim ``dim`` (its output's) set to
-    the shard's ``local`` size (heads), unless it is ``-1``; every other op's args as they are."""
+    """``node``'s args for one shard: a reshape's or expand's size at the cut dim ``dim`` (its
+    output's) set to the shard's ``local`` size (heads, key/value groups), unless it is ``-1``; every
+    other op's args as they are."""
     kind = op_base_name(str(node.target))
     args = list(node.args)
+    if cut_literal(node, dim) in (None, -1):
+        return tuple(args)
     if kind == "unflatten":
         ndim = node.args[0].meta["val"].dim()
         sizes = list(args[2])
-        at = dim - args[1] % ndim
-        if sizes[at] != -1:
-            sizes[at] = local
+        sizes[dim - args[1] % ndim] = local
         args[2] = sizes
-    elif kind in ("view", "reshape", "_unsafe_view"):
+    else:
         shape = list(args[1])
-        if shape[dim] != -1:
-            shape[dim] = local
+        shape[dim] = local
         args[1] = shape
     return tuple(args)
 

@@ -84,7 +84,7 @@ def split_linears(gm: torch.fx.GraphModule, plan: Any,
                                f"{op!r} is {getattr(node, 'target', 'missing')}: only aten linear ops take splits; "
                                f"re-plan (hetpart plan MODEL --split)")
         placed.update(_rewrite(gm, node, entry, physical, joined))
-    join_regions(gm, regions, plan, placed)  # column shards into row shards, nothing rejoined between
+    join_regions(gm, regions, plan, placed, physical)  # column shards into row shards, nothing rejoined between
     setattr(gm, SPLIT_ATTR, joined)
     if not getattr(gm, "_hetpart_split_hooks", False):
         gm._register_state_dict_hook(_join_state)

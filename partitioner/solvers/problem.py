@@ -1037,7 +1037,8 @@ def _transfers(p: Problem, placement: Placement) -> list[Transfer]:
     x = placement.device
     out: list[Transfer] = []
     dtype = node_dtypes(p, placement) if p.precision is not None else {}
-    dropped = region_effect(p, placement).dropped if placement.split else frozenset()
+    effect = region_effect(p, placement) if placement.split else None
+    dropped = effect.dropped if effect is not None else frozenset()
     for t in p.tensors:
         src = x[t.producer] if t.producer is not None else p.host
         nbytes = p.copy_bytes(t, p.tensor_dtype(t, dtype)) if dtype else t.bytes
@@ -1051,6 +1052,8 @@ def _transfers(p: Problem, placement: Placement) -> list[Transfer]:
             for src, dst, nbytes, seconds in split_transfers(sp, price):
                 if (n, src, dst) not in dropped:
                     out.append(Transfer(op, src, dst, nbytes, seconds, "split"))
+    for op, src, dst, nbytes, seconds in (effect.added if effect is not None else ()):
+        out.append(Transfer(op, src, dst, nbytes, seconds, "split"))  # a region's outside tensor to a shard device
     for n, home in placement.streamed.items():
         if home != x[n] and p.param_bytes[n]:
             a = p.dtype_of(placement, n)  # the weights cross in the form the node computes with

@@ -58,13 +58,17 @@ class RegionColumns:
         return terms
 
     def link_terms(self, label: str, budget: bool) -> list[Term]:
-        """Each region's dropped copies taken off link ``label`` (seconds, or bytes for a budget)."""
+        """Each region's dropped copies taken off link ``label``, its outside tensors' copies put on
+        (seconds, or bytes for a budget)."""
         p, tu, mu = self.f.p, self.f.units.time, self.f.units.memory
         terms: list[Term] = []
         for key, g in self.gv.items():
             for _, src, dst, nbytes, _ in p.region_offer.price[key].dropped:
                 if label in p.hops(src, dst):
                     terms.append((-mu * nbytes if budget else -tu * p.hop_s(nbytes, src, dst, label), g))
+            for _, src, dst, nbytes, _ in p.region_offer.price[key].added:  # outside tensors home -> each device
+                if label in p.hops(src, dst):
+                    terms.append((mu * nbytes if budget else tu * p.hop_s(nbytes, src, dst, label), g))
         return terms
 
     def work_items(self, device: str) -> list[tuple[str, float, Column]]:

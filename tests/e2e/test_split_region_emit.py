@@ -6,9 +6,11 @@ emitted module never rejoins the columns' shards (the run's copies equal the pla
 which the region dropped the columns' copies back and the row's copies out), and its outputs and
 gradients equal the original's. Models: ``gpt:small`` (``fc1 -> gelu -> fc2``, and its attention by
 heads: ``q, k, v -> unflatten, transpose -> sdpa -> transpose, flatten -> o_proj`` with each shard's
-head count in its ``unflatten``) and a one-layer HF Llama (``silu(gate) * up -> down``; its attention
-reads the rotary tables, so it is no region). A plan whose members disagree (the row at another fraction)
-forms no region and runs as separate splits, as it is priced.
+head count in its ``unflatten``) and a one-layer HF Llama (``silu(gate) * up -> down``; with as many
+key/value heads as query heads its attention too, reading the rotary tables and the mask from
+outside, each copied from the home to the other device; with grouped key/value heads each shard
+holds whole groups: its query heads with their key/value head). A plan whose members disagree (the
+row at another fraction) forms no region and runs as separate splits, as it is priced.
 """
 
 from __future__ import annotations
@@ -83,6 +85,39 @@ def test_an_hf_llama_with_its_swiglu_as_a_region_equals_the_original() -> None:
     formed = regions_of(problem, placement)
     assert formed and all(len(problem.region_offer.regions[i].cols) == 2 for i, _ in formed)  # gate and up
     _check(plan, model, inputs)
+
+
+def test_an_hf_llama_with_its_attention_and_swiglu_as_regions_equals_the_original() -> None:
+    pytest.importorskip("transformers")
+    from tests.e2e.tensor_parallel_models import llama_mha
+
+    model, inputs = llama_mha()
+    plan, problem, placement = region_plan(model, inputs)
+    formed = [problem.region_offer.regions[i] for i, _ in regions_of(problem, placement)]
+    assert [len(r.cols) for r in formed] == [3, 2] and formed[0].granule == 16  # q, k, v by heads; gate, up
+    assert len(formed[0].outside) == 3  # cos, sin and the mask, read whole by each shard
+    copies = {(t.tensor, t.src, t.dst) for t in plan.transfers if t.kind == "split"}
+    home, other = plan.splits[formed[0].row]["devices"]
+    assert {(o, home, other) for o in formed[0].outside} <= copies
+    emitted = _check(plan, model, inputs)
+    names = {n.name for n in emitted.graph.nodes}
+    assert {"scaled_dot_product_attention_shard0", "scaled_dot_product_attention_shard1"} <= names
+    assert {f"{o}_to_{formed[0].row}_shard1" for o in formed[0].outside} <= names
+
+
+def test_an_hf_llama_with_grouped_key_value_heads_as_an_attention_region_equals_the_original() -> None:
+    """4 query heads over 2 key/value heads, split in halves: each shard one group (2 query heads, 1
+    key/value head, its ``repeat_kv`` expanding 1 head to 2)."""
+    pytest.importorskip("transformers")
+    from tests.e2e.tensor_parallel_models import llama
+
+    model, inputs = llama()
+    plan, problem, placement = region_plan(model, inputs, fractions=(0.5,))
+    formed = [problem.region_offer.regions[i] for i, _ in regions_of(problem, placement)]
+    assert [len(r.cols) for r in formed] == [3, 2] and formed[0].granule == 32  # a group: 2 heads of 16
+    emitted = _check(plan, model, inputs)
+    expands = [n for n in emitted.graph.nodes if n.name.startswith("expand_3_shard")]
+    assert [n.args[1][1] for n in expands] == [1, 1]  # one key/value head per shard
 
 
 @pytest.mark.slow

@@ -176,3 +176,42 @@ def test_an_hf_llama_with_its_swiglu_as_a_split_region_on_two_ranks_equals_the_m
     report = check_ranks(plan, model, inputs, model_spec=f"{HERE / 'tensor_parallel_models.py'}:llama",
                          options=RunOptions(training=True, device_map=CPU_RANKS, timeout_s=120), run_timeout_s=300)
     assert report.passed, report.to_text()
+
+
+@pytest.mark.slow
+def test_gpt_small_with_its_attention_and_mlps_as_split_regions_on_two_ranks_equals_the_model(tmp_path: Path) -> None:
+    """Each attention as Megatron runs it (q/k/v ColwiseParallel with their heads left sharded, each
+    rank's ``SelfAttention.n_heads`` set to its 4 of 8 heads, o_proj RowwiseParallel with its input
+    sharded) and each MLP as a region: outputs, loss and gathered gradients equal the model."""
+    model, inputs = models.get("gpt", "small")
+    plan, _, _ = region_plan(model, inputs, tmp_path / "gpt-attention.json", fractions=(0.5,), model_name="gpt:small")
+    layout = layout_of(plan, model, inputs)
+    assert all(s.region for s in layout.linears) and len(layout.linears) == 24
+    assert [(h.module, h.attribute, h.counts) for h in layout.heads] == [
+        (f"blocks.{i}.attn", "n_heads", (4, 4)) for i in range(4)]
+    assert model.blocks[0].attn.n_heads == 8  # the caller's model is not changed
+    blocks = {f"blocks.{i}.{m}" for i in range(4) for m in ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj",
+                                                              "mlp.ff1", "mlp.ff2")}
+    (tmp_path / "run").mkdir()
+    _run_and_compare(plan, model, inputs, "gpt:small", blocks, tmp_path / "run")
+
+
+@pytest.mark.slow
+def test_an_hf_llama_with_its_attention_and_swiglu_as_split_regions_on_two_ranks_equals_the_model(
+        tmp_path: Path) -> None:
+    """HF Llama (as many key/value heads as query heads): its attention as a region across ranks,
+    its views with ``-1`` heads computing with each rank's 2 of 4 heads (no head count to set), the
+    rotary tables and mask computed whole on every rank; its SwiGLU as a region too."""
+    pytest.importorskip("transformers")
+    from tests.e2e.tensor_parallel_models import llama_mha
+
+    model, inputs = llama_mha()
+    plan, _, _ = region_plan(model, inputs, tmp_path / "llama-attention.json", fractions=(0.5,))
+    layout = layout_of(plan, model, inputs)
+    linears = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+               "mlp.up_proj", "mlp.down_proj")
+    assert {s.module for s in layout.linears} == {f"lm.model.layers.0.{m}" for m in linears}
+    assert all(s.region for s in layout.linears) and layout.heads == ()
+    report = check_ranks(plan, model, inputs, model_spec=f"{HERE / 'tensor_parallel_models.py'}:llama_mha",
+                         options=RunOptions(training=True, device_map=CPU_RANKS, timeout_s=120), run_timeout_s=300)
+    assert report.passed, report.to_text()

@@ -1,8 +1,9 @@
 """The certificate with split regions, checked against brute force (``tests/property/oracle.py``).
 
 Small captured graphs holding a region (:mod:`partitioner.solvers.split_regions`): an MLP
-(``norm -> fc1 -> gelu -> fc2``), a SwiGLU (``silu(gate) * up -> down``) and two linears back to
-back, at a few widths and token counts, on random two-device profiles (tight caps or not), latency
+(``norm -> fc1 -> gelu -> fc2``), a SwiGLU (``silu(gate) * up -> down``), two linears back to
+back and an MLP scaled by a gate computed outside the region (copied home to the other device), at a
+few widths and token counts, on random two-device profiles (tight caps or not), latency
 and throughput, with column and row splits offered at the same fractions. The brute-force optimum
 runs every split choice through ``evaluate``, which derives the regions a placement forms; the ILP
 at gap 0 must match it, report ``evaluate``'s objective and state a bound no higher (HiGHS cold and
@@ -43,6 +44,18 @@ class SwiGLU(torch.nn.Module):
         return self.down(torch.nn.functional.silu(self.gate(x)) * self.up(x))
 
 
+class Gated(torch.nn.Module):
+    """An MLP whose activation is scaled by a gate computed outside the region (one per token, read
+    whole by every shard: a copy from the home to the other device when the region forms)."""
+
+    def __init__(self, width: int, hidden: int) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(width, hidden), torch.nn.Linear(hidden, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.nn.functional.gelu(self.fc1(x)) * torch.sigmoid(x.mean(-1, keepdim=True)))
+
+
 @functools.lru_cache(maxsize=None)
 def _graph(kind: str, width: int, tokens: int):  # noqa: ANN202 - an OpGraph
     torch.manual_seed(0)
@@ -52,6 +65,7 @@ def _graph(kind: str, width: int, tokens: int):  # noqa: ANN202 - an OpGraph
                                            torch.nn.GELU(), torch.nn.Linear(hidden, width)),
         "swiglu": lambda: SwiGLU(width, hidden),
         "pair": lambda: torch.nn.Sequential(torch.nn.Linear(width, hidden), torch.nn.Linear(hidden, width)),
+        "gated": lambda: Gated(width, hidden),
     }[kind]().eval()
     return from_module(module, (torch.randn(tokens, width),))
 
@@ -60,7 +74,7 @@ def _graph(kind: str, width: int, tokens: int):  # noqa: ANN202 - an OpGraph
 def region_instances(draw: st.DrawFn) -> tuple[Problem, dict]:
     seed = draw(st.integers(0, 10**6))
     objective = draw(st.sampled_from([Objective.LATENCY, Objective.THROUGHPUT]))
-    kind = draw(st.sampled_from(["mlp", "swiglu", "pair"]))
+    kind = draw(st.sampled_from(["mlp", "swiglu", "pair", "gated"]))
     graph = _graph(kind, draw(st.sampled_from([64, 256])), draw(st.sampled_from([8, 512])))
     profile = random_profile(seed, 2, tight=draw(st.booleans()))
     if draw(st.booleans()):  # the accelerator holds about half the weights: whole, the block does not fit
@@ -74,6 +88,7 @@ def region_instances(draw: st.DrawFn) -> tuple[Problem, dict]:
     problem = Problem(graph, profile, Options(objective=objective, streaming=streaming, splits=splits))
     assume(problem.region_offer.price)
     assume(count_candidates(problem) <= 4000)
+    COUNTS["outside tensors"] += bool(any(r.outside for r in problem.region_offer.regions))
     info = {"objective": objective.value, "pipeline": False, "streaming": streaming, "training": False,
             "tied": False, "coarsened": False, "pinned": False, "pinned producer, several consumers": False,
             "nodes": len(problem.nodes), "candidates": count_candidates(problem), "kind": kind}
@@ -99,6 +114,7 @@ def test_region_instances_formed_regions() -> None:
         pytest.skip("run with the property test above")
     assert COUNTS["region in the optimum"] > 0, f"no optimum formed a region: widen the strategy ({COUNTS})"
     assert COUNTS["objective latency"] and COUNTS["objective throughput"] and COUNTS["cbc"]
+    assert COUNTS["outside tensors"], COUNTS
 
 
 def test_the_mlp_forms_a_region_and_the_ilp_chooses_it_where_the_copies_dominate() -> None:

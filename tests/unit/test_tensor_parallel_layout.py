@@ -171,3 +171,61 @@ def test_a_stage_splitting_over_two_other_devices_is_refused(pipeline_plan_json,
     with pytest.raises(PlanMismatch, match=r"stage 0 \(host0/cpu\) splits ops over 2 other devices \(linear over "
                                            r"host2/cpu, linear_1 over host3/cpu\): a stage's tensor-parallel group"):
         grid_of(plan)
+
+
+class _Heads(torch.nn.Module):
+    """Attention by heads (q/k/v, views, sdpa, o): the head count from ``n_heads`` (``named``), from
+    a literal the module holds nowhere (not ``named``), or ``-1`` (``minus_one``)."""
+
+    def __init__(self, named: bool = True, minus_one: bool = False) -> None:
+        super().__init__()
+        self.named, self.minus_one = named, minus_one
+        if named:
+            self.n_heads = 4
+        self.q, self.k, self.v, self.o = (torch.nn.Linear(32, 32) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        heads = -1 if self.minus_one else self.n_heads if self.named else 4
+        q, k, v = (f(x).unflatten(-1, (heads, 8)).transpose(1, 2) for f in (self.q, self.k, self.v))
+        return self.o(torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).flatten(2))
+
+
+@pytest.mark.parametrize("named, minus_one, counts", [(True, False, ((2, 2),)), (False, True, ())])
+def test_an_attention_region_sets_the_ranks_head_count_or_needs_none(named, minus_one, counts) -> None:
+    from backends.tensor_parallel import set_head_counts
+    from tests.e2e.split_plans import region_plan
+
+    torch.manual_seed(0)
+    model, inputs = _Heads(named, minus_one).eval(), (torch.randn(2, 5, 32),)
+    plan, _, _ = region_plan(model, inputs, fractions=(0.5,))
+    layout = layout_of(plan, model, inputs)
+    assert all(s.region for s in layout.linears) and len(layout.linears) == 4
+    assert [h.counts for h in layout.heads] == list(counts)
+    assert all((h.module, h.attribute) == ("", "n_heads") for h in layout.heads)
+    set_head_counts(model, layout.heads, 1)
+    assert getattr(model, "n_heads", None) == (2 if named else None)
+
+
+def test_an_attention_region_whose_head_count_cannot_be_set_is_refused_by_name() -> None:
+    from tests.e2e.split_plans import region_plan
+
+    torch.manual_seed(0)
+    model, inputs = _Heads(named=False).eval(), (torch.randn(2, 5, 32),)
+    plan, _, _ = region_plan(model, inputs, fractions=(0.5,))
+    with pytest.raises(PlanMismatch, match=r"op 'unflatten' of the attention region .* writes 4 heads .* module "
+                                           r"'\(the model\)' \(_Heads\), which has no attribute named n_heads"):
+        layout_of(plan, model, inputs)
+
+
+def test_an_hf_llama_attention_region_with_grouped_heads_is_refused_across_ranks_by_name() -> None:
+    """Its ``repeat_kv`` expands a key/value head count the captured graph holds as a literal and
+    LlamaAttention keeps in no head count attribute: refused, naming the op and the module."""
+    pytest.importorskip("transformers")
+    from tests.e2e.split_plans import region_plan
+    from tests.e2e.tensor_parallel_models import llama
+
+    model, inputs = llama()
+    plan, _, _ = region_plan(model, inputs, fractions=(0.5,))
+    with pytest.raises(PlanMismatch, match=r"op 'expand_3' of the attention region .* writes 2 heads .* module "
+                                           r"'lm.model.layers.0.self_attn' \(LlamaAttention\)"):
+        layout_of(plan, model, inputs)
