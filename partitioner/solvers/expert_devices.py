@@ -34,7 +34,7 @@ from typing import Any
 
 from partitioner.frontends.aten_costs import grouped_weight_share
 from partitioner.solvers.expert_streaming import node_experts
-from partitioner.solvers.splits import SplitPrice, shard_sizes, split_path_s
+from partitioner.solvers.splits import Split, SplitPrice, shard_sizes, split_path_s
 
 __all__ = ["AXIS", "ExpertSplit", "expert_device_choices", "price_expert_devices"]
 
@@ -43,34 +43,14 @@ AXIS = "experts"
 
 
 @dataclasses.dataclass(frozen=True)
-class ExpertSplit:
+class ExpertSplit(Split):
     """A fused experts op's experts divided between ``devices[0]`` (home: reads ``x``, sums ``y``) and
-    ``devices[1]``, home's share of the experts ``fractions[0]``."""
-
-    axis: str
-    devices: tuple[str, str]
-    fractions: tuple[float, float]
-
-    @property
-    def home(self) -> str:
-        return self.devices[0]
+    ``devices[1]``, home's share of the experts ``fractions[0]``: a :class:`Split` along
+    :data:`AXIS` over two devices, priced by :func:`price_expert_devices`."""
 
     @property
     def other(self) -> str:
         return self.devices[1]
-
-    @property
-    def others(self) -> tuple[str, ...]:
-        """The devices beside home (one: an experts split is over two)."""
-        return self.devices[1:]
-
-    @property
-    def label(self) -> str:
-        """``experts[cuda:0=0.75,cpu=0.25]``: the split in one word (row and column names use it)."""
-        return f"{AXIS}[" + ",".join(f"{d}={f:g}" for d, f in zip(self.devices, self.fractions)) + "]"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"axis": AXIS, "devices": list(self.devices), "fractions": list(self.fractions)}
 
 
 def price_expert_devices(problem: Any, node: str, split: ExpertSplit) -> SplitPrice:

@@ -52,7 +52,7 @@ from typing import Any
 from partitioner.coarsen import CoarsenOptions, Coarsening, coarsen
 from partitioner.errors import HetpartError
 from partitioner.frontends.aten_costs import GROUPED_MM, grouped_weight_share
-from partitioner.solvers.chunked_streaming import AXIS, SLOTS, chunk_sizes, pipeline_s
+from partitioner.solvers.chunked_streaming import AXIS, SLOTS, TimeSplit, chunk_sizes, pipeline_s
 from partitioner.solvers.splits import SplitPrice
 
 __all__ = ["BY", "ExpertTimeSplit", "cuts_experts", "entry_cuts_experts", "expert_split_choices", "experts_weight",
@@ -63,13 +63,11 @@ BY = "expert"
 
 
 @dataclasses.dataclass(frozen=True)
-class ExpertTimeSplit:
+class ExpertTimeSplit(TimeSplit):
     """A fused experts op computed on ``devices[0]`` (home) from ``chunks`` groups of experts held on
-    ``devices[1]`` (the host) and streamed in one after another."""
+    ``devices[1]`` (the host) and streamed in one after another: a :class:`TimeSplit` whose chunks
+    are groups of whole experts (``by``), priced by :func:`price_expert_split`."""
 
-    axis: str
-    devices: tuple[str, str]
-    chunks: int
     by: str = BY
 
     def __post_init__(self) -> None:
@@ -80,22 +78,8 @@ class ExpertTimeSplit:
             raise HetpartError(f"a time split by expert streams its experts in at least 2 groups, not {self.chunks}")
 
     @property
-    def home(self) -> str:
-        return self.devices[0]
-
-    @property
     def host(self) -> str:
         return self.devices[1]
-
-    @property
-    def others(self) -> tuple[str, ...]:
-        """The host, whose memory holds the experts (the split's devices beside home)."""
-        return self.devices[1:]
-
-    @property
-    def fractions(self) -> tuple[float, float]:
-        """Home's and the host's share of the op's compute: all of it on home."""
-        return (1.0, 0.0)
 
     @property
     def label(self) -> str:
