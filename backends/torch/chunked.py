@@ -33,7 +33,7 @@ import torch
 import torch.fx
 
 from backends.torch.attributes import attribute
-from backends.torch.splits import SPLIT_ATTR, replace_with_pieces, shard_site
+from backends.torch.split_pieces import SPLIT_ATTR, joined_pieces, replace_with_pieces, shard_site
 from partitioner.errors import PlanMismatch
 from partitioner.solvers.chunked_streaming import chunk_sizes
 
@@ -66,9 +66,7 @@ def chunk_linears(gm: torch.fx.GraphModule, plan: Any, physical: Mapping[str, to
         return {}, {}, {}
     host = plan.devices.host_device().name
     nodes = {n.name: n for n in gm.graph.nodes}
-    if not hasattr(gm, "_hetpart_state_order"):  # the original's key order, which state_dict keeps
-        gm._hetpart_state_order = list(gm.state_dict(keep_vars=True))
-    joined: dict[str, tuple[int | None, tuple[str, ...]]] = dict(getattr(gm, SPLIT_ATTR, {}))
+    joined: dict[str, tuple[int | None, tuple[str, ...]]] = joined_pieces(gm)
     placed: dict[str, str] = {}
     homes: dict[str, str] = {}
     fetches: dict[str, list[tuple[str, str]]] = {}

@@ -30,7 +30,7 @@ import torch.fx
 
 from backends.torch.attributes import attribute
 from backends.torch.expert_chunks import operands
-from backends.torch.splits import SPLIT_ATTR, replace_with_pieces, shard_site
+from backends.torch.split_pieces import SPLIT_ATTR, joined_pieces, replace_with_pieces, shard_site
 from partitioner.solvers.splits import shard_sizes
 
 __all__ = ["expert_ends", "expert_output", "split_experts"]
@@ -66,9 +66,7 @@ def split_experts(gm: torch.fx.GraphModule, plan: Any,
     if not entries:
         return {}, {}
     nodes = {n.name: n for n in gm.graph.nodes}
-    if not hasattr(gm, "_hetpart_state_order"):  # the original's key order, which state_dict keeps
-        gm._hetpart_state_order = list(gm.state_dict(keep_vars=True))
-    joined: dict[str, tuple[int | None, tuple[str, ...]]] = dict(getattr(gm, SPLIT_ATTR, {}))
+    joined: dict[str, tuple[int | None, tuple[str, ...]]] = joined_pieces(gm)
     placed: dict[str, str] = {}
     homes: dict[str, str] = {}
     graph = gm.graph

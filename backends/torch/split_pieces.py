@@ -18,7 +18,10 @@ from typing import Any
 import torch
 import torch.fx
 
-__all__ = ["Pieces", "device_word", "replace_with_pieces", "shard_site"]
+__all__ = ["SPLIT_ATTR", "Pieces", "device_word", "joined_pieces", "replace_with_pieces", "shard_site"]
+
+#: module attribute: original tensor name -> (axis dim, or None for whole copies, (shard names...))
+SPLIT_ATTR = "_hetpart_splits"
 
 
 def shard_site(op: str, index: int) -> str:
@@ -31,12 +34,21 @@ def device_word(device: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in str(device))
 
 
+def joined_pieces(gm: torch.fx.GraphModule) -> dict[str, tuple[int | None, tuple[str, ...]]]:
+    """Start a rewrite that cuts ``gm``'s tensors into pieces: remember the original's ``state_dict``
+    key order (once: the first rewrite sees the original) and return a copy of the pieces already
+    joined (:data:`SPLIT_ATTR`), for the rewrite to add to and store back."""
+    if not hasattr(gm, "_hetpart_state_order"):  # the original's key order, which state_dict keeps
+        gm._hetpart_state_order = list(gm.state_dict(keep_vars=True))
+    return dict(getattr(gm, SPLIT_ATTR, {}))
+
+
 def replace_with_pieces(gm: torch.fx.GraphModule, target: str, tensor: torch.Tensor, pieces: list[torch.Tensor],
                         devices: tuple[torch.device, ...], word: str, dim: int | None, joined: dict) -> tuple[str, ...]:
     """Register each of ``pieces`` (cut from ``tensor``, a parameter or buffer at ``target``) on its
     device beside it as ``<name>_<word><i>`` (a parameter when ``tensor`` is one, with its
     ``requires_grad``), remove ``tensor``, and record in ``joined`` the dim they join along and their
-    names (:data:`backends.torch.splits.SPLIT_ATTR`). Returns the new attributes' names."""
+    names (:data:`SPLIT_ATTR`). Returns the new attributes' names."""
     owner, _, name = target.rpartition(".")
     module = gm.get_submodule(owner) if owner else gm
     names = []

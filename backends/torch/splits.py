@@ -38,16 +38,13 @@ import torch
 import torch.fx
 
 from backends.torch.attributes import attribute
-from backends.torch.split_pieces import device_word, replace_with_pieces, shard_site
+from backends.torch.split_pieces import SPLIT_ATTR, device_word, joined_pieces, replace_with_pieces, shard_site
 from backends.torch.split_regions import join_regions, plan_regions, remember_inputs
 from partitioner.errors import PlanMismatch
 from partitioner.solvers.split_axes import OP_AXES
 from partitioner.solvers.splits import shard_sizes
 
 __all__ = ["SPLIT_ATTR", "joined_gradients", "planned_shards", "replace_with_pieces", "shard_site", "split_linears"]
-
-#: module attribute: original tensor name -> (axis dim, or None for whole copies, (shard names...))
-SPLIT_ATTR = "_hetpart_splits"
 
 _LINEARS = (torch.ops.aten.linear.default,)
 
@@ -66,10 +63,8 @@ def split_linears(gm: torch.fx.GraphModule, plan: Any,
     if not plan.splits:
         return {}, {}
     nodes = {n.name: n for n in gm.graph.nodes}
-    if not hasattr(gm, "_hetpart_state_order"):  # the original's key order, which state_dict keeps
-        gm._hetpart_state_order = list(gm.state_dict(keep_vars=True))
     placed: dict[str, str] = {}
-    joined: dict[str, tuple[int | None, tuple[str, ...]]] = dict(getattr(gm, SPLIT_ATTR, {}))
+    joined: dict[str, tuple[int | None, tuple[str, ...]]] = joined_pieces(gm)
     regions = plan_regions(gm, plan)  # found before the rewrite, by the rule evaluate prices
     remember_inputs(gm, regions)
     for op, entry in plan.splits.items():
