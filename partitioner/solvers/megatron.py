@@ -65,6 +65,7 @@ def solve_megatron(problem: Problem) -> Solution:
     device = dict(solve_single(problem, home).placement.device)
     even = even_shares(len(group))
     offered = {n: set(choices) for n, choices in problem.split_choices.items() if device.get(n) == home}
+    split: dict[str, Split] = {}
 
     def take(node: str, axis: str) -> bool:
         sp = Split(axis, group, even)
@@ -73,7 +74,6 @@ def solve_megatron(problem: Problem) -> Solution:
             return True
         return False
 
-    split: dict[str, Split] = {}
     offer = problem.region_offer
     in_region = 0
     for i, region in enumerate(offer.regions):

@@ -153,12 +153,26 @@ def balanced_share(problem: Any, node: str, devices: tuple[str, str], axis: str)
     """Home's share (two decimals, in [0.01, 0.99]) at which, split along ``axis`` over ``devices``,
     the home shard takes as long as the other shard plus its copy back: the share that minimises the
     split's latency ``copy in + max(home, other + copy back)`` up to rounding (each side is monotone
-    in the share). Found by bisection on :func:`price_offered` itself.
+    in the share). Found by bisection on :func:`price_offered` itself, once per problem, node, devices
+    and axis (the offers and the ``hetegen`` baseline both ask).
 
     Example:
         >>> balanced_share(problem, "linear", ("cuda:0", "cpu"), "cols")   # doctest: +SKIP
         0.97
     """
+    found = _BALANCED.setdefault(problem, {})
+    key = (node, tuple(devices), axis)
+    if key not in found:
+        found[key] = _bisect_share(problem, node, tuple(devices), axis)
+    return found[key]
+
+
+#: problem -> (node, devices, axis) -> its balanced share
+_BALANCED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _bisect_share(problem: Any, node: str, devices: tuple[str, ...], axis: str) -> float:
+    """:func:`balanced_share`'s bisection."""
     def home_ahead(f: float) -> bool:  # the home shard is still the longer branch at share f
         price = price_offered(problem, node, Split(axis, devices, (f, round(1.0 - f, 10))))
         return price.shard_s[0] >= price.shard_s[1] + price.copy_out_s  # two devices: one copy back
