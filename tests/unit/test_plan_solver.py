@@ -105,10 +105,15 @@ def test_time_limit_holds_end_to_end() -> None:
     profile = random_profile(1004, 4)
     share = graph.total_param_bytes() // 4
     caps = {d.name: min(share, d.memory) for d in profile.devices if d.name != "cpu"}
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     out = partition_outcome(graph, devices=profile, memory=caps, time_limit=3.0, gap=0.0)
-    assert time.perf_counter() - started < 3.0 + 1.5
-    assert out.evaluation.feasible and out.plan.solver.seconds < 3.0 + 1.5
+    wall = time.perf_counter() - started
+    # The limit is wall time, and the work after it (about 0.2 s here alone) slows with the cores other
+    # processes take: CI's second worker may run a 4-rank torchrun test on the same 2 cores. So the
+    # overshoot is judged at the pace this process got; an ignored limit runs for minutes at any pace.
+    pace = min(1.0, (time.process_time() - cpu) / wall)
+    assert (wall - 3.0) * pace < 1.5, f"{wall:.2f} s at pace {pace:.2f}"
+    assert out.evaluation.feasible and (out.plan.solver.seconds - 3.0) * pace < 1.5
     # the plan states the better of the solver's bound and the memory-aware one, and its words follow
     solver, total, lower = out.plan.solver, out.evaluation.total_s, out.plan.predicted["lower_bound_s"]
     assert solver.bound >= lower and solver.bound <= total * (1 + 1e-9)
