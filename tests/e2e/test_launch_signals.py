@@ -16,6 +16,7 @@ import pytest
 
 import models
 from partitioner import partition
+from tests.e2e.terminal import sigint_as_from_a_terminal
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -71,7 +72,8 @@ def test_a_signal_stops_torchrun_and_every_rank(plan_path, signum, status):
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     proc = subprocess.Popen([sys.executable, "-m", "partitioner.cli", "launch", str(plan_path), "--run",
                              "--steps", "100000000", "--timeout", "60"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=sigint_as_from_a_terminal)
     started: list[int] = []
     try:
         torchrun, ranks = _wait_for_ranks(proc, 2, within=120)

@@ -24,6 +24,7 @@ from onnx import TensorProto, helper, numpy_helper
 from backends.onnx_parts import load_parts
 from backends.onnx_parts.interrupt import Interruptible
 from partitioner import partition
+from tests.e2e.terminal import sigint_as_from_a_terminal
 
 ROOT = Path(__file__).resolve().parents[2]
 #: seconds from SIGINT to the exit (the interpreter's own shutdown included) on a busy 2-core machine
@@ -71,7 +72,8 @@ def interrupted(argv: list[str], ready: str) -> tuple[int, str]:
     after the signal."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     process = subprocess.Popen([sys.executable, "-m", "partitioner.cli", *argv, "--debug"], cwd=ROOT, env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=sigint_as_from_a_terminal)
     lines: queue.Queue[str | None] = queue.Queue()
 
     def read() -> None:
