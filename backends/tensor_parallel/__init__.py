@@ -16,7 +16,10 @@ module        what it does
 ``layout``    :func:`layout_of`: each split op as the model's ``nn.Linear`` and its style; the
               mesh's devices; what cannot run exactly (uneven fractions, shared weights) refused
 ``heads``     :func:`set_head_counts`: an attention region's module computing with the rank's heads
-              (its ``n_heads`` set per rank; ``-1`` views need nothing; anything else refused)
+              (its ``n_heads`` set per rank; ``-1`` views need nothing; other counts to ``shard_shapes``)
+``shard_shapes``  :func:`~backends.tensor_parallel.shard_shapes.shard_capture_error`: whether the
+              module's code computes with a rank's heads from the tensors' shapes (HF's
+              ``repeat_kv``): a ``meta`` copy holding the rank's shards captures, or is refused
 ``runtime``   :func:`run_rank`: one rank: the launch checked against the mesh, process group,
               ``parallelize_module``, one step, gradients gathered (``full_tensor``)
 ``grid``      :func:`run_grid_rank`: a plan with pipeline stages as stages x 2 ranks on a 2-D mesh

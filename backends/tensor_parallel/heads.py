@@ -18,16 +18,17 @@ Megatron's attention computes with its per-partition head count:
   the innermost module that issues the view (its ``nn_module_stack``) must have one of
   :data:`HEAD_ATTRIBUTES` equal to the graph's literal (the global head count); it is set to
   ``literal * rank's features / region features`` on that rank after ``parallelize_module``;
-* anything else (a literal with no such attribute, or an attribute of another value) is refused
-  (:class:`~partitioner.errors.PlanMismatch`, naming the op, the module and the fix). This refuses
-  HF Llama with grouped key/value heads: ``repeat_kv``'s ``expand`` takes its key/value head count
-  from the tensor's shape in HF's code, but the captured graph holds it as a literal, and nothing
-  here tells the two apart (run such a plan in one process, ``plan.emit``, which sets each shard's
-  count in the graph).
+* a literal that no such attribute holds (or one of another value) may be one the module's code
+  derives from a tensor's shape: HF Llama with grouped key/value heads, whose ``repeat_kv`` expands
+  by ``hidden_states.shape`` and whose attention reshapes by it, all recorded as numbers. It is
+  returned as an :class:`UnsetCount`, and :mod:`~backends.tensor_parallel.shard_shapes` decides: the
+  model's code captured on each rank's shard shapes either computes with them (nothing to set) or
+  fails, and the region is refused (:class:`~partitioner.errors.PlanMismatch`, naming the op, the
+  module, the error and the fix).
 
 Example:
-    >>> heads = head_counts(gm, regions, {"linear": ("cpu", "cuda:0"), ...}, model)   # doctest: +SKIP
-    >>> heads[0]                                                                     # doctest: +SKIP
+    >>> heads, unset = head_counts(gm, regions, {"linear": ("cpu", "cuda:0"), ...}, model)   # doctest: +SKIP
+    >>> heads[0]                                                                            # doctest: +SKIP
     HeadCount(module='blocks.0.attn', attribute='n_heads', counts=(4, 4))
     >>> set_head_counts(model, heads, rank=1)                                        # doctest: +SKIP
 """
@@ -45,7 +46,7 @@ from backends.torch.split_regions import cut_literal
 from partitioner.errors import PlanMismatch
 from partitioner.solvers.split_regions import Region
 
-__all__ = ["HEAD_ATTRIBUTES", "HeadCount", "head_counts", "set_head_counts"]
+__all__ = ["HEAD_ATTRIBUTES", "HeadCount", "UnsetCount", "head_counts", "set_head_counts"]
 
 #: the attribute names an attention module's head count goes by (zoo, HF, Megatron-style code)
 HEAD_ATTRIBUTES = ("n_heads", "num_heads", "num_attention_heads", "n_head", "num_heads_per_partition")
@@ -60,19 +61,31 @@ class HeadCount:
     counts: tuple[int, ...]    # its value on rank r (the heads of the rank's block)
 
 
+@dataclasses.dataclass(frozen=True)
+class UnsetCount:
+    """A head count a view writes as a literal that its module holds in no head count attribute:
+    the module's code must derive it from a tensor's shape (:mod:`~backends.tensor_parallel.shard_shapes`
+    decides), or the region cannot run across ranks."""
+
+    op: str          # the view's op in the captured graph, e.g. "expand_3"
+    module: str      # the module that issues it ("" for the model itself)
+    literal: int     # the count the graph holds
+    refusal: str     # the refusal to raise, should the rank's shard shapes not capture
+
+
 def head_counts(gm: torch.fx.GraphModule, regions: Sequence[Region], sizes: Mapping[str, Sequence[int]],
-                model: torch.nn.Module) -> tuple[HeadCount, ...]:
-    """The head counts to set for ``regions`` (see the module docstring).
+                model: torch.nn.Module) -> tuple[tuple[HeadCount, ...], tuple[UnsetCount, ...]]:
+    """The head counts to set for ``regions``, and the ones no attribute holds (see the module docstring).
 
     ``sizes``: each region row's features per rank (rank order). Returns one record per module
-    attribute, in program order.
+    attribute, in program order, and one per view whose literal no attribute holds.
 
     Raises:
-        PlanMismatch: a view writes a head count the module holds in no :data:`HEAD_ATTRIBUTES`
-            attribute of that value (the op, the module and the fix named).
+        PlanMismatch: one module's attribute would take two counts on a rank.
     """
     nodes = {n.name: n for n in gm.graph.nodes}
     out: dict[tuple[str, str], HeadCount] = {}
+    unset: list[UnsetCount] = []
     for region in regions:
         ranks = tuple(sizes[region.row])
         for e, (dim, unit) in zip(region.interior, region.layouts):
@@ -87,14 +100,12 @@ def head_counts(gm: torch.fx.GraphModule, regions: Sequence[Region], sizes: Mapp
             if not held:
                 what = (f"its {', '.join(f'{a}={getattr(module, a)}' for a in names)}" if names
                         else f"no attribute named {' / '.join(HEAD_ATTRIBUTES)}")
-                raise PlanMismatch(
+                unset.append(UnsetCount(e, path, literal, (
                     f"op {e!r} of the attention region {region.cols} -> {region.row} writes {literal} heads into its "
                     f"view, issued by module {path or '(the model)'!r} ({type(module).__name__}), which has {what}: "
                     f"across tensor-parallel ranks each rank holds {', '.join(str(s // unit) for s in ranks)} of "
-                    f"those heads and the module's code must compute with that count, which cannot be set here; "
-                    f"write the view with -1 heads (x.view(*shape, -1, head_dim)) or keep the count in an n_heads "
-                    f"attribute, or plan without this region (its linears split separately), or run the plan in "
-                    f"one process (plan.emit)")
+                    f"those heads and the module's code must compute with that count, which no attribute sets")))
+                continue
             counts = tuple(s // unit for s in ranks)
             key = (path, held[0])
             if key in out and out[key].counts != counts:
@@ -102,7 +113,7 @@ def head_counts(gm: torch.fx.GraphModule, regions: Sequence[Region], sizes: Mapp
                                    f"(op {e!r}): its views cut its heads differently; run the plan in one process "
                                    f"(plan.emit)")
             out[key] = HeadCount(path, held[0], counts)
-    return tuple(out.values())
+    return tuple(out.values()), tuple(unset)
 
 
 def set_head_counts(model: torch.nn.Module, heads: Sequence[HeadCount], rank: int) -> None:

@@ -24,8 +24,10 @@ each rank's block, its row ``RowwiseParallel()`` (input sharded: no all-gather b
 all-reduce after). A region cut by heads (attention: q/k/v cols, views, attention, o_proj row) runs
 the same way, the module computing with the rank's heads: its views use ``-1`` heads (HF Llama), or
 its head count attribute (the zoo's ``n_heads``) is set to the rank's count on each rank
-(:mod:`~backends.tensor_parallel.heads`, :attr:`Layout.heads`); a module whose count can be set
-neither way is refused by name. Inside a pipeline grid (:mod:`~backends.tensor_parallel.grid`, which
+(:mod:`~backends.tensor_parallel.heads`, :attr:`Layout.heads`), or its code derives the count from
+a tensor's shape (HF Llama's grouped key/value heads: a copy holding each rank's shards captures,
+:mod:`~backends.tensor_parallel.shard_shapes`); a module whose count is set none of these ways is
+refused by name. Inside a pipeline grid (:mod:`~backends.tensor_parallel.grid`, which
 runs the stage graphs, head counts written in) a region cut by heads runs as separate splits.
 
 Every other op is replicated: each rank runs it whole on the same values (as Megatron-LM does for
@@ -62,6 +64,7 @@ import torch
 import torch.fx
 
 from backends.tensor_parallel.heads import HeadCount, head_counts
+from backends.tensor_parallel.shard_shapes import shard_capture_error
 from partitioner.errors import PlanMismatch
 from partitioner.solvers.split_regions import Region
 from partitioner.solvers.splits import shard_sizes
@@ -186,7 +189,15 @@ def layout_of(plan: Any, model: torch.nn.Module, inputs: Sequence[Any] | None = 
     gm = unlifted_module(capture_for(plan, model, tuple(inputs) if inputs is not None else None))
     linears = split_linears(plan, model, inputs, groups, captured=gm, heads=True)
     sizes = {s.op: s.sizes for s in linears if s.axis == "rows"}
-    return Layout(devices, linears, head_counts(gm, sharded_regions(plan, gm, groups, heads=True), sizes, model))
+    heads, unset = head_counts(gm, sharded_regions(plan, gm, groups, heads=True), sizes, model)
+    if unset and (failed := shard_capture_error(plan, model, inputs, linears, heads)) is not None:
+        rank, error = failed
+        raise PlanMismatch(
+            f"{unset[0].refusal}, and the model's code does not compute with rank {rank}'s heads either: a copy of "
+            f"the model holding rank {rank}'s shards does not capture ({error}); write the view with -1 heads "
+            f"(x.view(*shape, -1, head_dim)) or keep the count in an n_heads attribute, or plan without this region "
+            f"(its linears split separately), or run the plan in one process (plan.emit)")
+    return Layout(devices, linears, heads)
 
 
 def sharded_regions(plan: Any, gm: torch.fx.GraphModule, groups: Mapping[str, Sequence[str]], *,

@@ -46,6 +46,7 @@ from typing import Any
 
 import torch
 import torch.fx
+import torch.utils._pytree as pytree
 
 from backends.binding import bind_devices
 from backends.torch.attributes import attribute, rebind_tensor
@@ -90,16 +91,27 @@ def capture_for(plan: Any, model: torch.nn.Module, example_inputs: Any = None) -
     A plan with dynamic dimensions is re-captured at its recorded sizes with the same dimensions
     declared (its fingerprint is of those sizes); a training plan captures the model in train mode.
     """
+    graph = captured_as_planned(plan, model, example_inputs)
+    plan.check_graph(graph)
+    return graph
+
+
+def captured_as_planned(plan: Any, model: torch.nn.Module, example_inputs: Any = None, *,
+                        on_meta: bool = False) -> OpGraph:
+    """``model`` captured as the plan's model was (its capture, mode and dynamic dimensions), not
+    checked against the plan's fingerprint: :func:`capture_for` checks it; a tensor-parallel rank's
+    shard copy (:mod:`backends.tensor_parallel.shard_shapes`, ``on_meta``: a model on the ``meta``
+    device, its inputs moved there) is not the plan's model."""
     dynamic = [spec.dynamic_names() for spec in plan.inputs]
     if any(dynamic):
         inputs = example_inputs_for(plan)
     else:
         inputs = example_inputs if example_inputs is not None else example_inputs_for(plan)
+    if on_meta:
+        inputs = pytree.tree_map(lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, inputs)
     with capture_mode(model, training=plan.training):
-        graph = from_module(model, inputs, capture=plan.capture, name=type(model).__name__,
-                            dynamic_shapes=dynamic if any(dynamic) else None)
-    plan.check_graph(graph)
-    return graph
+        return from_module(model, inputs, capture=plan.capture, name=type(model).__name__,
+                           dynamic_shapes=dynamic if any(dynamic) else None)
 
 
 def emit_module(

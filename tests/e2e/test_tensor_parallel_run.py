@@ -197,21 +197,24 @@ def test_gpt_small_with_its_attention_and_mlps_as_split_regions_on_two_ranks_equ
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("factory", ["llama_mha", "llama"])
 def test_an_hf_llama_with_its_attention_and_swiglu_as_split_regions_on_two_ranks_equals_the_model(
-        tmp_path: Path) -> None:
-    """HF Llama (as many key/value heads as query heads): its attention as a region across ranks,
-    its views with ``-1`` heads computing with each rank's 2 of 4 heads (no head count to set), the
-    rotary tables and mask computed whole on every rank; its SwiGLU as a region too."""
+        factory: str, tmp_path: Path) -> None:
+    """HF Llama, with as many key/value heads as query heads (``llama_mha``) or grouped ones (``llama``:
+    4 query heads, 2 key/value heads): its attention as a region across ranks, its views with ``-1``
+    heads and its ``repeat_kv`` computing with each rank's 2 of 4 heads and 1 of 2 key/value heads
+    from the tensors' shapes (no head count to set), the rotary tables and mask computed whole on
+    every rank; its SwiGLU as a region too."""
     pytest.importorskip("transformers")
-    from tests.e2e.tensor_parallel_models import llama_mha
+    from tests.e2e import tensor_parallel_models
 
-    model, inputs = llama_mha()
+    model, inputs = getattr(tensor_parallel_models, factory)()
     plan, _, _ = region_plan(model, inputs, tmp_path / "llama-attention.json", fractions=(0.5,))
     layout = layout_of(plan, model, inputs)
     linears = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
                "mlp.up_proj", "mlp.down_proj")
     assert {s.module for s in layout.linears} == {f"lm.model.layers.0.{m}" for m in linears}
     assert all(s.region for s in layout.linears) and layout.heads == ()
-    report = check_ranks(plan, model, inputs, model_spec=f"{HERE / 'tensor_parallel_models.py'}:llama_mha",
+    report = check_ranks(plan, model, inputs, model_spec=f"{HERE / 'tensor_parallel_models.py'}:{factory}",
                          options=RunOptions(training=True, device_map=CPU_RANKS, timeout_s=120), run_timeout_s=300)
     assert report.passed, report.to_text()

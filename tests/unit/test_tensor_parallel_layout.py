@@ -7,6 +7,8 @@ launch whose world size is not the mesh's (each naming the op or both numbers, a
 
 from __future__ import annotations
 
+import dataclasses
+
 from pathlib import Path
 
 import pytest
@@ -213,19 +215,42 @@ def test_an_attention_region_whose_head_count_cannot_be_set_is_refused_by_name()
     model, inputs = _Heads(named=False).eval(), (torch.randn(2, 5, 32),)
     plan, _, _ = region_plan(model, inputs, fractions=(0.5,))
     with pytest.raises(PlanMismatch, match=r"op 'unflatten' of the attention region .* writes 4 heads .* module "
-                                           r"'\(the model\)' \(_Heads\), which has no attribute named n_heads"):
+                                           r"'\(the model\)' \(_Heads\), which has no attribute named n_heads") as info:
         layout_of(plan, model, inputs)
+    # its code writes the 4 whatever the shapes: a copy holding rank 0's 16 features does not capture
+    assert "a copy of the model holding rank 0's shards does not capture" in str(info.value)
+    assert "unflatten" in str(info.value) and "plan.emit" in str(info.value)
 
 
-def test_an_hf_llama_attention_region_with_grouped_heads_is_refused_across_ranks_by_name() -> None:
+def test_an_hf_llama_attention_region_with_grouped_heads_computes_with_each_ranks_heads() -> None:
     """Its ``repeat_kv`` expands a key/value head count the captured graph holds as a literal and
-    LlamaAttention keeps in no head count attribute: refused, naming the op and the module."""
+    LlamaAttention keeps in no head count attribute; HF's code takes it from the tensor's shape, so a
+    copy holding a rank's shards (2 of 4 query heads, 1 of 2 key/value heads) captures: no count to set."""
     pytest.importorskip("transformers")
+    from backends.tensor_parallel.heads import head_counts
+    from backends.tensor_parallel.layout import sharded_regions
+    from backends.tensor_parallel.shard_shapes import shard_capture_error, shard_copy
+    from backends.torch.module import capture_for, unlifted_module
     from tests.e2e.split_plans import region_plan
     from tests.e2e.tensor_parallel_models import llama
 
     model, inputs = llama()
     plan, _, _ = region_plan(model, inputs, fractions=(0.5,))
-    with pytest.raises(PlanMismatch, match=r"op 'expand_3' of the attention region .* writes 2 heads .* module "
-                                           r"'lm.model.layers.0.self_attn' \(LlamaAttention\)"):
-        layout_of(plan, model, inputs)
+    layout = layout_of(plan, model, inputs)
+    assert layout.heads == () and all(s.region for s in layout.linears)
+    sizes = {s.module.rsplit(".", 1)[1]: s.sizes for s in layout.linears}
+    assert sizes["q_proj"] == (32, 32) and sizes["k_proj"] == sizes["v_proj"] == (16, 16)  # whole key/value groups
+    gm = unlifted_module(capture_for(plan, model, inputs))
+    groups = {op: layout.devices for op in plan.splits}
+    _, unset = head_counts(gm, sharded_regions(plan, gm, groups, heads=True), {s.op: s.sizes for s in layout.linears
+                                                                              if s.axis == "rows"}, model)
+    assert {u.literal for u in unset} == {2, 4} and {u.module for u in unset} == {"lm.model.layers.0.self_attn"}
+    copy = shard_copy(model, layout.linears, 1)
+    attn = copy.lm.model.layers[0].self_attn
+    assert attn.k_proj.weight.shape == (16, 64) and attn.o_proj.weight.shape == (64, 32) and attn.q_proj.weight.is_meta
+    assert model.lm.model.layers[0].self_attn.k_proj.weight.shape == (32, 64)  # the model is not changed
+    # a key/value block that does not hold whole heads of its query block does not capture
+    uneven = [dataclasses.replace(s, sizes=(8, 8)) if s.module.endswith("k_proj") else s for s in layout.linears]
+    rank, error = shard_capture_error(plan, model, inputs, uneven, ())
+    assert rank == 0 and "could not capture" in error
+
