@@ -126,12 +126,12 @@ class Formulation:
     """
 
     def __init__(self, problem: Problem, units: Units = Units(), *, symmetry: bool = True,
-                 cutoff: float | None = None) -> None:
+                 cutoff: float | None = None, deadline: float | None = None) -> None:
         self.p = problem
         self.units = units
         self.cutoff = cutoff
         self.allowed = self._allowed()
-        self.milp = Milp()
+        self.milp = Milp(deadline)  # past ``deadline`` (perf_counter) the build raises milp.BuildTimeout
         self.defined: dict[int, list[int]] = {}  # column -> rows "column >= ..." that define it
         self._assignment()
         self._dtypes()

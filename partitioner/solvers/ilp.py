@@ -36,6 +36,7 @@ from partitioner.solvers.bounds import physical_lower_bound
 from partitioner.solvers.formulation import Formulation, Units
 from partitioner.solvers.highs import Progress, ProgressFn, RunResult
 from partitioner.solvers.makespan import MAX_NODES as MAKESPAN_MAX_NODES
+from partitioner.solvers.milp import BuildTimeout
 from partitioner.solvers.pipeline_formulation import PipelineFormulation
 from partitioner.solvers.problem import Placement, Problem, Solution, Status, evaluate
 
@@ -116,6 +117,7 @@ def solve_ilp(
     warm_start: Placement | None = None,
     progress: ProgressFn | None = None,
     proof_first: bool = True,
+    build_by: float | None = None,
 ) -> Solution:
     """Solve the placement ILP for ``problem`` within ``time_limit`` seconds, building included.
 
@@ -142,6 +144,11 @@ def solve_ilp(
             the 1,000-op DAG at 1% under 2 of 3 seeds either way, the 3,000-op DAG 1 -> 0 of 3
             (3.1% at the limit); 20 s: the MoE decoder 6.5 / 8.3 / 15.1 s.
             False: one run with HiGHS's defaults.
+        build_by: the ``time.perf_counter()`` by which the model must be built (default: the
+            end of ``time_limit``); a build still going then is given up (status "time limit",
+            the warm start kept, no bound), so a large model begun just before a deadline does
+            not run past it. A coarse level of :mod:`~partitioner.solvers.multilevel` passes the
+            whole solve's deadline here, its own share only to the solver.
 
     Returns:
         A Solution: ``status`` says "optimal" (proven gap about 0), "within gap" or "time limit";
@@ -158,7 +165,11 @@ def solve_ilp(
     check_limits(time_limit, gap)
     name = resolve_solver(solver)
     start = time.perf_counter()
-    model, warm_start, start_vector = _build(problem, warm_start)
+    try:
+        model, warm_start, start_vector = _build(problem, warm_start, start + time_limit if build_by is None
+                                                 else build_by)
+    except BuildTimeout as out:
+        return _unbuilt(problem, warm_start, f"ilp:{name}", out, time.perf_counter() - start)
     left = time_limit - (time.perf_counter() - start)
     if name == "highs":
         run = highs.run_highs(model.milp, time_limit=max(left, 0.05), gap=gap, start=start_vector,
@@ -169,9 +180,22 @@ def solve_ilp(
     return _solution(problem, model, run, f"ilp:{name}", warm_start, gap, time.perf_counter() - start)
 
 
-def _build(problem: Problem, warm_start: Placement | None) -> tuple[Formulation, Placement | None, list[float] | None]:
+def _unbuilt(problem: Problem, warm_start: Placement | None, name: str, out: BuildTimeout, seconds: float) -> Solution:
+    """The answer of a solve whose model was not built in time: the warm start, if it fits, and no bound."""
+    log.info("%s for %s: %s", name, problem.graph.name, out)
+    if warm_start is not None and (ev := evaluate(problem, warm_start)).feasible:
+        return Solution(name, warm_start, Status.TIME_LIMIT, None, seconds, f"{out}; keeping the start", ev.total_s)
+    return Solution(name, Placement({}), Status.TIME_LIMIT, None, seconds, f"{out}; no placement")
+
+
+def _build(problem: Problem, warm_start: Placement | None,
+           deadline: float | None = None) -> tuple[Formulation, Placement | None, list[float] | None]:
     """The model of ``problem`` in units (and under a cutoff) set by the warm start (or a quick one),
-    the warm start kept (None if it does not fit) and its value vector."""
+    the warm start kept (None if it does not fit) and its value vector.
+
+    Raises:
+        BuildTimeout: the model was still being built at ``deadline`` (``time.perf_counter()``).
+    """
     started = time.perf_counter()
     incumbent = None
     if warm_start is None:
@@ -183,9 +207,9 @@ def _build(problem: Problem, warm_start: Placement | None) -> tuple[Formulation,
             warm_start = None
     units = _units(problem, incumbent)
     if problem.options.pipeline is not None:
-        model: Formulation = PipelineFormulation(problem, units, cutoff=incumbent)
+        model: Formulation = PipelineFormulation(problem, units, cutoff=incumbent, deadline=deadline)
     else:
-        model = Formulation(problem, units, cutoff=incumbent)
+        model = Formulation(problem, units, cutoff=incumbent, deadline=deadline)
     start_vector = model.start_values(model.canonical(warm_start)) if warm_start is not None else None
     log.debug("ILP for %s: %d columns, %d rows, built in %.2f s", problem.graph.name, model.milp.num_cols,
               model.milp.num_rows, time.perf_counter() - started)
@@ -241,7 +265,11 @@ def start_ilp(problem: Problem, *, warm_start: Placement, time_limit: float = 60
     if "highs" not in available_solvers() or not highs.side_by_side_here():
         return None
     started = time.perf_counter()
-    model, kept, start_vector = _build(problem, warm_start)
+    try:
+        model, kept, start_vector = _build(problem, warm_start, started + time_limit)
+    except BuildTimeout as out:
+        log.info("ilp:highs for %s: %s", problem.graph.name, out)
+        return None
     if kept is None or start_vector is None or not any(model.milp.integer):
         return None
     return RunningIlp(problem, model, kept, start_vector, started=started, time_limit=time_limit, gap=gap,

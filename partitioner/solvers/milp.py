@@ -17,11 +17,21 @@ import copy
 import dataclasses
 import itertools
 import math
+import time
 from collections.abc import Iterable, Sequence
 
 import numpy as np
 
 INF = math.inf
+DEADLINE_EVERY = 256  # rows between two looks at the clock while a deadline is set
+
+
+class BuildTimeout(Exception):
+    """A program was still being built at its deadline (:attr:`Milp.deadline`): the caller's time ran out."""
+
+    def __init__(self, rows: int, columns: int) -> None:
+        super().__init__(f"the time limit ran out while building the model ({rows:,} rows, {columns:,} columns so far)")
+        self.rows, self.columns = rows, columns
 
 Term = tuple[float, "int | float"]  # (coefficient, column index or constant); see Column below
 
@@ -45,7 +55,10 @@ class Milp:
         1
     """
 
-    def __init__(self) -> None:
+    def __init__(self, deadline: float | None = None) -> None:
+        #: ``time.perf_counter()`` past which adding a row raises :class:`BuildTimeout` (None: never):
+        #: a model whose build would outlast its caller's time limit is given up, not finished late
+        self.deadline = deadline
         self.names: list[str] = []
         self.lower: list[float] = []
         self.upper: list[float] = []
@@ -90,6 +103,9 @@ class Milp:
         """
         if name in self._row_seen:
             raise ValueError(f"two constraints are called {name!r}: a formulation bug")
+        if self.deadline is not None and len(self.row_names) % DEADLINE_EVERY == 0 \
+                and time.perf_counter() > self.deadline:
+            raise BuildTimeout(len(self.row_names), len(self.names))
         self._row_seen.add(name)
         coef: dict[int, float] = {}
         const = 0.0

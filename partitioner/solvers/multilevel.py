@@ -167,7 +167,7 @@ def _solve_level(chain: list[Problem], i: int, warm: Solution | None, deadline: 
     budget = LEVEL_SHARE * min(left, LEVEL_HORIZON)
     placement = warm.placement if warm is not None and evaluate(level, warm.placement).feasible else None
     sol = solve_ilp(level, solver=solver, time_limit=max(budget, 0.05), gap=gap, warm_start=placement,
-                    proof_first=False)
+                    proof_first=False, build_by=deadline)  # its share for the solver; the build may use more
     log.info("level %d (%d nodes): %s %s in %.2f s", i, len(level.nodes), sol.status.value,
              f"{sol.objective:.6g} s" if sol.objective is not None else "-", sol.seconds)
     return _better(level, sol, warm)

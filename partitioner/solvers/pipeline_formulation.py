@@ -59,7 +59,8 @@ class PipelineFormulation(Formulation):
         True
     """
 
-    def __init__(self, problem: Problem, units: Units = Units(), *, cutoff: float | None = None) -> None:
+    def __init__(self, problem: Problem, units: Units = Units(), *, cutoff: float | None = None,
+                 deadline: float | None = None) -> None:
         if problem.options.pipeline is None:
             raise ValueError("PipelineFormulation needs a problem with options.pipeline set")
         # not Formulation.__init__: that builds the placement objective's rows
@@ -68,7 +69,7 @@ class PipelineFormulation(Formulation):
         self.cutoff = cutoff
         self.spec = problem.options.pipeline
         self.allowed = self._allowed()
-        self.milp = Milp()
+        self.milp = Milp(deadline)
         self.defined: dict[int, list[int]] = {}
         self.sv: dict[str, dict[str, Column]] = {}  # no weight streaming in a pipeline
         self.qv: dict[str, dict[str, dict[str, Column]]] = {}

@@ -26,7 +26,7 @@ from partitioner.solvers.formulation import Formulation, Units, interchangeable_
 from partitioner.solvers.heft import solve_heft
 from partitioner.solvers.highs import run_highs
 from partitioner.solvers.ilp import solve_ilp, status_for_gap
-from partitioner.solvers.milp import Milp
+from partitioner.solvers.milp import DEADLINE_EVERY, BuildTimeout, Milp
 from partitioner.solvers.problem import Objective, Options, Placement, Problem, Status, evaluate
 from tests.property.oracle import expand
 
@@ -233,6 +233,29 @@ def test_cbc_stops_at_its_time_limit() -> None:
     assert sol.status is Status.TIME_LIMIT and sol.bound is not None
     assert sol.placement.device
     assert elapsed < 2.0 + 30.0
+
+
+def test_a_model_not_built_by_its_deadline_is_given_up_keeping_the_start() -> None:
+    """A build still going at ``build_by`` stops (within DEADLINE_EVERY rows) rather than finishing
+    late: the answer says the time limit, keeps the fitting warm start, and claims no bound."""
+    graph = random_dag(1000, 600, layers=30)
+    profile = random_profile(1004, 4)
+    problem = Problem(graph, profile, Options())
+    start = solve_heft(problem).placement
+    began = time.perf_counter()
+    sol = solve_ilp(problem, time_limit=60, gap=0.0, warm_start=start, build_by=began)
+    assert sol.status is Status.TIME_LIMIT and sol.bound is None and sol.placement == start
+    assert sol.objective == pytest.approx(evaluate(problem, start).total_s)
+    assert "the time limit ran out while building the model" in sol.note and "keeping the start" in sol.note
+    assert time.perf_counter() - began < 30  # the whole build alone takes a few seconds here; a cold solve minutes
+    m = Milp(deadline=time.perf_counter() - 1)
+    x = m.column("x", upper=1, integer=True)
+    with pytest.raises(BuildTimeout, match=r"ran out while building the model \(0 rows, 1 columns so far\)"):
+        m.at_most("first", [(1.0, x)], 1.0)
+    m.deadline = time.perf_counter() + 3600
+    for i in range(DEADLINE_EVERY + 1):
+        m.at_most(f"r{i}", [(1.0, x)], 1.0)
+    assert m.num_rows == DEADLINE_EVERY + 1
 
 
 def _violation_by_rows(m: Milp, values: list[float]) -> float:
