@@ -204,7 +204,8 @@ def partition_outcome(
             tidied = tidy(problem, solution.placement, evaluate, deadline)  # within the solve's own time
             if tidied != solution.placement:
                 solution, evaluation = dataclasses.replace(solution, placement=tidied), evaluate(problem, tidied)
-        if ilp is not None:  # the plan's solve time is everything after capture
+        if ilp is not None or solution.status is Status.TIME_LIMIT:  # the ILP's, or a start kept for want of time
+            # the plan's solve time is everything after capture
             solution = dataclasses.replace(solution, seconds=time.perf_counter() - started)
             if lower_bound is not None and (solution.bound is None or lower_bound > solution.bound):
                 # the memory-aware bound is a bound on every placement too: a solver stopped before its

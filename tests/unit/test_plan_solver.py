@@ -120,6 +120,19 @@ def test_time_limit_holds_end_to_end() -> None:
     assert solver.status == status_for_gap(relative_gap(total, solver.bound), 0.0).value
 
 
+def test_a_time_limit_spent_before_the_ilp_still_states_a_bound() -> None:
+    """The baselines alone outlast 0.05 s: the best one is kept ("time limit"), and the plan states
+    the lower bound it has (the physical one, with no time for the memory-aware one) and its gap."""
+    graph = random_dag(1000, 1000, layers=50)
+    profile = random_profile(1004, 4)
+    out = partition_outcome(graph, devices=profile, time_limit=0.05, gap=0.0)
+    solver, total = out.plan.solver, out.evaluation.total_s
+    assert "the time limit was spent before the ILP could run" in solver.note
+    assert solver.bound == out.plan.predicted["lower_bound_s"] and 0 < solver.bound <= total * (1 + 1e-9)
+    assert solver.status == status_for_gap(relative_gap(total, solver.bound), 0.0).value
+    assert solver.gap == pytest.approx(relative_gap(total, solver.bound), rel=1e-9)
+
+
 def test_a_solver_stopped_early_states_the_memory_aware_bound_rather_than_none() -> None:
     graph = random_dag(1000, 1000, layers=50)
     profile = random_profile(1004, 4)
