@@ -183,9 +183,16 @@ def solve_ilp(
 def _unbuilt(problem: Problem, warm_start: Placement | None, name: str, out: BuildTimeout, seconds: float) -> Solution:
     """The answer of a solve whose model was not built in time: the warm start, if it fits, and no bound."""
     log.info("%s for %s: %s", name, problem.graph.name, out)
+    return _kept_start(problem, name, warm_start, None, seconds, str(out))
+
+
+def _kept_start(problem: Problem, name: str, warm_start: Placement | None, bound: float | None, seconds: float,
+                note: str) -> Solution:
+    """A "time limit" answer with no incumbent of the solver's own: ``warm_start`` where it fits
+    (its objective evaluated, the note saying it is kept), else no placement."""
     if warm_start is not None and (ev := evaluate(problem, warm_start)).feasible:
-        return Solution(name, warm_start, Status.TIME_LIMIT, None, seconds, f"{out}; keeping the start", ev.total_s)
-    return Solution(name, Placement({}), Status.TIME_LIMIT, None, seconds, f"{out}; no placement")
+        return Solution(name, warm_start, Status.TIME_LIMIT, bound, seconds, f"{note}; keeping the start", ev.total_s)
+    return Solution(name, Placement({}), Status.TIME_LIMIT, bound, seconds, f"{note}; no placement")
 
 
 def _build(problem: Problem, warm_start: Placement | None,
@@ -330,10 +337,7 @@ def _solution(problem: Problem, model: Formulation, run: RunResult, name: str, w
                             "the solver called the model infeasible although the warm start fits; keeping the start")
         return Solution(name, Placement({}), Status.INFEASIBLE, None, seconds, run.note)
     if run.values is None:
-        note = f"{run.note}; no incumbent found".lstrip("; ")
-        fallback = warm_start or Placement({})
-        objective = evaluate(problem, warm_start).total_s if warm_start is not None else None
-        return Solution(name, fallback, Status.TIME_LIMIT, bound, seconds, note, objective)
+        return _kept_start(problem, name, warm_start, bound, seconds, f"{run.note}; no incumbent found".lstrip("; "))
     placement = model.placement(run.values)
     objective = run.objective / tu if run.objective is not None else None
     ev = evaluate(problem, placement)
